@@ -1,0 +1,32 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up, then run the main job on the small built-in config
+#   make test   set up, then run the test suite (what .ci/run calls)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+WAN := $(VENV)/bin/wan-trt
+DEMO_CONFIG ?= universal-small
+DEMO_OUT ?= out/demo
+
+.PHONY: setup demo test test-slow clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements-cpu.txt setup.cfg pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-cpu.txt
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(WAN) info --config $(DEMO_CONFIG)
+	$(WAN) stream --config $(DEMO_CONFIG) --blocks 8 --reference --out $(DEMO_OUT)/stream
+
+test: setup
+	$(PY) -m pytest -q
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) out

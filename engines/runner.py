@@ -1,0 +1,54 @@
+"""The one interface every backend implements (Polygraphy style).
+
+    with runner:
+        outputs = runner.infer(feeds)   # dict name -> device tensor, per the spec
+
+``feeds`` hold every spec input on ``runner.device``; outputs hold every spec output.
+Outputs may be fresh tensors (torch, AOTInductor) or the runner's own bound buffers;
+a runner that owns its output buffers says so with ``owns_outputs`` and accepts new
+ones through :meth:`rebind_output`, so a session can swap caches instead of copying.
+"""
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from wan_trt.spec import PassSpec
+
+
+class Runner(abc.ABC):
+    """Base class: ``activate``/``deactivate`` around ``infer``; usable as a context manager."""
+
+    name: str = "runner"
+    owns_outputs: bool = False
+
+    def __init__(self, spec: PassSpec, device: str | torch.device):
+        self.spec = spec
+        self.device = torch.device(device)
+        self.is_active = False
+
+    def __enter__(self) -> "Runner":
+        if not self.is_active:
+            self.activate()
+            self.is_active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.is_active:
+            self.deactivate()
+            self.is_active = False
+
+    def activate(self) -> None:
+        """Load / compile what ``infer`` needs. Defaults to nothing."""
+
+    def deactivate(self) -> None:
+        """Free what ``activate`` loaded. Defaults to nothing."""
+
+    @abc.abstractmethod
+    def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run one pass."""
+
+    def rebind_output(self, name: str, tensor: torch.Tensor) -> None:
+        """Give an owned output a new buffer (only for runners with ``owns_outputs``)."""
+        raise NotImplementedError(f"{self.name} returns fresh outputs")

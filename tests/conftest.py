@@ -1,0 +1,33 @@
+"""Shared fixtures: the small configs (one per upstream shape) and their seeded models."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wan_trt.config import load_config
+from wan_trt.model import build_model
+
+SMALL = ["universal-small", "gta_drive-small", "templerun-small"]
+FULL = ["universal", "gta_drive", "templerun"]
+
+
+@pytest.fixture(params=SMALL)
+def small_cfg(request):
+    return load_config(request.param)
+
+
+@pytest.fixture
+def small_model(small_cfg):
+    return build_model(small_cfg, torch.float32, "cpu", seed=1)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float = 0.0, what: str = ""):
+    """allclose that says where and by how much it missed."""
+    actual, expected = actual.double(), expected.double()
+    diff = (actual - expected).abs()
+    bad = diff > atol + rtol * expected.abs()
+    if bad.any():
+        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())}/{bad.numel()} elements off; max abs diff {float(diff.max()):.3e} "
+            f"(atol {atol:g}, rtol {rtol:g}); first at {idx}: {float(actual[idx]):.6g} vs {float(expected[idx]):.6g}")

@@ -1,0 +1,64 @@
+import json
+
+import pytest
+import torch
+
+from wan_trt.config import load_config
+from wan_trt.errors import WanTrtError
+from wan_trt.spec import PassSpec
+
+
+def test_universal_bf16_contract():
+    spec = PassSpec.from_config(load_config("universal"), "bf16")
+    shapes = {t.name: (t.shape, t.dtype) for t in spec.inputs + spec.outputs}
+    assert shapes["latents"] == ((1, 16, 3, 44, 80), "bfloat16")
+    assert shapes["timestep"] == ((1, 3), "float32")
+    assert shapes["self_k_prev"] == ((30, 1, 2640, 12, 128), "bfloat16")
+    assert shapes["self_v_cur"] == ((30, 1, 2640, 12, 128), "bfloat16")
+    assert shapes["mouse_k_prev"] == ((15, 880, 3, 16, 64), "bfloat16")
+    assert shapes["keyboard_v_cur"] == ((15, 1, 3, 16, 64), "bfloat16")
+    assert shapes["mouse_window"] == ((1, 3, 12, 2), "bfloat16")
+    assert shapes["rope_offset"] == ((1,), "int32") and shapes["valid_frames"] == ((1,), "int32")
+    assert spec.output_names[0] == "flow"
+
+
+def test_templerun_and_gta_contracts():
+    tr = PassSpec.from_config(load_config("templerun"), "fp16")
+    assert "mouse_window" not in tr.input_names and "mouse_k_cur" not in tr.output_names
+    assert tr.tensor("keyboard_window").shape == (1, 3, 12, 7)
+    gta = PassSpec.from_config(load_config("gta_drive"), "bf16")
+    assert gta.tensor("self_k_prev").shape == (30, 1, 880, 12, 128)  # P = 1 frame
+
+
+def test_manifest_round_trip_and_allocation_from_it(tmp_path):
+    spec = PassSpec.from_config(load_config("gta_drive-small"), "fp32")
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    again = PassSpec.from_dict(json.loads(path.read_text()))
+    assert again == spec and again.fingerprint() == spec.fingerprint()
+    buffers = again.allocate("inputs") | again.allocate("outputs")
+    for t in spec.inputs + spec.outputs:
+        assert buffers[t.name].shape == t.shape and buffers[t.name].dtype == t.torch_dtype
+
+
+def test_edited_manifest_is_refused():
+    data = PassSpec.from_config(load_config("universal-small"), "fp32").to_dict()
+    data["inputs"][0]["shape"] = [1, 16, 3, 4, 7]
+    with pytest.raises(WanTrtError, match="does not match its own config"):
+        PassSpec.from_dict(data)
+
+
+def test_check_feeds_names_each_problem():
+    spec = PassSpec.from_config(load_config("universal-small"), "fp32")
+    feeds = spec.sample_inputs()
+    spec.check_feeds(feeds)
+    feeds["latents"] = feeds["latents"][:, :, :2]
+    feeds["timestep"] = feeds["timestep"].double()
+    del feeds["rope_offset"]
+    feeds["extra"] = torch.zeros(1)
+    with pytest.raises(WanTrtError) as err:
+        spec.check_feeds(feeds)
+    msg = str(err.value)
+    for part in ("missing input 'rope_offset'", "unexpected input 'extra'", "input 'latents': expected [1, 16, 3, 4, 6]",
+                 "input 'timestep'"):
+        assert part in msg

@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from wan_trt.config import load_config
+from wan_trt.pipeline import upstream_windows
+from wan_trt.stream import ActionHistory, NoiseSource, raw_frames_in_block, raw_frames_until, synthetic_stream
+
+
+def test_raw_frames_per_block():
+    cfg = load_config("universal")
+    assert [raw_frames_in_block(cfg, b) for b in range(3)] == [9, 12, 12]
+    assert raw_frames_until(cfg, 1) == 9 and raw_frames_until(cfg, 5) == 57
+
+
+@pytest.mark.parametrize("name", ["universal-small", "gta_drive-small"])
+def test_bounded_history_windows_equal_upstream_slicing(name):
+    """Two implementations of the windows: the session's bounded history and upstream's slicing."""
+    cfg = load_config(name)
+    blocks = 10
+    history = torch.randn(1, raw_frames_until(cfg, blocks), 3)
+    hist = ActionHistory()
+    for block in range(blocks):
+        end = raw_frames_until(cfg, block + 1)
+        hist.append(history[:, end - raw_frames_in_block(cfg, block):end])
+        start = block * cfg.block_frames
+        torch.testing.assert_close(hist.windows(start, cfg.block_frames), upstream_windows(cfg, history, start),
+                                   rtol=0, atol=0)
+        hist.trim(start + cfg.block_frames)
+    assert hist.frames.shape[1] <= 12 + 12  # bounded
+
+
+def test_window_of_latent_frame_j():
+    cfg = load_config("universal-small")
+    history = torch.arange(40, dtype=torch.float32).reshape(1, 40, 1)
+    w = upstream_windows(cfg, history, 3)  # block at latent frame 3
+    # latent j sees padded [4j, 4j + 12) = raw [4j - 12, 4j), frame 0 repeated before the start
+    assert w[0, 0, :, 0].tolist() == list(range(0, 12))
+    assert w[0, 2, :, 0].tolist() == list(range(8, 20))
+    w0 = upstream_windows(cfg, history, 0)
+    assert w0[0, 0, :, 0].tolist() == [0.0] * 12 and w0[0, 2, :, 0].tolist() == [0.0] * 4 + list(range(8))
+
+
+def test_history_too_short_is_an_error():
+    hist = ActionHistory()
+    hist.append(torch.zeros(1, 9, 2))
+    with pytest.raises(Exception, match="raw action frames"):
+        hist.windows(3, 3)
+
+
+def test_noise_is_seeded_and_order_free():
+    n = NoiseSource(7)
+    a = n(2, 1, (4, 5))
+    _ = n(0, 0, (4, 5))
+    torch.testing.assert_close(n(2, 1, (4, 5)), a)
+    assert not torch.equal(n(2, 2, (4, 5)), a)
+
+
+def test_synthetic_stream_shapes():
+    cfg = load_config("templerun-small")
+    s = synthetic_stream(cfg, 4, seed=0)
+    assert s.mouse is None and s.keyboard.shape == (1, raw_frames_until(cfg, 4), 7)
+    assert s.cond_concat.shape == (1, 20, 12, 4, 6)
+    assert s.cond_concat[:, :4, 0].eq(1).all() and s.cond_concat[:, :4, 1:].eq(0).all()

@@ -1,0 +1,139 @@
+"""The static-cache runtime against the upstream-semantics pipeline, and the session's contract."""
+import pytest
+import torch
+
+from wan_trt.config import load_config
+from wan_trt.engines.session import StreamingSession, stream_blocks
+from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.errors import WanTrtError
+from wan_trt.model import build_model
+from wan_trt.spec import PassSpec
+from wan_trt.stream import NoiseSource, synthetic_stream
+from wan_trt.validate.stream import compare_stream, reference_stream
+
+BLOCKS = 9  # 27 latent frames: far past every window (eviction included)
+
+
+def test_static_stream_equals_upstream_semantics(small_cfg, small_model):
+    report = compare_stream(small_model, TorchRunner(small_model, PassSpec.from_config(small_cfg, "fp32")),
+                            BLOCKS, seed=4)
+    assert len(report.blocks) == BLOCKS
+    for i, stats in enumerate(report.blocks):
+        assert stats.non_finite == 0
+        assert stats.max_abs < 2e-5 and stats.rel_l2 < 1e-5, f"block {i}: {stats}"
+
+
+def _session_errors(cfg, model, patch):
+    inputs = synthetic_stream(cfg, BLOCKS, seed=4)
+    expected = reference_stream(model, inputs, BLOCKS, seed=4)
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(4))
+    session.start(inputs.visual_context)
+    patch(session)
+    errors = []
+    for b in range(BLOCKS):
+        mouse, keyboard = inputs.block_actions(cfg, b)
+        got = session.step(inputs.block_cond(cfg, b), mouse, keyboard).latents
+        errors.append(float((got - expected[b]).abs().max()))
+    return max(errors)
+
+
+def _no_commit(session):
+    session._commit = lambda outputs: None
+
+
+def _all_valid(session):
+    session.valid_frames = session.cfg.prev_frames
+
+
+def _rope_from_zero(session):
+    feeds = session.feeds
+    class Zeroed(dict):
+        def __getitem__(self, k):
+            return torch.zeros_like(dict.__getitem__(self, k)) if k == "rope_offset" else dict.__getitem__(self, k)
+    session.feeds = Zeroed(feeds)
+
+
+@pytest.mark.parametrize("patch", [_no_commit, _all_valid, _rope_from_zero])
+def test_the_comparison_catches_cache_bugs(small_cfg, small_model, patch):
+    """Each mistake a static runtime could make shows up far above the 2e-5 tolerance."""
+    assert _session_errors(small_cfg, small_model, patch) > 1e-2
+
+
+def test_commit_swaps_or_copies_without_reallocation():
+    for name, swap in (("universal-small", True), ("gta_drive-small", False)):
+        cfg = load_config(name)
+        model = build_model(cfg)
+        session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
+        inputs = synthetic_stream(cfg, 2)
+        session.start(inputs.visual_context)
+        before = session.feeds["self_k_prev"].data_ptr()
+        mouse, keyboard = inputs.block_actions(cfg, 0)
+        session.step(inputs.block_cond(cfg, 0), mouse, keyboard)
+        after = session.feeds["self_k_prev"].data_ptr()
+        assert (after != before) if swap else (after == before)
+        assert session.valid_frames == cfg.prev_frames
+
+
+def _started(name):
+    cfg = load_config(name)
+    session = StreamingSession(TorchRunner(build_model(cfg), PassSpec.from_config(cfg, "fp32")))
+    inputs = synthetic_stream(cfg, 2)
+    session.start(inputs.visual_context)
+    return cfg, session, inputs
+
+
+def test_bad_actions_are_clear_errors():
+    cfg, session, inputs = _started("universal-small")
+    cond = inputs.block_cond(cfg, 0)
+    mouse, keyboard = inputs.block_actions(cfg, 0)
+    with pytest.raises(WanTrtError, match=r"mouse: expected shape \[1, 9, 2\]"):
+        session.step(cond, mouse[:, :5], keyboard)
+    with pytest.raises(WanTrtError, match="needs keyboard actions"):
+        session.step(cond, mouse, None)
+    with pytest.raises(WanTrtError, match="cond_concat: expected shape"):
+        session.step(cond[:, :, :2], mouse, keyboard)
+    cfg, session, inputs = _started("templerun-small")
+    with pytest.raises(WanTrtError, match="has no mouse input"):
+        session.step(inputs.block_cond(cfg, 0), torch.zeros(1, 9, 2), inputs.block_actions(cfg, 0)[1])
+
+
+def test_one_held_action_per_block():
+    cfg, session, inputs = _started("universal-small")
+    result = session.step(inputs.block_cond(cfg, 0), torch.tensor([[0.1, 0.0]]), torch.tensor([[1.0, 0, 0, 0]]))
+    assert torch.isfinite(result.latents).all() and len(result.pass_seconds) == cfg.passes_per_block
+
+
+def test_stream_past_the_rope_table_is_refused():
+    cfg = load_config("universal-small").replace(rope_max_frames=9)
+    session = StreamingSession(TorchRunner(build_model(cfg), PassSpec.from_config(cfg, "fp32")))
+    inputs = synthetic_stream(cfg, 4)
+    stream_blocks(session, inputs, 3)  # frames 0..8 fit
+    mouse, keyboard = inputs.block_actions(cfg, 3)
+    with pytest.raises(WanTrtError, match="past the 9-frame RoPE table"):
+        session.step(inputs.block_cond(cfg, 3), mouse, keyboard)
+
+
+def test_bf16_stream_stays_close_to_fp32(small_cfg):
+    fp32 = build_model(small_cfg, torch.float32, seed=2)
+    bf16 = build_model(small_cfg, torch.bfloat16, seed=2)
+    inputs = synthetic_stream(small_cfg, 4, seed=1)
+    ref = reference_stream(fp32, inputs, 4, seed=1)
+    session = StreamingSession(TorchRunner(bf16, PassSpec.from_config(small_cfg, "bf16")), noise=NoiseSource(1))
+    got = [r.latents for r in stream_blocks(session, inputs, 4)]
+    for g, r in zip(got, ref):
+        rel = float((g.float() - r).norm() / r.norm())
+        assert torch.isfinite(g).all() and rel < 0.05, rel
+
+
+@pytest.mark.parametrize("local", [3, 5, 9])  # P = 0 (no cache inputs), P < F (slice copy), P > F (roll)
+def test_other_window_sizes(local):
+    import dataclasses
+    from wan_trt.config import validate
+    base = load_config("universal-small")
+    cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, local_attn_size=local))
+    validate(cfg)
+    model = build_model(cfg, seed=1)
+    spec = PassSpec.from_config(cfg, "fp32")
+    assert ("self_k_prev" in spec.input_names) == (local > 3)
+    report = compare_stream(model, TorchRunner(model, spec), 6, seed=2)
+    assert max(s.rel_l2 for s in report.blocks) < 1e-5

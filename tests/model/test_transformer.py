@@ -1,0 +1,75 @@
+import pytest
+import torch
+
+from wan_trt.config import load_config
+from wan_trt.model import CausalWanModel, build_model
+
+
+def upstream_state_dict_shapes(kb_dim, mouse):
+    """Keys and shapes of upstream's full-size CausalWanModel, transcribed from Matrix-Game-2's
+    wan/modules/causal_model.py, model.py and action_module.py (independent of wan-trt's config code)."""
+    d, ffn, L = 1536, 8960, 30
+    s = {"patch_embedding.weight": (d, 36, 1, 2, 2), "patch_embedding.bias": (d,),
+         "time_embedding.0.weight": (d, 256), "time_embedding.0.bias": (d,),
+         "time_embedding.2.weight": (d, d), "time_embedding.2.bias": (d,),
+         "time_projection.1.weight": (6 * d, d), "time_projection.1.bias": (6 * d,),
+         "head.modulation": (1, 2, d), "head.head.weight": (64, d), "head.head.bias": (64,),
+         "img_emb.proj.0.weight": (1280,), "img_emb.proj.0.bias": (1280,),
+         "img_emb.proj.1.weight": (1280, 1280), "img_emb.proj.1.bias": (1280,),
+         "img_emb.proj.3.weight": (d, 1280), "img_emb.proj.3.bias": (d,),
+         "img_emb.proj.4.weight": (d,), "img_emb.proj.4.bias": (d,)}
+    for i in range(L):
+        p = f"blocks.{i}."
+        s[p + "modulation"] = (1, 6, d)
+        for attn in ("self_attn", "cross_attn"):
+            for lin in "qkvo":
+                s[f"{p}{attn}.{lin}.weight"], s[f"{p}{attn}.{lin}.bias"] = (d, d), (d,)
+            s[f"{p}{attn}.norm_q.weight"] = s[f"{p}{attn}.norm_k.weight"] = (d,)
+        s[p + "norm3.weight"] = s[p + "norm3.bias"] = (d,)
+        s[p + "ffn.0.weight"], s[p + "ffn.0.bias"] = (ffn, d), (ffn,)
+        s[p + "ffn.2.weight"], s[p + "ffn.2.bias"] = (d, ffn), (d,)
+        if i < 15:
+            a = p + "action_model."
+            s[a + "keyboard_embed.0.weight"], s[a + "keyboard_embed.0.bias"] = (128, kb_dim), (128,)
+            s[a + "keyboard_embed.2.weight"], s[a + "keyboard_embed.2.bias"] = (128, 128), (128,)
+            if mouse:
+                s[a + "mouse_mlp.0.weight"], s[a + "mouse_mlp.0.bias"] = (1024, 2 * 12 + d), (1024,)
+                s[a + "mouse_mlp.2.weight"], s[a + "mouse_mlp.2.bias"] = (1024, 1024), (1024,)
+                s[a + "mouse_mlp.3.weight"] = s[a + "mouse_mlp.3.bias"] = (1024,)
+                s[a + "t_qkv.weight"] = (3072, 1024)
+                s[a + "img_attn_q_norm.weight"] = s[a + "img_attn_k_norm.weight"] = (64,)
+                s[a + "proj_mouse.weight"] = (d, 1024)
+            s[a + "key_attn_q_norm.weight"] = s[a + "key_attn_k_norm.weight"] = (64,)
+            s[a + "mouse_attn_q.weight"] = (1024, d)
+            s[a + "keyboard_attn_kv.weight"] = (2048, 128 * 12)
+            s[a + "proj_keyboard.weight"] = (d, 1024)
+    return s
+
+
+@pytest.mark.parametrize("name, kb_dim, mouse", [("universal", 4, True), ("gta_drive", 2, True),
+                                                 ("templerun", 7, False)])
+def test_state_dict_equals_upstream(name, kb_dim, mouse):
+    with torch.device("meta"):
+        model = CausalWanModel(load_config(name))
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expected = upstream_state_dict_shapes(kb_dim, mouse)
+    assert sorted(set(ours) - set(expected)) == [] and sorted(set(expected) - set(ours)) == []
+    assert {k: v for k, v in ours.items() if expected[k] != v} == {}
+
+
+def test_random_init_redraws_what_upstream_zeroes(small_cfg):
+    model = build_model(small_cfg, seed=3)
+    assert model.head.head.weight.abs().min() > 0
+    for layer in small_cfg.action_layers:
+        am = model.blocks[layer].action_model
+        for proj in ("proj_mouse", "proj_keyboard"):
+            if hasattr(am, proj):
+                assert getattr(am, proj).weight.abs().sum() > 0
+    again = build_model(small_cfg, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+
+
+def test_bf16_model_keeps_fp32_rope(small_cfg):
+    model = build_model(small_cfg, torch.bfloat16)
+    assert model.dtype == torch.bfloat16
+    assert model.rope.frame_cos.dtype == torch.float32

@@ -1,0 +1,40 @@
+"""The PyTorch reference CausalWanModel and how to build it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from wan_trt.config import WanConfig
+from wan_trt.model.transformer import CausalWanModel
+
+
+def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                weights: str | Path | None = None, seed: int = 0) -> CausalWanModel:
+    """The model in eval mode on ``device``/``dtype``: loaded from ``weights`` or seeded random.
+
+    Raises:
+        WanTrtError: the checkpoint is unreadable or its keys/shapes do not match ``cfg``.
+    """
+    from wan_trt.model.checkpoint import load_checkpoint
+    from wan_trt.model.init import random_init
+    from wan_trt.model.rope import RopeTables
+
+    if weights is not None:
+        with torch.device("meta"):
+            model = CausalWanModel(cfg)
+        load_checkpoint(model, weights, dtype=dtype, device=device)
+        model.rope = RopeTables(cfg).to(device)
+    else:
+        model = random_init(CausalWanModel(cfg), seed).to(device=device, dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
+def count_parameters(cfg: WanConfig) -> int:
+    """Parameters of the model for ``cfg`` (built on the meta device, no memory)."""
+    with torch.device("meta"):
+        model = CausalWanModel(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["CausalWanModel", "build_model", "count_parameters"]

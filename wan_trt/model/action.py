@@ -1,0 +1,90 @@
+"""The action module (mouse and keyboard conditioning), upstream parameter names.
+
+Inputs per block of F latent frames: ``mouse_window`` [B, F, 12, mouse_dim] and
+``keyboard_window`` [B, F, 12, kb_dim], the raw action frames each latent frame sees
+(see :mod:`wan_trt.actions`).
+
+Mouse path, per spatial token s (batch B*S, sequence = frames):
+    h = mouse_mlp(cat(x[s, f], mouse_window[f].flatten()))          # [B*S, F, c]
+    q, k, v = split(t_qkv(h)); q, k = rms(q), rms(k); RoPE(frame)
+    x += proj_mouse(attn(q, [cached k ; k], [cached v ; v]))
+Keyboard path (every token sees the same few keys):
+    kb = keyboard_embed(keyboard_window).flatten(12 x hidden)        # [B, F, 12*hidden]
+    q = rms(mouse_attn_q(x)); k, v = split(keyboard_attn_kv(kb)); k = rms(k); RoPE(frame)
+    x += proj_keyboard(attn(q, [cached k ; k], [cached v ; v]))
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from wan_trt.config import ActionConfig
+from wan_trt.model.layers import ActionRMSNorm, attention
+from wan_trt.model.rope import apply_rope
+
+
+class ActionModule(nn.Module):
+    def __init__(self, a: ActionConfig):
+        super().__init__()
+        self.enable_mouse = a.enable_mouse
+        self.enable_keyboard = a.enable_keyboard
+        self.heads = a.heads_num
+        head_dim = a.head_dim
+        if a.enable_keyboard:
+            self.keyboard_embed = nn.Sequential(
+                nn.Linear(a.keyboard_dim_in, a.hidden_size), nn.SiLU(), nn.Linear(a.hidden_size, a.hidden_size))
+        if a.enable_mouse:
+            c = a.mouse_hidden_dim
+            self.mouse_mlp = nn.Sequential(
+                nn.Linear(a.mouse_dim_in * a.window_frames + a.img_hidden_size, c), nn.GELU(approximate="tanh"),
+                nn.Linear(c, c), nn.LayerNorm(c))
+            self.t_qkv = nn.Linear(c, 3 * c, bias=a.qkv_bias)
+            self.img_attn_q_norm = ActionRMSNorm(head_dim)
+            self.img_attn_k_norm = ActionRMSNorm(head_dim)
+            self.proj_mouse = nn.Linear(c, a.img_hidden_size, bias=a.qkv_bias)
+        if a.enable_keyboard:
+            self.key_attn_q_norm = ActionRMSNorm(head_dim)
+            self.key_attn_k_norm = ActionRMSNorm(head_dim)
+            self.mouse_attn_q = nn.Linear(a.img_hidden_size, a.keyboard_hidden_dim, bias=a.qkv_bias)
+            self.keyboard_attn_kv = nn.Linear(a.hidden_size * a.window_frames, 2 * a.keyboard_hidden_dim,
+                                              bias=a.qkv_bias)
+            self.proj_keyboard = nn.Linear(a.keyboard_hidden_dim, a.img_hidden_size, bias=a.qkv_bias)
+
+    def forward(self, x: torch.Tensor, frames: int, mouse_window: torch.Tensor | None,
+                keyboard_window: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                caches, layer: int) -> torch.Tensor:
+        """x: [B, F*S, C]; cos, sin: [F, ca] action RoPE of the block. Returns x with both residuals."""
+        if self.enable_mouse:
+            x = x + self._mouse(x, frames, mouse_window, cos, sin, caches, layer)
+        if self.enable_keyboard:
+            x = x + self._keyboard(x, frames, keyboard_window, cos, sin, caches, layer)
+        return x
+
+    def _mouse(self, x, frames, window, cos, sin, caches, layer):
+        b, length, _ = x.shape
+        s = length // frames
+        tokens = x.unflatten(1, (frames, s)).transpose(1, 2).reshape(b * s, frames, -1)  # [B*S, F, C]
+        feats = window.to(x.dtype).flatten(2)  # [B, F, 12*mouse_dim]
+        feats = feats[:, None].expand(b, s, frames, feats.shape[-1]).reshape(b * s, frames, -1)
+        h = self.mouse_mlp(torch.cat([tokens, feats], dim=-1))
+        q, k, v = self.t_qkv(h).unflatten(-1, (3, self.heads, -1)).unbind(2)  # each [B*S, F, Hh, Dh]
+        rope_cos, rope_sin = cos[:, None, :], sin[:, None, :]  # [F, 1, ca]
+        q = apply_rope(self.img_attn_q_norm(q), rope_cos, rope_sin)
+        k = apply_rope(self.img_attn_k_norm(k), rope_cos, rope_sin)
+        k_all, v_all, key_valid = caches.window("mouse", layer, k, v)
+        out = attention(q, k_all, v_all, key_valid)  # [B*S, F, Hh, Dh]
+        out = out.reshape(b, s, frames, -1).transpose(1, 2).reshape(b, frames * s, -1)
+        return self.proj_mouse(out)
+
+    def _keyboard(self, x, frames, window, cos, sin, caches, layer):
+        b, length, _ = x.shape
+        s = length // frames
+        kb = self.keyboard_embed(window.to(x.dtype)).flatten(2)  # [B, F, 12*hidden]
+        q = self.mouse_attn_q(x).unflatten(-1, (self.heads, -1))  # [B, F*S, Hh, Dh]
+        k, v = self.keyboard_attn_kv(kb).unflatten(-1, (2, self.heads, -1)).unbind(2)  # [B, F, Hh, Dh]
+        q = self.key_attn_q_norm(q).unflatten(1, (frames, s))  # [B, F, S, Hh, Dh]
+        q = apply_rope(q, cos[:, None, None, :], sin[:, None, None, :]).flatten(1, 2)
+        k = apply_rope(self.key_attn_k_norm(k), cos[:, None, :], sin[:, None, :])
+        k_all, v_all, key_valid = caches.window("keyboard", layer, k, v)
+        out = attention(q, k_all, v_all, key_valid)  # [B, F*S, Hh, Dh]
+        return self.proj_keyboard(out.flatten(2))

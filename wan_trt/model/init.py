@@ -1,0 +1,33 @@
+"""Seeded random weights for tests, exports and benchmarks when no checkpoint is given.
+
+Upstream ``init_weights`` zeroes the head and the action projections, so a fresh
+model outputs exactly 0 and any comparison passes. Here every parameter is drawn
+(seeded, on the CPU, so the weights are the same on every machine): xavier for
+matrices, small non-zero biases, norm weights around 1, modulations as upstream.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def random_init(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Draw every parameter of ``model`` (on the CPU, fp32 or any float dtype) from a seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if name.endswith("modulation"):
+            values = torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5
+        elif leaf == "bias":
+            values = torch.randn(param.shape, generator=gen) * 0.02
+        elif param.ndim == 1:  # norm weights
+            values = 1.0 + 0.1 * torch.randn(param.shape, generator=gen)
+        elif name.startswith("time_embedding"):
+            values = torch.randn(param.shape, generator=gen) * 0.02
+        else:  # xavier uniform over (fan_out, fan_in) of the flattened matrix
+            fan_out, fan_in = param.shape[0], param[0].numel()
+            bound = (6.0 / (fan_in + fan_out)) ** 0.5
+            values = (torch.rand(param.shape, generator=gen) * 2 - 1) * bound
+        param.copy_(values.to(param.dtype))
+    return model

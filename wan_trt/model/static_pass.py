@@ -1,0 +1,50 @@
+"""One denoising pass in the static-cache form: spec-named tensors in, spec-named tensors out.
+
+This is the function every graph flavour exports and every engine runs: no Python
+state, no host syncs, no data-dependent shapes. Inputs arrive positionally in
+``spec.input_names`` order (so torch.export / ONNX see a flat signature) and the
+outputs leave in ``spec.output_names`` order.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from wan_trt.model.caches import StaticCaches
+from wan_trt.model.transformer import CausalWanModel
+from wan_trt.spec import PassSpec
+
+
+class StaticPass(nn.Module):
+    """Wraps a :class:`CausalWanModel` as ``forward(*inputs) -> tuple(outputs)`` per ``spec``."""
+
+    def __init__(self, model: CausalWanModel, spec: PassSpec):
+        super().__init__()
+        self.model = model
+        self.spec = spec
+        self.input_names = spec.input_names
+        self.output_names = spec.output_names
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feeds = dict(zip(self.input_names, args))
+        spec, model = self.spec, self.model
+        caches = StaticCaches(
+            prev_k={c.kind: feeds.get(c.prev_k) for c in spec.caches},
+            prev_v={c.kind: feeds.get(c.prev_v) for c in spec.caches},
+            valid_frames=feeds.get("valid_frames"),
+            prev_frames=spec.config.prev_frames,
+            units={c.kind: c.units for c in spec.caches},
+            layer_index={c.kind: {layer: i for i, layer in enumerate(c.layers)} for c in spec.caches},
+        )
+        flow = model(feeds["latents"], feeds["timestep"], feeds["cond_concat"],
+                     model.encode_context(feeds["visual_context"]), feeds.get("mouse_window"),
+                     feeds.get("keyboard_window"), feeds["rope_offset"], caches)
+        outputs = {"flow": flow}
+        for c in spec.caches:
+            outputs[c.cur_k], outputs[c.cur_v] = caches.stacked_current(c.kind)
+        return tuple(outputs[name] for name in self.output_names)
+
+    def run(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Named call: checks the feeds against the spec, returns named outputs."""
+        self.spec.check_feeds(feeds)
+        return dict(zip(self.output_names, self(*(feeds[n] for n in self.input_names))))

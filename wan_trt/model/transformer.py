@@ -1,0 +1,185 @@
+"""CausalWanModel: the Matrix-Game 2.0 causal DiT, module and parameter names as upstream.
+
+One call runs one denoising pass over one block of F latent frames:
+
+    latents [B, 16, F, H, W], cond_concat [B, 20, F, H, W] --Conv3d(1,2,2)--> x [B, F*S, C]
+    t [B, F] -> sinusoid(fp64) -> time_embedding -> e [B*F, C] -> time_projection -> e0 [B, F, 6, C]
+    per layer (shift, scale, gate from modulation + e0, broadcast over each frame's S tokens):
+        x += self_attn(LN(x) * (1 + scale_a) + shift_a) * gate_a     # RMSNorm q,k; 3D RoPE; cache window
+        x += cross_attn(LN_affine(x), image context)
+        x  = action_model(x)                                         # configured layers only
+        x += ffn(LN(x) * (1 + scale_f) + shift_f) * gate_f
+    head: LN(x) * (1 + scale) + shift -> Linear(C, 64) -> unpatchify -> flow [B, 16, F, H, W]
+
+The KV cache form is the caller's choice (:mod:`wan_trt.model.caches`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from wan_trt.config import WanConfig
+from wan_trt.model.action import ActionModule
+from wan_trt.model.layers import MLPProj, WanLayerNorm, WanRMSNorm, attention, sinusoidal_embedding_1d
+from wan_trt.model.rope import RopeTables, apply_rope
+
+ContextKV = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+class CausalWanSelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, eps: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = WanRMSNorm(dim, eps=eps)
+        self.norm_k = WanRMSNorm(dim, eps=eps)
+
+    def forward(self, x, cos, sin, caches, layer):
+        """x: [B, L, C]; cos, sin: [L, c] main RoPE of the block."""
+        q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))  # [B, L, H, D]
+        k = self.norm_k(self.k(x)).unflatten(-1, (self.num_heads, -1))
+        v = self.v(x).unflatten(-1, (self.num_heads, -1))
+        q = apply_rope(q, cos[:, None, :], sin[:, None, :])
+        k = apply_rope(k, cos[:, None, :], sin[:, None, :])
+        k_all, v_all, key_valid = caches.window("self", layer, k, v)
+        return self.o(attention(q, k_all, v_all, key_valid).flatten(2))
+
+
+class WanI2VCrossAttention(nn.Module):
+    """Attention of the block's tokens over the projected CLIP image tokens (no RoPE)."""
+
+    def __init__(self, dim: int, num_heads: int, eps: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = WanRMSNorm(dim, eps=eps)
+        self.norm_k = WanRMSNorm(dim, eps=eps)
+
+    def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """context [B, 257, C] -> k, v [B, 257, H, D] (constant for a whole stream)."""
+        k = self.norm_k(self.k(context)).unflatten(-1, (self.num_heads, -1))
+        return k, self.v(context).unflatten(-1, (self.num_heads, -1))
+
+    def forward(self, x, kv):
+        q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))
+        return self.o(attention(q, kv[0], kv[1]).flatten(2))
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x: [B, F*S, C]; shift, scale: [B, F, 1, C] -> x * (1 + scale) + shift per frame."""
+    frames = shift.shape[1]
+    return (x.unflatten(1, (frames, -1)) * (1 + scale) + shift).flatten(1, 2)
+
+
+def gated(y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """y: [B, F*S, C]; gate: [B, F, 1, C] -> y * gate per frame."""
+    return (y.unflatten(1, (gate.shape[1], -1)) * gate).flatten(1, 2)
+
+
+class CausalWanAttentionBlock(nn.Module):
+    def __init__(self, cfg: WanConfig, layer: int):
+        super().__init__()
+        m = cfg.model
+        self.layer = layer
+        self.norm1 = WanLayerNorm(m.dim, m.eps)
+        self.self_attn = CausalWanSelfAttention(m.dim, m.num_heads, m.eps)
+        self.norm3 = WanLayerNorm(m.dim, m.eps, elementwise_affine=True)
+        self.cross_attn = WanI2VCrossAttention(m.dim, m.num_heads, m.eps)
+        self.norm2 = WanLayerNorm(m.dim, m.eps)
+        self.ffn = nn.Sequential(nn.Linear(m.dim, m.ffn_dim), nn.GELU(approximate="tanh"),
+                                 nn.Linear(m.ffn_dim, m.dim))
+        self.modulation = nn.Parameter(torch.randn(1, 6, m.dim) / m.dim ** 0.5)
+        self.action_model = ActionModule(m.action_config) if layer in cfg.action_layers else None
+
+    def forward(self, x, e0, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches):
+        """x: [B, F*S, C]; e0: [B, F, 6, C]."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)
+        y = self.self_attn(modulate(self.norm1(x), shift_a, scale_a), *rope_main, caches, self.layer)
+        x = x + gated(y, gate_a)
+        x = x + self.cross_attn(self.norm3(x), context_kv)
+        if self.action_model is not None:
+            x = self.action_model(x, e0.shape[1], mouse_window, keyboard_window, *rope_action, caches, self.layer)
+        y = self.ffn(modulate(self.norm2(x), shift_f, scale_f))
+        return x + gated(y, gate_f)
+
+
+class CausalHead(nn.Module):
+    def __init__(self, dim: int, out_dim: int, patch_size: Sequence[int], eps: float):
+        super().__init__()
+        self.norm = WanLayerNorm(dim, eps)
+        self.head = nn.Linear(dim, math.prod(patch_size) * out_dim)
+        self.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim ** 0.5)
+
+    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """x: [B, F*S, C]; e: [B, F, 1, C] -> [B, F*S, prod(patch) * out_dim]."""
+        shift, scale = (self.modulation.unsqueeze(1) + e).chunk(2, dim=2)
+        return self.head(modulate(self.norm(x), shift, scale))
+
+
+class CausalWanModel(nn.Module):
+    """The causal DiT. ``state_dict()`` keys equal upstream's (without the ``model.`` prefix)."""
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        m = cfg.model
+        self.cfg = cfg
+        self.patch_embedding = nn.Conv3d(m.in_dim, m.dim, kernel_size=m.patch_size, stride=m.patch_size)
+        self.time_embedding = nn.Sequential(nn.Linear(m.freq_dim, m.dim), nn.SiLU(), nn.Linear(m.dim, m.dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(m.dim, 6 * m.dim))
+        self.blocks = nn.ModuleList(CausalWanAttentionBlock(cfg, i) for i in range(m.num_layers))
+        self.head = CausalHead(m.dim, m.out_dim, m.patch_size, m.eps)
+        self.img_emb = MLPProj(m.clip_dim, m.dim)
+        self.rope = RopeTables(cfg)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.patch_embedding.weight.dtype
+
+    def encode_context(self, visual_context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """CLIP features [B, 257, 1280] -> per-layer cross-attention (k, v), constant per stream."""
+        context = self.img_emb(visual_context.to(self.dtype))
+        return [block.cross_attn.context_kv(context) for block in self.blocks]
+
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, cond_concat: torch.Tensor,
+                context_kv: ContextKV, mouse_window: torch.Tensor | None, keyboard_window: torch.Tensor | None,
+                start_frame: torch.Tensor | int, caches) -> torch.Tensor:
+        """One pass over one block; returns the flow prediction [B, out_dim, F, H, W] in the model dtype.
+
+        Args:
+            latents: noisy latents x_t [B, out_dim, F, H, W].
+            timestep: [B, F] float timesteps (908.84... not truncated).
+            cond_concat: [B, in_dim - out_dim, F, H, W] mask + image latent of the block.
+            context_kv: from :meth:`encode_context`.
+            mouse_window, keyboard_window: [B, F, 12, dim_in] raw action windows (None if disabled).
+            start_frame: absolute latent frame of the block's first frame (RoPE offset).
+            caches: :class:`RollingCaches` or :class:`StaticCaches`.
+        """
+        batch, _, frames, height, width = latents.shape
+        x = self.patch_embedding(torch.cat([latents, cond_concat], dim=1).to(self.dtype))
+        x = x.flatten(2).transpose(1, 2)  # [B, F*S, C]
+        e = self.time_embedding(sinusoidal_embedding_1d(self.cfg.model.freq_dim, timestep.flatten()).to(self.dtype))
+        e0 = self.time_projection(e).unflatten(1, (6, -1)).unflatten(0, (batch, frames))  # [B, F, 6, C]
+        rope_main = self.rope.main(start_frame, frames)
+        rope_action = self.rope.action(start_frame, frames)
+        for block, kv in zip(self.blocks, context_kv):
+            x = block(x, e0, kv, rope_main, rope_action, mouse_window, keyboard_window, caches)
+        x = self.head(x, e.unflatten(0, (batch, frames)).unsqueeze(2))
+        return self.unpatchify(x, frames, height, width)
+
+    def unpatchify(self, x: torch.Tensor, frames: int, height: int, width: int) -> torch.Tensor:
+        """[B, F*h*w, pt*ph*pw*c] -> [B, c, F*pt, h*ph, w*pw] (upstream einsum bfhwpqrc->bcfphqwr)."""
+        pt, ph, pw = self.cfg.model.patch_size
+        c = self.cfg.model.out_dim
+        h, w = height // ph, width // pw
+        x = x.reshape(x.shape[0], frames, h, w, pt, ph, pw, c)
+        x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return x.reshape(x.shape[0], c, frames * pt, h * ph, w * pw)

@@ -1,0 +1,94 @@
+"""The reference streaming pipeline with upstream semantics (CausalInferencePipeline.inference).
+
+Per block of F latent frames starting at latent frame ``sf``:
+
+    x = noise
+    for i, t in enumerate(warped timesteps):           # 3 (universal) or 4 (templerun)
+        flow = model(x, t, ...)                         # rolling caches overwrite this block's slot
+        x0 = x - sigma(t) * flow
+        x = renoise(x0, fresh noise, sigma(t_{i+1}))    # except after the last step
+    output x0
+    model(x0, t=0, ...)                                 # clean pass: leaves the clean K/V in the caches
+
+Caches are upstream's rolling buffers (:class:`RollingCaches`); the action windows are
+cut from the full raw history the way upstream's ``cond_current`` + ActionModule do.
+This is the ground truth the static-cache runtime (engines/session.py) is tested against.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from wan_trt.config import WanConfig
+from wan_trt.model.caches import RollingCaches, RollingKV
+from wan_trt.model.transformer import CausalWanModel
+from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
+from wan_trt.stream import NoiseSource, StreamInputs
+
+
+def upstream_windows(cfg: WanConfig, history: torch.Tensor | None, start_frame: int) -> torch.Tensor | None:
+    """Upstream's slicing: history up to the block, padded, re-sliced, grouped -> [B, F, 12, D]."""
+    if history is None:
+        return None
+    a, f = cfg.model.action_config, cfg.block_frames
+    ratio, pad = a.vae_time_compression_ratio, a.window_frames
+    cond = history[:, :1 + ratio * (start_frame + f - 1)]  # cond_current
+    n_feats = (cond.shape[1] - 1) // ratio + 1
+    padded = torch.cat([cond[:, :1].expand(-1, pad, -1), cond], dim=1)
+    sliced = padded[:, ratio * (n_feats - f - a.windows_size) + pad:]
+    groups = [sliced[:, ratio * (i - a.windows_size) + pad:i * ratio + pad] for i in range(f)]
+    return torch.stack(groups, dim=1)
+
+
+def rolling_caches(model: CausalWanModel, batch: int = 1) -> RollingCaches:
+    """Zeroed upstream caches: self [B, local*S, H, D], mouse [B*S, local, Hh, Dh], keyboard [B, local, Hh, Dh]."""
+    cfg = model.cfg
+    m, a = cfg.model, cfg.model.action_config
+    local, s = m.local_attn_size, cfg.tokens_per_frame
+    dev, dt = model.patch_embedding.weight.device, model.dtype
+    return RollingCaches(
+        self_kv=[RollingKV(batch, local, s, m.num_heads, cfg.head_dim, dt, dev) for _ in range(m.num_layers)],
+        mouse_kv={layer: RollingKV(batch * s, local, 1, a.heads_num, a.head_dim, dt, dev)
+                  for layer in cfg.action_layers} if cfg.has_mouse else {},
+        keyboard_kv={layer: RollingKV(batch, local, 1, a.heads_num, a.head_dim, dt, dev)
+                     for layer in cfg.action_layers} if cfg.has_keyboard else {},
+    )
+
+
+class ReferencePipeline:
+    """Streams blocks through a :class:`CausalWanModel` exactly as upstream does."""
+
+    def __init__(self, model: CausalWanModel):
+        self.model = model
+        self.cfg = model.cfg
+        self.schedule = BlockSchedule.from_config(self.cfg)
+
+    @torch.no_grad()
+    def run(self, inputs: StreamInputs, blocks: int, noise: NoiseSource) -> Iterator[torch.Tensor]:
+        """Yield each block's denoised latents [B, 16, F, H, W] (model dtype)."""
+        model, cfg, sched = self.model, self.cfg, self.schedule
+        dev, dt = model.patch_embedding.weight.device, model.dtype
+        f = cfg.block_frames
+        caches = rolling_caches(model)
+        context_kv = model.encode_context(inputs.visual_context.to(dev))  # upstream crossattn_cache
+        shape = (1, cfg.model.out_dim, f, cfg.inference.latent_height, cfg.inference.latent_width)
+        for block in range(blocks):
+            start = block * f
+            caches.start_frame = start
+            cond = inputs.block_cond(cfg, block).to(dev, dt)
+            mouse = upstream_windows(cfg, inputs.mouse, start)
+            keyboard = upstream_windows(cfg, inputs.keyboard, start)
+            mouse, keyboard = (None if w is None else w.to(dev, dt) for w in (mouse, keyboard))
+
+            def call(x: torch.Tensor, t: float) -> torch.Tensor:
+                timestep = torch.full((1, f), t, dtype=torch.float32, device=dev)
+                return model(x, timestep, cond, context_kv, mouse, keyboard, start, caches)
+
+            x = noise(block, 0, shape, dev, dt)
+            for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas)):
+                x0 = flow_to_x0(call(x, t), x, sigma)
+                if i + 1 < len(sched.timesteps):
+                    x = renoise(x0, noise(block, i + 1, shape, dev, dt), sched.sigmas[i + 1])
+            yield x0
+            call(x0, sched.clean_timestep)

@@ -1,0 +1,258 @@
+"""The I/O contract of one static-cache denoising pass: the one source of every tensor name.
+
+Export, engine build, buffer allocation, runtimes and validation all read a
+:class:`PassSpec`; no tensor name is typed anywhere else. Shapes are static.
+
+Inputs (B = 1, F = frames per block, S = tokens per frame, P = previous frames,
+L = layers, La = action layers, dtype = the graph's compute precision):
+
+    latents          [B, 16, F, H, W]          noisy latents x_t of the block
+    timestep         [B, F]           fp32     warped timestep per frame (not truncated)
+    cond_concat      [B, 20, F, H, W]          4 mask channels + image latent of the block
+    visual_context   [B, 257, 1280]            CLIP image tokens (constant per stream)
+    mouse_window     [B, F, 12, 2]             raw mouse frames each latent frame sees
+    keyboard_window  [B, F, 12, K]             raw keyboard frames each latent frame sees
+    self_k_prev/_v   [L, B, P*S, 12, 128]      post-RoPE K/V of the previous P frames
+    mouse_k_prev/_v  [La, B*S, P, 16, 64]
+    keyboard_k_prev/_v [La, B, P, 16, 64]
+    rope_offset      [1]              int32    absolute latent frame of the block's first frame
+    valid_frames     [1]              int32    how many of the P previous frames hold data (at the end)
+
+Outputs:
+
+    flow             [B, 16, F, H, W]          flow prediction (x0 = x_t - sigma * flow)
+    self_k_cur/_v    [L, B, F*S, 12, 128]      the block's post-RoPE K/V, to commit after the clean pass
+    mouse_k_cur/_v, keyboard_k_cur/_v          likewise
+
+Commit after the clean pass: prev <- last P frames of [prev ; cur] along the frame
+axis; valid <- min(P, valid + F). When P == F that is a buffer swap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from wan_trt.config import WanConfig, config_from_dict
+from wan_trt.errors import WanTrtError
+
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
+               torch.int32: "int32", torch.int64: "int64"}
+DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+SPEC_VERSION = 1
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """'bf16' | 'fp16' | 'fp32' -> torch dtype."""
+    if precision not in PRECISIONS:
+        raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    return PRECISIONS[precision]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # a key of DTYPES
+    doc: str = ""
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=self.torch_dtype).element_size()
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One rolling cache in static form: prev inputs, cur outputs and how to commit them.
+
+    Tensors are [layers, batch', frames * units, heads, head_dim] (``axis`` = 2 holds frames*units).
+    """
+
+    kind: str  # "self" | "mouse" | "keyboard"
+    layers: tuple[int, ...]
+    units: int  # tokens per frame along ``axis``
+    prev_frames: int
+    block_frames: int
+    axis: int = 2
+
+    @property
+    def prev_k(self) -> str:
+        return f"{self.kind}_k_prev"
+
+    @property
+    def prev_v(self) -> str:
+        return f"{self.kind}_v_prev"
+
+    @property
+    def cur_k(self) -> str:
+        return f"{self.kind}_k_cur"
+
+    @property
+    def cur_v(self) -> str:
+        return f"{self.kind}_v_cur"
+
+    @property
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """(prev input, cur output) name pairs."""
+        return (self.prev_k, self.cur_k), (self.prev_v, self.cur_v)
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """Everything a runtime needs to feed one pass: built from a config and a precision."""
+
+    config: WanConfig
+    precision: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    caches: tuple[CacheSpec, ...]
+
+    @classmethod
+    def from_config(cls, cfg: WanConfig, precision: str = "bf16") -> "PassSpec":
+        dt = DTYPE_NAMES[precision_dtype(precision)]
+        m, a = cfg.model, cfg.model.action_config
+        b, f, s, p = 1, cfg.block_frames, cfg.tokens_per_frame, cfg.prev_frames
+        h, w = cfg.inference.latent_height, cfg.inference.latent_width
+        inputs = [
+            TensorSpec("latents", (b, m.out_dim, f, h, w), dt, "noisy latents x_t of the block"),
+            TensorSpec("timestep", (b, f), "float32", "warped timestep per latent frame"),
+            TensorSpec("cond_concat", (b, cfg.cond_channels, f, h, w), dt, "mask + image latent of the block"),
+            TensorSpec("visual_context", (b, m.clip_tokens, m.clip_dim), dt, "CLIP image tokens"),
+        ]
+        if cfg.has_mouse:
+            inputs.append(TensorSpec("mouse_window", (b, f, a.window_frames, a.mouse_dim_in), dt,
+                                     "raw mouse frames seen by each latent frame"))
+        if cfg.has_keyboard:
+            inputs.append(TensorSpec("keyboard_window", (b, f, a.window_frames, a.keyboard_dim_in), dt,
+                                     "raw keyboard frames seen by each latent frame"))
+        caches = [CacheSpec("self", tuple(range(m.num_layers)), s, p, f)]
+        heads = {"self": (m.num_heads, cfg.head_dim)}
+        batch = {"self": b}
+        if cfg.has_mouse:
+            caches.append(CacheSpec("mouse", cfg.action_layers, 1, p, f))
+            heads["mouse"], batch["mouse"] = (a.heads_num, a.head_dim), b * s
+        if cfg.has_keyboard:
+            caches.append(CacheSpec("keyboard", cfg.action_layers, 1, p, f))
+            heads["keyboard"], batch["keyboard"] = (a.heads_num, a.head_dim), b
+        outputs = [TensorSpec("flow", (b, m.out_dim, f, h, w), dt, "flow prediction")]
+        for c in caches:
+            nh, hd = heads[c.kind]
+            if p > 0:
+                shape = (len(c.layers), batch[c.kind], p * c.units, nh, hd)
+                inputs += [TensorSpec(c.prev_k, shape, dt, f"{c.kind} keys of the previous {p} frames"),
+                           TensorSpec(c.prev_v, shape, dt, f"{c.kind} values of the previous {p} frames")]
+            shape = (len(c.layers), batch[c.kind], f * c.units, nh, hd)
+            outputs += [TensorSpec(c.cur_k, shape, dt, f"{c.kind} keys of this block"),
+                        TensorSpec(c.cur_v, shape, dt, f"{c.kind} values of this block")]
+        inputs.append(TensorSpec("rope_offset", (1,), "int32", "absolute latent frame of the block start"))
+        if p > 0:
+            inputs.append(TensorSpec("valid_frames", (1,), "int32", "valid previous frames (0..P)"))
+        return cls(cfg, precision, tuple(inputs), tuple(outputs), tuple(caches))
+
+    # ---- lookups ------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return precision_dtype(self.precision)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def tensor(self, name: str) -> TensorSpec:
+        for t in self.inputs + self.outputs:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def cache(self, kind: str) -> CacheSpec:
+        for c in self.caches:
+            if c.kind == kind:
+                return c
+        raise KeyError(kind)
+
+    # ---- buffers ------------------------------------------------------------------------
+    def allocate(self, which: str = "inputs", device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        """Zero buffers for every input (or output), as the spec says."""
+        specs = self.inputs if which == "inputs" else self.outputs
+        return {t.name: torch.zeros(t.shape, dtype=t.torch_dtype, device=device) for t in specs}
+
+    def sample_inputs(self, seed: int = 0, device: str | torch.device = "cpu", start_frame: int | None = None
+                      ) -> dict[str, torch.Tensor]:
+        """Random but plausible inputs of one steady-state pass (all previous frames valid)."""
+        gen = torch.Generator().manual_seed(seed)
+        cfg = self.config
+        feeds: dict[str, torch.Tensor] = {}
+        for t in self.inputs:
+            if t.torch_dtype == torch.int32:
+                continue
+            scale = 0.1 if t.name.endswith("_window") and t.name.startswith("mouse") else 1.0
+            feeds[t.name] = (torch.randn(t.shape, generator=gen) * scale).to(t.torch_dtype)
+        if "keyboard_window" in feeds:
+            feeds["keyboard_window"] = (torch.rand(self.tensor("keyboard_window").shape, generator=gen) > 0.7
+                                        ).to(self.dtype)
+        steps = torch.tensor([1000.0, 908.84, 713.98, 0.0])
+        feeds["timestep"] = steps[torch.randint(0, 4, (1,), generator=gen)].expand(self.tensor("timestep").shape
+                                                                                   ).contiguous()
+        first = cfg.prev_frames if start_frame is None else start_frame
+        feeds["rope_offset"] = torch.tensor([first], dtype=torch.int32)
+        if cfg.prev_frames > 0:
+            feeds["valid_frames"] = torch.tensor([min(cfg.prev_frames, first)], dtype=torch.int32)
+        return {k: v.to(device) for k, v in feeds.items()}
+
+    def check_feeds(self, feeds: dict[str, torch.Tensor]) -> None:
+        """Raise WanTrtError naming every missing, unexpected or mis-shaped/typed input."""
+        problems = [f"missing input '{n}'" for n in self.input_names if n not in feeds]
+        problems += [f"unexpected input '{n}'" for n in feeds if n not in self.input_names]
+        for t in self.inputs:
+            got = feeds.get(t.name)
+            if got is not None and (tuple(got.shape) != t.shape or got.dtype != t.torch_dtype):
+                problems.append(f"input '{t.name}': expected {list(t.shape)} {t.dtype}, "
+                                f"got {list(got.shape)} {DTYPE_NAMES.get(got.dtype, got.dtype)}")
+        if problems:
+            raise WanTrtError("feeds do not match the graph spec: " + "; ".join(problems))
+
+    # ---- manifest -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec_version": SPEC_VERSION,
+            "precision": self.precision,
+            "config": self.config.to_dict(),
+            "inputs": [dataclasses.asdict(t) for t in self.inputs],
+            "outputs": [dataclasses.asdict(t) for t in self.outputs],
+            "caches": [dataclasses.asdict(c) for c in self.caches],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PassSpec":
+        """Rebuild from a manifest and check it equals the spec its config defines."""
+        if data.get("spec_version") != SPEC_VERSION:
+            raise WanTrtError(f"manifest spec_version {data.get('spec_version')} is not {SPEC_VERSION}: "
+                              "re-export with this wan-trt")
+        cfg = config_from_dict(data["config"], data["config"].get("name", "manifest"), "manifest")
+        spec = cls.from_config(cfg, data["precision"])
+        if json.dumps(spec.to_dict(), sort_keys=True) != json.dumps(data, sort_keys=True):
+            raise WanTrtError("manifest I/O does not match its own config: it was written by another "
+                              "wan-trt version or edited; re-export")
+        return spec
+
+    def fingerprint(self) -> str:
+        """Short hash of the whole I/O contract (config + precision + tensors)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,135 @@
+"""What a stream consumes: conditioning, raw action frames, noise; and the action windows.
+
+Raw actions run at video rate: block 0 covers ``1 + 4*(F-1)`` = 9 raw frames, every
+later block ``4*F`` = 12. The history is padded at the start with 12 copies of raw
+frame 0; latent frame ``j`` sees padded raw frames ``[4j, 4j + 12)`` (upstream's
+window, which ends one raw frame before the frame that latent j decodes to).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from wan_trt.config import WanConfig
+from wan_trt.errors import WanTrtError
+
+
+def raw_frames_in_block(cfg: WanConfig, block: int) -> int:
+    """New raw action frames of ``block`` (9 for block 0, then 12)."""
+    ratio = cfg.model.action_config.vae_time_compression_ratio
+    f = cfg.block_frames
+    return 1 + ratio * (f - 1) if block == 0 else ratio * f
+
+
+def raw_frames_until(cfg: WanConfig, blocks: int) -> int:
+    """Raw action frames of the first ``blocks`` blocks (upstream ``1 + 4*(start + F - 1)``)."""
+    ratio = cfg.model.action_config.vae_time_compression_ratio
+    return 1 + ratio * (blocks * cfg.block_frames - 1)
+
+
+class ActionHistory:
+    """The raw action frames of one stream, padded at the start and trimmed as blocks pass.
+
+    Holds padded raw frames from absolute padded index ``base`` on, so memory stays
+    bounded however long the stream runs.
+    """
+
+    def __init__(self, window: int = 12, ratio: int = 4):
+        self.window, self.ratio = window, ratio
+        self.frames: torch.Tensor | None = None  # [B, n, D] padded raw frames from ``base``
+        self.base = 0
+
+    def append(self, raw: torch.Tensor) -> None:
+        """Add raw frames [B, n, D]; the first call also writes the 12-frame start padding."""
+        if self.frames is None:
+            self.frames = torch.cat([raw[:, :1].expand(-1, self.window, -1), raw], dim=1)
+        else:
+            self.frames = torch.cat([self.frames, raw.to(self.frames)], dim=1)
+
+    def windows(self, start_frame: int, frames: int) -> torch.Tensor:
+        """[B, frames, 12, D]: latent frame j sees padded raw frames [4j, 4j + 12)."""
+        assert self.frames is not None, "append raw frames first"
+        first = self.ratio * start_frame - self.base
+        end = first + self.ratio * (frames - 1) + self.window
+        if first < 0 or end > self.frames.shape[1]:
+            raise WanTrtError(f"the block at latent frame {start_frame} needs padded raw action frames "
+                              f"[{first + self.base}, {end + self.base}); have [{self.base}, "
+                              f"{self.base + self.frames.shape[1]})")
+        return torch.stack([self.frames[:, first + self.ratio * i:first + self.ratio * i + self.window]
+                            for i in range(frames)], dim=1)
+
+    def trim(self, next_start_frame: int) -> None:
+        """Drop frames no window from latent frame ``next_start_frame`` on will read."""
+        drop = self.ratio * next_start_frame - self.base
+        if self.frames is not None and drop > 0:
+            self.frames = self.frames[:, drop:].clone()
+            self.base += drop
+
+
+@dataclass
+class StreamInputs:
+    """Everything a whole stream is conditioned on.
+
+    cond_concat: [B, 20, F_total, H, W]; visual_context: [B, 257, 1280];
+    mouse / keyboard: [B, N_raw, D] raw action histories (None when disabled).
+    """
+
+    cond_concat: torch.Tensor
+    visual_context: torch.Tensor
+    mouse: torch.Tensor | None
+    keyboard: torch.Tensor | None
+
+    def block_cond(self, cfg: WanConfig, block: int) -> torch.Tensor:
+        f = cfg.block_frames
+        return self.cond_concat[:, :, block * f:(block + 1) * f]
+
+    def block_actions(self, cfg: WanConfig, block: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The new raw frames of ``block`` (what a live user would send for it)."""
+        end = raw_frames_until(cfg, block + 1)
+        start = end - raw_frames_in_block(cfg, block)
+        return tuple(None if h is None else h[:, start:end] for h in (self.mouse, self.keyboard))
+
+
+def synthetic_stream(cfg: WanConfig, blocks: int, seed: int = 0) -> StreamInputs:
+    """Deterministic, plausible stream inputs: mask 1 on frame 0 only, random image latents,
+    one-hot-ish keyboard presses and +-0.1 camera moves held for 12 raw frames (as upstream's demo)."""
+    gen = torch.Generator().manual_seed(seed)
+    m, a = cfg.model, cfg.model.action_config
+    frames = blocks * cfg.block_frames
+    h, w = cfg.inference.latent_height, cfg.inference.latent_width
+    mask = torch.zeros(1, 4, frames, h, w)
+    mask[:, :, 0] = 1
+    image = torch.randn(1, m.out_dim, frames, h, w, generator=gen)
+    visual = torch.randn(1, m.clip_tokens, m.clip_dim, generator=gen)
+    n_raw = raw_frames_until(cfg, blocks)
+    held = (n_raw + 11) // 12
+
+    def held_actions(dim: int, values: torch.Tensor) -> torch.Tensor:
+        pick = values[torch.randint(0, values.shape[0], (held,), generator=gen)]
+        return pick.repeat_interleave(12, dim=0)[:n_raw][None, :, :dim]
+
+    mouse = keyboard = None
+    if cfg.has_mouse:
+        moves = torch.tensor([[0.0, 0.0], [0.1, 0.0], [-0.1, 0.0], [0.0, 0.1], [0.0, -0.1]])
+        mouse = held_actions(a.mouse_dim_in, moves if a.mouse_dim_in == 2 else torch.randn(5, a.mouse_dim_in) * 0.1)
+    if cfg.has_keyboard:
+        keys = torch.cat([torch.zeros(1, a.keyboard_dim_in), torch.eye(a.keyboard_dim_in)])
+        keyboard = held_actions(a.keyboard_dim_in, keys)
+    return StreamInputs(torch.cat([mask, image], dim=1), visual, mouse, keyboard)
+
+
+class NoiseSource:
+    """Gaussian noise for (block, step), independent of call order: each draw has its own seed.
+
+    Step 0 is the block's initial noise; step i >= 1 re-noises before denoising step i.
+    Drawn in fp32 by a generator on ``device`` (values depend on the device type).
+    """
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def __call__(self, block: int, step: int, shape: tuple[int, ...], device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        gen = torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + block * 1_009 + step)
+        return torch.randn(shape, generator=gen, device=device).to(dtype)
