@@ -95,7 +95,7 @@ class StreamingSession:
         self.feeds["rope_offset"].fill_(start)
         if "valid_frames" in self.feeds:
             self.feeds["valid_frames"].fill_(self.valid_frames)
-        x0, pass_seconds = self._denoise()
+        x0, pass_seconds = self._denoise(sync)
         outputs = self._run(x0, self.schedule.clean_timestep, pass_seconds, sync)
         self._commit(outputs)
         if sync and self.device.type == "cuda":
@@ -108,12 +108,12 @@ class StreamingSession:
         return result
 
     # ---- stages -----------------------------------------------------------------------------
-    def _denoise(self) -> tuple[torch.Tensor, list[float]]:
+    def _denoise(self, sync: bool) -> tuple[torch.Tensor, list[float]]:
         latents = self.spec.tensor("latents")
         x = self.noise(self.block, 0, latents.shape, self.device, self.dtype)
         sched, seconds = self.schedule, []
         for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas)):
-            x0 = flow_to_x0(self._run(x, t, seconds)["flow"], x, sigma)
+            x0 = flow_to_x0(self._run(x, t, seconds, sync)["flow"], x, sigma)
             if i + 1 < len(sched.timesteps):
                 x = renoise(x0, self.noise(self.block, i + 1, latents.shape, self.device, self.dtype),
                             sched.sigmas[i + 1])

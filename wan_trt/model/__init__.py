@@ -26,7 +26,11 @@ def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str 
         load_checkpoint(model, weights, dtype=dtype, device=device)
         model.rope = RopeTables(cfg).to(device)
     else:
-        model = random_init(CausalWanModel(cfg), seed).to(device=device, dtype=dtype)
+        with torch.device("meta"):
+            model = CausalWanModel(cfg)
+        model = random_init(model.to_empty(device="cpu"), seed)  # no default init: every value is drawn
+        model.rope = RopeTables(cfg)
+        model = model.to(device=device, dtype=dtype)
     return model.eval().requires_grad_(False)
 
 

@@ -17,17 +17,19 @@ def random_init(model: nn.Module, seed: int = 0) -> nn.Module:
     gen = torch.Generator().manual_seed(seed)
     for name, param in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
+        target = param if param.dtype == torch.float32 else torch.empty(param.shape)
         if name.endswith("modulation"):
-            values = torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5
+            target.normal_(0.0, param.shape[-1] ** -0.5, generator=gen)
         elif leaf == "bias":
-            values = torch.randn(param.shape, generator=gen) * 0.02
+            target.normal_(0.0, 0.02, generator=gen)
         elif param.ndim == 1:  # norm weights
-            values = 1.0 + 0.1 * torch.randn(param.shape, generator=gen)
+            target.normal_(1.0, 0.1, generator=gen)
         elif name.startswith("time_embedding"):
-            values = torch.randn(param.shape, generator=gen) * 0.02
+            target.normal_(0.0, 0.02, generator=gen)
         else:  # xavier uniform over (fan_out, fan_in) of the flattened matrix
             fan_out, fan_in = param.shape[0], param[0].numel()
             bound = (6.0 / (fan_in + fan_out)) ** 0.5
-            values = (torch.rand(param.shape, generator=gen) * 2 - 1) * bound
-        param.copy_(values.to(param.dtype))
+            target.uniform_(-bound, bound, generator=gen)
+        if target is not param:
+            param.copy_(target)
     return model

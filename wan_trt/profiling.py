@@ -1,0 +1,109 @@
+"""Timing and op-class profiles for benchmarks (device-side time, CUDA events / torch.profiler)."""
+from __future__ import annotations
+
+import platform
+import re
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+# Kernel-name patterns -> op class, first match wins (lower-case names).
+OP_CLASSES = [
+    ("attention", r"flash|fmha|attention|sdpa|cudnn.*(mha|attn)|efficient_attention"),
+    ("gemm", r"gemm|sm90_xmma|cutlass|matmul|nvjet|ampere_bf16|wgmma|splitk"),
+    ("norm", r"layer_norm|layernorm|rms|norm_"),
+    ("copy/cat", r"copy|cat|concat|transpose|permute|gather|index|elementwise_kernel_with_index"),
+    ("elementwise", r"elementwise|vectorized|unrolled|reduce|triton|fused|mul|add|gelu|silu|exp"),
+]
+
+
+def device_name(device: torch.device | str = "cuda") -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def environment() -> dict[str, Any]:
+    """Tool versions and device of a result file."""
+    env = {"torch": torch.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        env.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda,
+                   driver_capability=list(torch.cuda.get_device_capability()))
+    else:
+        env["device"] = device_name("cpu")
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def time_fn(fn: Callable[[], Any], warmup: int = 3, iters: int = 10, device: str = "cuda") -> dict[str, float]:
+    """Milliseconds per call: mean, p50, p95, min (synchronised wall time per call)."""
+    cuda = torch.device(device).type == "cuda"
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        samples.append(1e3 * (time.perf_counter() - start))
+    return summarize_ms(samples)
+
+
+def summarize_ms(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {"mean": statistics.fmean(ordered), "p50": ordered[len(ordered) // 2],
+            "p95": ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))],
+            "min": ordered[0], "n": len(ordered)}
+
+
+def op_class_profile(fn: Callable[[], Any], top: int = 25) -> dict[str, Any]:
+    """Device time of one call of ``fn`` by op class and the top kernels (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[evt.name] = kernels.get(evt.name, 0.0) + evt.device_time_total / 1e3
+    classes: dict[str, float] = {}
+    for name, ms in kernels.items():
+        classes[classify(name)] = classes.get(classify(name), 0.0) + ms
+    total = sum(kernels.values())
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
+    return {"total_ms": total, "by_class_ms": dict(sorted(classes.items(), key=lambda kv: -kv[1])),
+            "top_kernels_ms": [{"kernel": k[:160], "class": classify(k), "ms": v} for k, v in ranked]}
+
+
+def classify(kernel: str) -> str:
+    lower = kernel.lower()
+    for name, pattern in OP_CLASSES:
+        if re.search(pattern, lower):
+            return name
+    return "other"
+
+
+def reset_peak_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_gib() -> float | None:
+    """Peak allocated device memory since the last reset (None without CUDA)."""
+    return torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
