@@ -109,5 +109,49 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
         raise WanTrtError("the static-cache stream does not match the reference pipeline (see the report)")
 
 
+@main.command()
+@config_option
+@weights_option
+@precision_option("bf16")
+@seed_option
+@click.option("--ops", type=click.Choice(["native"]), default="native", show_default=True,
+              help="Graph flavour: plain ONNX ops.")
+@click.option("--opset", type=click.Choice(["23", "18"]), default="23", show_default=True,
+              help="23: fused Attention/RMSNormalization (TensorRT 11); 18: decomposed (TensorRT 10.x).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Output directory. Defaults to out/<config>_<precision>_<ops>.")
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@user_errors
+def export(config_name, weights, precision, seed, ops, opset, out, overwrite) -> None:
+    """ONNX of one denoising pass, KV caches as static-shaped inputs and outputs."""
+    from wan_trt.config import load_config
+    from wan_trt.export.transformer import export_transformer
+
+    cfg = load_config(config_name)
+    out = Path(out or f"out/{cfg.name}_{precision}_{ops}")
+    manifest = export_transformer(cfg, out, precision, weights, seed, ops, int(opset), overwrite)
+    click.echo(f"{out}: {sum(manifest.op_counts.values())} nodes, spec {manifest.spec.fingerprint()}")
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="ONNX Runtime execution provider (bf16/fp16 graphs need cuda: ORT-CPU has no bf16 kernels).")
+@click.option("--blocks", type=click.IntRange(1), default=8, show_default=True,
+              help="Blocks of the multi-block stream check.")
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Run the multi-block stream check.")
+@seed_option
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@user_errors
+def check(directory, provider, blocks, stream, seed, as_json) -> None:
+    """Accuracy of an exported graph against PyTorch (Polygraphy), single pass and stream."""
+    from wan_trt.validate.transformer import check_export
+
+    report = check_export(directory, provider, blocks, seed, stream)
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.table())
+    if not report.ok:
+        raise WanTrtError("accuracy check failed:\n  " + "\n  ".join(report.problems()))
+
+
 if __name__ == "__main__":
     main()

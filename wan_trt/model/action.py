@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from wan_trt.config import ActionConfig
-from wan_trt.model.layers import ActionRMSNorm, attention
+from wan_trt.model.layers import ActionRMSNorm, few_key_attention
 from wan_trt.model.rope import apply_rope
 
 
@@ -53,11 +53,12 @@ class ActionModule(nn.Module):
     def forward(self, x: torch.Tensor, frames: int, mouse_window: torch.Tensor | None,
                 keyboard_window: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 caches, layer: int) -> torch.Tensor:
-        """x: [B, F*S, C]; cos, sin: [F, ca] action RoPE of the block. Returns x with both residuals."""
+        """x: [B, F*S, C] residual stream; cos, sin: [F, ca] action RoPE. Returns x with both residuals."""
+        cdt = next(self.parameters()).dtype
         if self.enable_mouse:
-            x = x + self._mouse(x, frames, mouse_window, cos, sin, caches, layer)
+            x = x + self._mouse(x.to(cdt), frames, mouse_window, cos, sin, caches, layer).to(x.dtype)
         if self.enable_keyboard:
-            x = x + self._keyboard(x, frames, keyboard_window, cos, sin, caches, layer)
+            x = x + self._keyboard(x.to(cdt), frames, keyboard_window, cos, sin, caches, layer).to(x.dtype)
         return x
 
     def _mouse(self, x, frames, window, cos, sin, caches, layer):
@@ -72,7 +73,7 @@ class ActionModule(nn.Module):
         q = apply_rope(self.img_attn_q_norm(q), rope_cos, rope_sin)
         k = apply_rope(self.img_attn_k_norm(k), rope_cos, rope_sin)
         k_all, v_all, key_valid = caches.window("mouse", layer, k, v)
-        out = attention(q, k_all, v_all, key_valid)  # [B*S, F, Hh, Dh]
+        out = few_key_attention(q, k_all, v_all, key_valid)  # [B*S, F, Hh, Dh]
         out = out.reshape(b, s, frames, -1).transpose(1, 2).reshape(b, frames * s, -1)
         return self.proj_mouse(out)
 
@@ -86,5 +87,5 @@ class ActionModule(nn.Module):
         q = apply_rope(q, cos[:, None, None, :], sin[:, None, None, :]).flatten(1, 2)
         k = apply_rope(self.key_attn_k_norm(k), cos[:, None, :], sin[:, None, :])
         k_all, v_all, key_valid = caches.window("keyboard", layer, k, v)
-        out = attention(q, k_all, v_all, key_valid)  # [B, F*S, Hh, Dh]
+        out = few_key_attention(q, k_all, v_all, key_valid)  # [B, F*S, Hh, Dh]
         return self.proj_keyboard(out.flatten(2))

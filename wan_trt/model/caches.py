@@ -92,6 +92,7 @@ class StaticCaches:
     units: dict[str, int]
     layer_index: dict[str, dict[int, int]]
     current: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def window(self, kind: Kind, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.current.setdefault(kind, []).append((k, v))
@@ -99,12 +100,17 @@ class StaticCaches:
             return k, v, None
         row = self.layer_index[kind][layer]
         prev_k, prev_v = self.prev_k[kind][row], self.prev_v[kind][row]
-        units = self.units[kind]
-        first_valid = (self.prev_frames - self.valid_frames.to(torch.int64)) * units  # [1]
-        slots = torch.arange(prev_k.shape[1], device=k.device)
-        key_valid = torch.cat([slots >= first_valid.to(k.device), torch.ones(k.shape[1], dtype=torch.bool,
-                                                                            device=k.device)])
-        return torch.cat([prev_k, k], dim=1), torch.cat([prev_v, v], dim=1), key_valid
+        return torch.cat([prev_k, k], dim=1), torch.cat([prev_v, v], dim=1), self.key_valid(kind, k)
+
+    def key_valid(self, kind: str, k: torch.Tensor) -> torch.Tensor:
+        """[P*units + F*units] bool: invalid previous slots first, then valid ones and the block (once per kind)."""
+        if kind not in self.masks:
+            units, prev = self.units[kind], self.prev_frames * self.units[kind]
+            first_valid = (self.prev_frames - self.valid_frames.to(torch.int64)) * units  # [1]
+            slots = torch.arange(prev, device=k.device)
+            self.masks[kind] = torch.cat([slots >= first_valid.to(k.device),
+                                          torch.ones(k.shape[1], dtype=torch.bool, device=k.device)])
+        return self.masks[kind]
 
     def stacked_current(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The collected current K and V of ``kind``: [n_layers_of_kind, batch, F * units, H, D] each."""

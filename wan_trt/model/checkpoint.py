@@ -108,3 +108,16 @@ def save_checkpoint(model: nn.Module, path: str | Path, prefix: str = UPSTREAM_P
     else:
         torch.save(state, path)
     return path
+
+
+def weights_fingerprint(model: nn.Module) -> str:
+    """sha256 of every parameter's bytes in state-dict order (what a graph bakes in)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().cpu().contiguous()
+        digest.update(name.encode())
+        digest.update(str(t.dtype).encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()

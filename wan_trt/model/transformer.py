@@ -101,15 +101,17 @@ class CausalWanAttentionBlock(nn.Module):
         self.action_model = ActionModule(m.action_config) if layer in cfg.action_layers else None
 
     def forward(self, x, e0, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches):
-        """x: [B, F*S, C]; e0: [B, F, 6, C]."""
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)
-        y = self.self_attn(modulate(self.norm1(x), shift_a, scale_a), *rope_main, caches, self.layer)
-        x = x + gated(y, gate_a)
-        x = x + self.cross_attn(self.norm3(x), context_kv)
+        """x: [B, F*S, C] residual stream; e0: [B, F, 6, C]. Sublayers run in the weights' dtype."""
+        cdt, rdt = self.modulation.dtype, x.dtype
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (
+            (self.modulation.unsqueeze(1) + e0).to(rdt).chunk(6, dim=2))
+        y = self.self_attn(modulate(self.norm1(x), shift_a, scale_a).to(cdt), *rope_main, caches, self.layer)
+        x = x + gated(y.to(rdt), gate_a)
+        x = x + self.cross_attn(self.norm3(x).to(cdt), context_kv).to(rdt)
         if self.action_model is not None:
             x = self.action_model(x, e0.shape[1], mouse_window, keyboard_window, *rope_action, caches, self.layer)
-        y = self.ffn(modulate(self.norm2(x), shift_f, scale_f))
-        return x + gated(y, gate_f)
+        y = self.ffn(modulate(self.norm2(x), shift_f, scale_f).to(cdt))
+        return x + gated(y.to(rdt), gate_f)
 
 
 class CausalHead(nn.Module):
@@ -121,12 +123,20 @@ class CausalHead(nn.Module):
 
     def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """x: [B, F*S, C]; e: [B, F, 1, C] -> [B, F*S, prod(patch) * out_dim]."""
-        shift, scale = (self.modulation.unsqueeze(1) + e).chunk(2, dim=2)
-        return self.head(modulate(self.norm(x), shift, scale))
+        shift, scale = (self.modulation.unsqueeze(1) + e).to(x.dtype).chunk(2, dim=2)
+        return self.head(modulate(self.norm(x), shift, scale).to(self.head.weight.dtype))
 
 
 class CausalWanModel(nn.Module):
-    """The causal DiT. ``state_dict()`` keys equal upstream's (without the ``model.`` prefix)."""
+    """The causal DiT. ``state_dict()`` keys equal upstream's (without the ``model.`` prefix).
+
+    Precision: sublayers run in the weights' dtype with fp32 islands (norm statistics, RoPE);
+    the residual stream is fp32 when the weights are fp16 (fp16 overflows in video DiTs) and
+    the weights' dtype otherwise (bf16 as upstream). ``sinusoid_dtype`` is float64 as upstream;
+    graphs set float32 (TensorRT has no float64 math).
+    """
+
+    sinusoid_dtype: torch.dtype = torch.float64
 
     def __init__(self, cfg: WanConfig):
         super().__init__()
@@ -143,6 +153,10 @@ class CausalWanModel(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.patch_embedding.weight.dtype
+
+    @property
+    def residual_dtype(self) -> torch.dtype:
+        return torch.float32 if self.dtype == torch.float16 else self.dtype
 
     def encode_context(self, visual_context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """CLIP features [B, 257, 1280] -> per-layer cross-attention (k, v), constant per stream."""
@@ -165,15 +179,16 @@ class CausalWanModel(nn.Module):
         """
         batch, _, frames, height, width = latents.shape
         x = self.patch_embedding(torch.cat([latents, cond_concat], dim=1).to(self.dtype))
-        x = x.flatten(2).transpose(1, 2)  # [B, F*S, C]
-        e = self.time_embedding(sinusoidal_embedding_1d(self.cfg.model.freq_dim, timestep.flatten()).to(self.dtype))
+        x = x.flatten(2).transpose(1, 2).to(self.residual_dtype)  # [B, F*S, C]
+        sinusoid = sinusoidal_embedding_1d(self.cfg.model.freq_dim, timestep.flatten(), self.sinusoid_dtype)
+        e = self.time_embedding(sinusoid.to(self.dtype))
         e0 = self.time_projection(e).unflatten(1, (6, -1)).unflatten(0, (batch, frames))  # [B, F, 6, C]
         rope_main = self.rope.main(start_frame, frames)
         rope_action = self.rope.action(start_frame, frames)
         for block, kv in zip(self.blocks, context_kv):
             x = block(x, e0, kv, rope_main, rope_action, mouse_window, keyboard_window, caches)
         x = self.head(x, e.unflatten(0, (batch, frames)).unsqueeze(2))
-        return self.unpatchify(x, frames, height, width)
+        return self.unpatchify(x, frames, height, width).to(self.dtype)
 
     def unpatchify(self, x: torch.Tensor, frames: int, height: int, width: int) -> torch.Tensor:
         """[B, F*h*w, pt*ph*pw*c] -> [B, c, F*pt, h*ph, w*pw] (upstream einsum bfhwpqrc->bcfphqwr)."""

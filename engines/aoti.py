@@ -1,0 +1,87 @@
+"""AOTInductor engine: the static pass compiled ahead of time into a ``.pt2`` package.
+
+The package is built from the same spec and weights as the ONNX graph (it reads the
+export directory's manifest), loads in Python (:class:`AotiRunner`) and in C++
+(``torch::inductor::AOTIModelPackageLoader``, engines/cpp) with no Python at run time.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from wan_trt.engines.artifact import EngineMetadata, engine_key
+from wan_trt.engines.runner import Runner
+from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest import Manifest, reference_model, verify_weights
+from wan_trt.log import logger, stage
+from wan_trt.model.static_pass import StaticPass
+from wan_trt.spec import PassSpec
+
+
+def default_engine_path(directory: Path, backend: str, device: str) -> Path:
+    return directory / f"engine_{backend}_{device}.{'pt2' if backend == 'aoti' else 'plan'}"
+
+
+def build_aoti(directory: str | Path, out: str | Path | None = None, device: str = "cuda",
+               force: bool = False) -> Path:
+    """Compile the export in ``directory`` into an AOTInductor package for ``device`` ('cuda' or 'cpu')."""
+    directory = Path(directory)
+    manifest = Manifest.read(directory)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise WanTrtError("--device cuda: no CUDA device here; build with --device cpu")
+    engine = Path(out) if out else default_engine_path(directory, "aoti", device)
+    key = engine_key(manifest, "aoti", device)
+    if not force and engine.is_file() and EngineMetadata.path_for(engine).is_file():
+        if EngineMetadata.read(engine).key == key:
+            logger.info("%s is up to date (key %s)", engine, key)
+            return engine
+    spec = manifest.spec
+    begin = time.perf_counter()
+    with stage(f"rebuild {spec.config.name} ({spec.precision}) on {device}"):
+        model = reference_model(manifest, spec.dtype, device)
+        verify_weights(manifest, model)
+        model.sinusoid_dtype = torch.float32  # the same fp32 islands as the ONNX graph
+    static = StaticPass(model, spec).eval()
+    feeds = spec.sample_inputs(device=device)
+    with stage("torch.export"), torch.no_grad():
+        program = torch.export.export(static, tuple(feeds[n] for n in spec.input_names), strict=False)
+    with stage("AOTInductor compile + package"):
+        engine.parent.mkdir(parents=True, exist_ok=True)
+        partial = engine.with_name(engine.stem + ".partial.pt2")
+        torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+        partial.rename(engine)
+    EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, manifest.ops,
+                   manifest.weights["sha256"], str(directory.resolve()),
+                   time.perf_counter() - begin).write(engine)
+    return engine
+
+
+class AotiRunner(Runner):
+    """Runs an AOTInductor package built by :func:`build_aoti`."""
+
+    def __init__(self, engine: str | Path, manifest: Manifest):
+        self.engine = Path(engine)
+        self.meta = EngineMetadata.read(self.engine)
+        self.meta.check_against(manifest, self.engine)
+        super().__init__(manifest.spec, self.meta.device)
+        self.name = "aoti"
+        self.compiled = None
+
+    def activate(self) -> None:
+        self.compiled = torch._inductor.aoti_load_package(str(self.engine))
+
+    def deactivate(self) -> None:
+        self.compiled = None
+
+    def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.spec.check_feeds(feeds)
+        outputs = self.compiled(*(feeds[n] for n in self.spec.input_names))
+        return dict(zip(self.spec.output_names, outputs))
+
+
+def spec_of(engine: str | Path) -> PassSpec:
+    """The spec an engine was built for (from the export its metadata names)."""
+    meta = EngineMetadata.read(engine)
+    return Manifest.read(meta.export_dir).spec

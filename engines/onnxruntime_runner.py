@@ -1,0 +1,82 @@
+"""ONNX Runtime backend (CPU or CUDA execution provider) with io-binding on torch tensors.
+
+Inputs and outputs never leave the device: every spec tensor is bound by pointer
+(bf16 included, which NumPy cannot hold). Output buffers are allocated once from the
+spec and owned by the runner; a session can hand them new ones (cache swap).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from wan_trt.engines.runner import Runner
+from wan_trt.errors import WanTrtError
+from wan_trt.export.graph import ONNX_TYPES
+from wan_trt.spec import PassSpec
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def _import_ort():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise WanTrtError("onnxruntime is not installed: pip install onnxruntime (CPU) or onnxruntime-gpu") from None
+    return onnxruntime
+
+
+class OnnxRuntimeRunner(Runner):
+    """Runs an exported graph with ONNX Runtime; ``provider`` is 'cpu' or 'cuda'."""
+
+    owns_outputs = True
+
+    def __init__(self, graph: str | Path, spec: PassSpec, provider: str = "cpu"):
+        if provider not in PROVIDERS:
+            raise WanTrtError(f"--provider {provider!r}: expected one of {', '.join(PROVIDERS)}")
+        super().__init__(spec, "cuda" if provider == "cuda" else "cpu")
+        self.name = f"onnxruntime-{provider}"
+        self.graph = Path(graph)
+        self.provider = provider
+        self.session = None
+        self.outputs: dict[str, torch.Tensor] = {}
+
+    def activate(self) -> None:
+        ort = _import_ort()
+        available = ort.get_available_providers()
+        wanted = PROVIDERS[self.provider]
+        if wanted not in available:
+            raise WanTrtError(f"ONNX Runtime here has no {wanted} (available: {', '.join(available)}); "
+                              "install onnxruntime-gpu for --provider cuda")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        provider = wanted
+        if self.provider == "cuda":
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            provider = (wanted, {"device_id": self.device.index or 0, "user_compute_stream": str(stream)})
+        self.session = ort.InferenceSession(str(self.graph), options, providers=[provider])
+        if self.session.get_providers()[0] != wanted:
+            raise WanTrtError(f"ONNX Runtime fell back to {self.session.get_providers()} for {self.graph}")
+        self.outputs = self.spec.allocate("outputs", self.device)
+
+    def deactivate(self) -> None:
+        self.session = None
+        self.outputs = {}
+
+    def rebind_output(self, name: str, tensor: torch.Tensor) -> None:
+        self.outputs[name] = tensor
+
+    def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.spec.check_feeds(feeds)
+        binding = self.session.io_binding()
+        dev_type, dev_id = ("cuda", self.device.index or 0) if self.device.type == "cuda" else ("cpu", 0)
+        for t in self.spec.inputs:
+            value = feeds[t.name]
+            if not value.is_contiguous() or value.device != self.device:
+                raise WanTrtError(f"input '{t.name}' must be a contiguous tensor on {self.device}")
+            binding.bind_input(t.name, dev_type, dev_id, ONNX_TYPES[t.dtype], list(t.shape), value.data_ptr())
+        for t in self.spec.outputs:
+            binding.bind_output(t.name, dev_type, dev_id, ONNX_TYPES[t.dtype], list(t.shape),
+                                self.outputs[t.name].data_ptr())
+        self.session.run_with_iobinding(binding)
+        return dict(self.outputs)

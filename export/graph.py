@@ -1,0 +1,66 @@
+"""Structural checks of an exported ONNX graph against its spec, and op counts.
+
+A graph passes when ONNX's checker accepts it, its inputs and outputs are exactly the
+spec's (names, order, static shapes, element types), and no tensor in it is complex or
+float64 (TensorRT has neither).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import onnx
+
+from wan_trt.errors import WanTrtError
+from wan_trt.spec import PassSpec
+
+ONNX_TYPES = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
+              "bfloat16": onnx.TensorProto.BFLOAT16, "int32": onnx.TensorProto.INT32,
+              "int64": onnx.TensorProto.INT64}
+FORBIDDEN = {onnx.TensorProto.COMPLEX64: "complex64", onnx.TensorProto.COMPLEX128: "complex128",
+             onnx.TensorProto.DOUBLE: "float64"}
+
+
+def load_structure(path: Path) -> onnx.ModelProto:
+    """The graph without its external weights (enough for structure and op counts)."""
+    return onnx.load(str(path), load_external_data=False)
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Node counts by ``domain::op_type`` (plain op_type for the default domain)."""
+    counts = Counter((f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type)
+                     for n in model.graph.node)
+    return dict(counts.most_common())
+
+
+def _value_signature(value: onnx.ValueInfoProto) -> tuple[tuple, int]:
+    t = value.type.tensor_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim)
+    return dims, t.elem_type
+
+
+def check_graph(path: Path, spec: PassSpec) -> dict[str, int]:
+    """Raise WanTrtError if the graph at ``path`` breaks the spec; return its op counts."""
+    onnx.checker.check_model(str(path))  # path form: works for graphs with external data
+    model = load_structure(path)
+    problems = []
+    for kind, values, specs in (("input", model.graph.input, spec.inputs), ("output", model.graph.output,
+                                                                           spec.outputs)):
+        names = [v.name for v in values]
+        if names != [t.name for t in specs]:
+            problems.append(f"{kind}s are {names}, spec says {[t.name for t in specs]}")
+            continue
+        for value, t in zip(values, specs):
+            dims, elem = _value_signature(value)
+            if dims != t.shape or elem != ONNX_TYPES[t.dtype]:
+                problems.append(f"{kind} '{t.name}' is {list(dims)} type {elem}, spec says {list(t.shape)} {t.dtype}")
+    for init in model.graph.initializer:
+        if init.data_type in FORBIDDEN:
+            problems.append(f"initializer '{init.name}' is {FORBIDDEN[init.data_type]}")
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.name == "to" and attr.i in FORBIDDEN:
+                problems.append(f"node '{node.name}' casts to {FORBIDDEN[attr.i]}")
+    if problems:
+        raise WanTrtError(f"exported graph {path} breaks its spec:\n  " + "\n  ".join(problems))
+    return op_counts(model)

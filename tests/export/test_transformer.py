@@ -1,0 +1,134 @@
+"""Export of the small configs (all three shapes): structure, manifest, ONNX Runtime accuracy, bad input."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+
+from wan_trt.cli import main
+from wan_trt.config import load_config
+from wan_trt.errors import WanTrtError
+from wan_trt.export.graph import check_graph, load_structure
+from wan_trt.export.manifest import Manifest
+from wan_trt.export.transformer import export_transformer
+from wan_trt.model import build_model
+from wan_trt.model.checkpoint import save_checkpoint
+from wan_trt.spec import PassSpec
+from wan_trt.validate.transformer import check_export
+from tests.conftest import SMALL
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """fp32 exports of the three small shapes (opset 23) and one opset-18 export."""
+    root = tmp_path_factory.mktemp("exports")
+    out = {name: export_transformer(load_config(name), root / name, "fp32", seed=3) and root / name for name in SMALL}
+    out["opset18"] = root / "opset18"
+    export_transformer(load_config("universal-small"), out["opset18"], "fp32", seed=3, opset=18)
+    return out
+
+
+@pytest.mark.parametrize("name", SMALL + ["opset18"])
+def test_export_and_check_pass_on_onnxruntime_cpu(exports, name):
+    report = check_export(exports[name], "cpu", blocks=8, seed=1)
+    assert report.ok, report.table()
+    assert len(report.stream) == 8 and len(report.outputs) == len(Manifest.read(exports[name]).spec.outputs)
+    assert (exports[name] / "check" / "run_results.json").is_file()
+
+
+def test_graph_is_static_and_spec_shaped(exports):
+    manifest = Manifest.read(exports["universal-small"])
+    model = load_structure(exports["universal-small"] / manifest.graph)
+    for value in list(model.graph.input) + list(model.graph.output):
+        assert all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim), value.name
+    assert manifest.op_counts.get("Attention", 0) > 0  # opset 23 uses the fused op
+    assert Manifest.read(exports["opset18"]).op_counts.get("Softmax", 0) > 0
+    assert manifest.weights["source"] == "random" and len(manifest.weights["sha256"]) == 64
+
+
+def test_manifest_alone_allocates_every_buffer(exports):
+    data = json.loads((exports["templerun-small"] / "manifest.json").read_text())
+    spec = PassSpec.from_dict(data["spec"])
+    buffers = spec.allocate("inputs") | spec.allocate("outputs")
+    model = load_structure(exports["templerun-small"] / data["graph"])
+    for value in list(model.graph.input) + list(model.graph.output):
+        dims = tuple(d.dim_value for d in value.type.tensor_type.shape.dim)
+        assert tuple(buffers[value.name].shape) == dims
+
+
+def test_check_fails_when_a_graph_weight_is_perturbed(exports, tmp_path):
+    import shutil
+    src = exports["universal-small"]
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad, ignore=shutil.ignore_patterns("check"))
+    model = onnx.load(str(bad / "model.onnx"))
+    target = max(model.graph.initializer, key=lambda i: np.prod(i.dims) if "ffn" in i.name else 0)
+    values = onnx.numpy_helper.to_array(target).copy()
+    values.flat[: values.size // 4] += 0.05  # a quarter of one FFN weight
+    target.CopyFrom(onnx.numpy_helper.from_array(values, target.name))
+    onnx.save(model, str(bad / "model.onnx"))
+    report = check_export(bad, "cpu", blocks=2, seed=1)
+    assert not report.ok
+    assert any(not o.ok for o in report.outputs) and report.problems()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_graphs_are_structurally_sound(tmp_path, precision):
+    manifest = export_transformer(load_config("universal-small"), tmp_path / precision, precision)
+    counts = check_graph(tmp_path / precision / "model.onnx", manifest.spec)  # checker + spec + no float64
+    assert counts["Cast"] > 0  # fp32 islands
+    model = load_structure(tmp_path / precision / "model.onnx")
+    assert model.graph.input[0].type.tensor_type.elem_type == (onnx.TensorProto.BFLOAT16 if precision == "bf16"
+                                                               else onnx.TensorProto.FLOAT16)
+
+
+def test_fp16_model_keeps_an_fp32_residual_stream():
+    model = build_model(load_config("universal-small"), torch.float16)
+    assert model.residual_dtype == torch.float32
+
+
+def test_existing_out_needs_overwrite(exports):
+    with pytest.raises(WanTrtError, match="--overwrite"):
+        export_transformer(load_config("universal-small"), exports["universal-small"], "fp32")
+
+
+def test_mismatched_checkpoint_writes_nothing(tmp_path):
+    ckpt = save_checkpoint(build_model(load_config("gta_drive-small")), tmp_path / "gta.safetensors")
+    with pytest.raises(WanTrtError, match="does not match"):
+        export_transformer(load_config("universal-small"), tmp_path / "out", "fp32", weights=str(ckpt))
+    assert not (tmp_path / "out").exists()
+
+
+def test_incomplete_export_is_refused(tmp_path, exports):
+    import shutil
+    partial = tmp_path / "partial"
+    shutil.copytree(exports["gta_drive-small"], partial)
+    (partial / "sample_inputs.safetensors").unlink()
+    with pytest.raises(WanTrtError, match="incomplete"):
+        Manifest.read(partial)
+    with pytest.raises(WanTrtError, match="no manifest.json"):
+        Manifest.read(tmp_path)
+
+
+def test_wrong_shapes_fed_to_the_graph(exports):
+    from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner
+    manifest = Manifest.read(exports["universal-small"])
+    feeds = manifest.spec.sample_inputs()
+    feeds["mouse_window"] = feeds["mouse_window"][:, :2].contiguous()
+    with OnnxRuntimeRunner(exports["universal-small"] / "model.onnx", manifest.spec) as runner:
+        with pytest.raises(WanTrtError, match="input 'mouse_window': expected"):
+            runner.infer(feeds)
+
+
+def test_cli_export_and_check(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    res = runner.invoke(main, ["export", "--config", "templerun-small", "--precision", "fp32", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["check", str(out), "--blocks", "8"])
+    assert res.exit_code == 0, res.output
+    assert "block 7" in res.output
+    res = runner.invoke(main, ["export", "--config", "nope", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 1 and "neither a preset" in res.output

@@ -1,0 +1,46 @@
+"""Any wan-trt :class:`Runner` as a Polygraphy runner, so Polygraphy's Comparator can drive it.
+
+All runners of one comparison receive the same feed dict (the graph's sample inputs in
+the graph's precision); each adapter casts them to its own runner's spec, and hands back
+fp32 CPU tensors so every output is compared on the same footing.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import torch
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
+
+from wan_trt.engines.runner import Runner
+from wan_trt.spec import PassSpec
+
+
+class PolygraphyAdapter(BaseRunner):
+    def __init__(self, runner: Runner, feed_spec: PassSpec):
+        super().__init__(name=runner.name)
+        self.runner = runner
+        self.feed_spec = feed_spec
+
+    def activate_impl(self) -> None:
+        self.runner.__enter__()
+
+    def deactivate_impl(self) -> None:
+        self.runner.__exit__(None, None, None)
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        meta = TensorMetadata()
+        for t in self.feed_spec.inputs:
+            meta.add(t.name, t.torch_dtype, t.shape)
+        return meta
+
+    def infer_impl(self, feed_dict):
+        spec = self.runner.spec
+        feeds = {t.name: feed_dict[t.name].to(self.runner.device, t.torch_dtype).contiguous() for t in spec.inputs}
+        start = time.perf_counter()
+        outputs = self.runner.infer(feeds)
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict((name, outputs[name].detach().float().cpu().clone()) for name in spec.output_names)

@@ -1,0 +1,180 @@
+"""``wan-trt check DIR``: accuracy of an exported pass against PyTorch, single pass and stream.
+
+Single pass (Polygraphy): the fp32 PyTorch model (reference), the PyTorch model in the
+graph's precision (the yardstick) and the backend run on the export's sample inputs
+through Polygraphy's Comparator; RunResults are saved. Per output the backend passes
+when its rel-L2 error against fp32 is at most 2x the yardstick's (floor 1e-3) with no
+NaN/Inf, and Polygraphy's ``CompareFunc.simple`` agrees (mean |error| within 2x the
+yardstick's mean |error|).
+
+Stream: the backend runs the static-cache session over ``blocks`` blocks (past the
+window) and each block's latents are compared with the upstream-semantics reference
+pipeline in fp32; the yardstick is the PyTorch model's own static stream in the
+graph's precision.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from wan_trt.engines.runner import Runner
+from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.export.manifest import Manifest, reference_model, verify_weights
+from wan_trt.log import logger, stage
+from wan_trt.spec import PassSpec, precision_dtype
+from wan_trt.validate.metrics import REL_L2_FLOOR, ErrorStats, error_stats, passes, tolerance
+
+RESULTS_DIR = "check"
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    stats: ErrorStats
+    yardstick: ErrorStats
+    allowed_rel_l2: float
+    polygraphy_ok: bool
+
+    @property
+    def ok(self) -> bool:
+        return passes(self.stats, self.allowed_rel_l2) and self.polygraphy_ok
+
+
+@dataclass
+class CheckReport:
+    backend: str
+    precision: str
+    outputs: list[OutputCheck] = field(default_factory=list)
+    stream: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs) and all(b["ok"] for b in self.stream)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "precision": self.precision, "ok": self.ok,
+                "single_pass": [{"output": o.name, **o.stats.as_dict(), "yardstick_rel_l2": o.yardstick.rel_l2,
+                                 "allowed_rel_l2": o.allowed_rel_l2, "polygraphy_ok": o.polygraphy_ok, "ok": o.ok}
+                                for o in self.outputs],
+                "stream": self.stream}
+
+    def problems(self) -> list[str]:
+        """One line per failing output or block, saying what to do where we know."""
+        lines = []
+        for o in self.outputs:
+            if not o.ok:
+                lines.append(f"{o.name}: rel-L2 {o.stats.rel_l2:.3e} > allowed {o.allowed_rel_l2:.3e}"
+                             f"{f', {o.stats.non_finite} NaN/Inf' if o.stats.non_finite else ''}"
+                             f"{'' if o.polygraphy_ok else ', Polygraphy mean-error check failed'}")
+        lines += [f"stream block {b['block']}: rel-L2 {b['rel_l2']:.3e} > allowed {b['allowed_rel_l2']:.3e}"
+                  for b in self.stream if not b["ok"]]
+        non_finite = any(o.stats.non_finite for o in self.outputs) or any(b["non_finite"] for b in self.stream)
+        if self.precision == "fp16" and non_finite:
+            lines.append("the fp16 graph overflows (NaN/Inf): this model does not run in fp16; use --precision bf16")
+        return lines
+
+    def table(self) -> str:
+        rows = [f"{'output':16} {'max abs':>10} {'mean abs':>10} {'rel-L2':>10} {'allowed':>10} {'cosine':>10} "
+                f"{'NaN/Inf':>8}  result"]
+        for o in self.outputs:
+            s = o.stats
+            rows.append(f"{o.name:16} {s.max_abs:10.3e} {s.mean_abs:10.3e} {s.rel_l2:10.3e} {o.allowed_rel_l2:10.3e} "
+                        f"{s.cosine:10.6f} {s.non_finite:8d}  {'ok' if o.ok else 'FAIL'}")
+        for b in self.stream:
+            rows.append(f"{'block ' + str(b['block']):16} {b['max_abs']:10.3e} {b['mean_abs']:10.3e} "
+                        f"{b['rel_l2']:10.3e} {b['allowed_rel_l2']:10.3e} {b['cosine']:10.6f} {b['non_finite']:8d}  "
+                        f"{'ok' if b['ok'] else 'FAIL'}")
+        return "\n".join(rows)
+
+
+def _sample_feeds(directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    return load_file(str(directory / manifest.sample_inputs))
+
+
+def check_single_pass(backend: Runner, reference: Runner, yardstick: Runner, feeds: dict[str, torch.Tensor],
+                      feed_spec: PassSpec, save_to: Path | None = None) -> list[OutputCheck]:
+    """Polygraphy Comparator over the three runners on one feed dict."""
+    from polygraphy.comparator import Comparator
+    from polygraphy.logger import G_LOGGER
+
+    from wan_trt.validate.polygraphy_runner import PolygraphyAdapter
+
+    runners = [PolygraphyAdapter(r, feed_spec) for r in (reference, yardstick, backend)]
+    with G_LOGGER.verbosity(G_LOGGER.ERROR):
+        results = Comparator.run(runners, data_loader=[feeds])
+    if save_to is not None:
+        save_to.mkdir(parents=True, exist_ok=True)
+        results.save(str(save_to / "run_results.json"))
+    (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
+    names = feed_spec.output_names
+    yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
+    # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (1e-3 of the mean |reference|)
+    atol = {n: 2 * max(yard[n].mean_abs, REL_L2_FLOOR * float(ref_out[n].abs().mean())) for n in names}
+    compare = _simple_compare(atol=atol, rtol={n: 0.0 for n in names}, check_error_stat="mean")
+    with G_LOGGER.verbosity(G_LOGGER.ERROR):
+        accuracy = Comparator.compare_accuracy(results, comparisons=[(0, 2)], compare_func=compare)
+    (pair_results,) = accuracy[0].values()  # one comparison function, one runner pair
+    poly = pair_results[0]  # first (only) iteration
+    return [OutputCheck(n, error_stats(back_out[n], ref_out[n]), yard[n], tolerance(yard[n].rel_l2), bool(poly[n]))
+            for n in names]
+
+
+def _simple_compare(**kwargs):
+    """Polygraphy's simple compare function (SimpleCompareFunc from 0.53, CompareFunc.simple before)."""
+    try:
+        from polygraphy.comparator import SimpleCompareFunc
+        return SimpleCompareFunc(**kwargs)
+    except ImportError:
+        from polygraphy.comparator import CompareFunc
+        return CompareFunc.simple(**kwargs)
+
+
+def check_stream(backend: Runner, reference_model, yardstick: Runner, blocks: int, seed: int) -> list[dict]:
+    """Per-block errors of the backend's stream vs the fp32 upstream-semantics pipeline."""
+    from wan_trt.validate.stream import compare_stream
+
+    base = compare_stream(reference_model, yardstick, blocks, seed)
+    got = compare_stream(reference_model, backend, blocks, seed)
+    rows = []
+    for i, (b, y) in enumerate(zip(got.blocks, base.blocks)):
+        allowed = tolerance(y.rel_l2)
+        rows.append({"block": i, **b.as_dict(), "yardstick_rel_l2": y.rel_l2, "allowed_rel_l2": allowed,
+                     "seconds": got.block_seconds[i], "ok": passes(b, allowed)})
+    return rows
+
+
+def check_export(directory: str | Path, provider: str = "cpu", blocks: int = 8, seed: int = 0,
+                 stream: bool = True) -> CheckReport:
+    """Check an export directory's graph with ONNX Runtime (``provider``) against PyTorch."""
+    from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner
+
+    directory = Path(directory)
+    manifest = Manifest.read(directory)
+    spec = manifest.spec
+    device = "cuda" if provider == "cuda" else "cpu"
+    with stage("rebuild the PyTorch references"):
+        low = reference_model(manifest, spec.dtype, device)
+        verify_weights(manifest, low)
+        fp32 = low if spec.precision == "fp32" else reference_model(manifest, torch.float32, device)
+    fp32_spec = PassSpec.from_config(spec.config, "fp32")
+    backend = OnnxRuntimeRunner(directory / manifest.graph, spec, provider)
+    report = CheckReport(backend.name, spec.precision)
+    reference = TorchRunner(fp32, fp32_spec)
+    reference.name = "torch-fp32"
+    yardstick = TorchRunner(low, spec)
+    yardstick.name = f"torch-{spec.precision}"
+    with stage("single pass (Polygraphy Comparator)"):
+        report.outputs = check_single_pass(backend, reference, yardstick, _sample_feeds(directory, manifest), spec,
+                                           directory / RESULTS_DIR)
+    if stream:
+        with stage(f"stream of {blocks} blocks vs the upstream-semantics pipeline"):
+            report.stream = check_stream(backend, fp32, yardstick, blocks, seed)
+    (directory / RESULTS_DIR).mkdir(exist_ok=True)
+    (directory / RESULTS_DIR / f"report_{backend.name}.json").write_text(json.dumps(report.as_dict(), indent=2))
+    logger.info("check %s: %s", backend.name, "passed" if report.ok else "FAILED")
+    return report
