@@ -20,7 +20,12 @@ $(VENV)/.installed: requirements-cpu.txt setup.cfg pyproject.toml
 
 demo: setup
 	$(WAN) info --config $(DEMO_CONFIG)
-	$(WAN) stream --config $(DEMO_CONFIG) --blocks 8 --reference --out $(DEMO_OUT)/stream
+	$(WAN) export --config $(DEMO_CONFIG) --precision fp32 --out $(DEMO_OUT)/export --overwrite
+	$(WAN) check $(DEMO_OUT)/export --blocks 8
+	$(WAN) build $(DEMO_OUT)/export --backend aoti --fp32 --device cpu
+	$(WAN) check $(DEMO_OUT)/export/engine_aoti_cpu.pt2 --blocks 8
+	$(WAN) bench $(DEMO_OUT)/export --device cpu --blocks 4 --aoti-engine $(DEMO_OUT)/export/engine_aoti_cpu.pt2 \
+		--backends upstream-eager,torch-eager,onnxruntime,aoti,tensorrt --out $(DEMO_OUT)/bench.json
 
 test: setup
 	$(PY) -m pytest -q

@@ -13,6 +13,7 @@ import torch
 
 from wan_trt.engines.artifact import EngineMetadata, engine_key
 from wan_trt.engines.runner import Runner
+from wan_trt.engines.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
@@ -36,6 +37,7 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     if not force and engine.is_file() and EngineMetadata.path_for(engine).is_file():
         if EngineMetadata.read(engine).key == key:
             logger.info("%s is up to date (key %s)", engine, key)
+            write_runtime_file(manifest.spec, engine)
             return engine
     spec = manifest.spec
     begin = time.perf_counter()
@@ -55,6 +57,7 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, manifest.ops,
                    manifest.weights["sha256"], str(directory.resolve()),
                    time.perf_counter() - begin).write(engine)
+    write_runtime_file(spec, engine)
     return engine
 
 

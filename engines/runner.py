@@ -7,6 +7,8 @@
 Outputs may be fresh tensors (torch, AOTInductor) or the runner's own bound buffers;
 a runner that owns its output buffers says so with ``owns_outputs`` and accepts new
 ones through :meth:`rebind_output`, so a session can swap caches instead of copying.
+A runner that needs fixed input addresses (CUDA graphs) sets ``swap_inputs = False``
+and the session commits caches by copy into the same buffers.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ class Runner(abc.ABC):
     """Base class: ``activate``/``deactivate`` around ``infer``; usable as a context manager."""
 
     name: str = "runner"
-    owns_outputs: bool = False
+    owns_outputs: bool = False  # outputs are the runner's own buffers (see rebind_output)
+    swap_inputs: bool = True  # the session may hand new tensors as inputs (cache swap); else it copies
 
     def __init__(self, spec: PassSpec, device: str | torch.device):
         self.spec = spec

@@ -60,7 +60,11 @@ class StreamingSession:
         return self.block * self.cfg.block_frames
 
     def start(self, visual_context: torch.Tensor) -> None:
-        """Begin a new stream conditioned on CLIP features [1, 257, 1280]; clears every cache."""
+        """Begin a new stream conditioned on CLIP features [1, 257, 1280]; clears every cache.
+
+        Activates the runner if it is not active yet (the caller still owns deactivating it).
+        """
+        self.runner.__enter__()
         self._check_shape("visual_context", visual_context, self.spec.tensor("visual_context").shape)
         self.feeds["visual_context"].copy_(visual_context)
         for cache in self.spec.caches:
@@ -141,12 +145,11 @@ class StreamingSession:
 
     def _commit_one(self, cache: CacheSpec, prev: str, cur: str, new: torch.Tensor, p: int, f: int) -> None:
         u, buf = cache.units, self.feeds[prev]
-        if p == f:  # swap: the block's K/V becomes the previous frames
-            old = buf
+        if p == f and self.runner.swap_inputs:  # swap: the block's K/V becomes the previous frames
             self.feeds[prev] = new
             if self.runner.owns_outputs:
-                self.runner.rebind_output(cur, old)
-        elif p < f:
+                self.runner.rebind_output(cur, buf)
+        elif p <= f:
             buf.copy_(new[:, :, (f - p) * u:])
         else:
             buf[:, :, :(p - f) * u] = buf[:, :, f * u:].clone()

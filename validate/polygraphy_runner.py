@@ -44,3 +44,25 @@ class PolygraphyAdapter(BaseRunner):
             torch.cuda.synchronize(self.runner.device)
         self.inference_time = time.perf_counter() - start
         return OrderedDict((name, outputs[name].detach().float().cpu().clone()) for name in spec.output_names)
+
+
+class FloatOutputs(BaseRunner):
+    """Wraps a native Polygraphy runner (e.g. ``TrtRunner``) so its outputs come back as fp32 CPU tensors."""
+
+    def __init__(self, inner: BaseRunner):
+        super().__init__(name=inner.name)
+        self.inner = inner
+
+    def activate_impl(self) -> None:
+        self.inner.activate()
+
+    def deactivate_impl(self) -> None:
+        self.inner.deactivate()
+
+    def get_input_metadata_impl(self):
+        return self.inner.get_input_metadata()
+
+    def infer_impl(self, feed_dict):
+        outputs = self.inner.infer(feed_dict)
+        self.inference_time = self.inner.last_inference_time()
+        return OrderedDict((k, torch.as_tensor(v).detach().float().cpu().clone()) for k, v in outputs.items())

@@ -96,20 +96,25 @@ def _sample_feeds(directory: Path, manifest: Manifest) -> dict[str, torch.Tensor
     return load_file(str(directory / manifest.sample_inputs))
 
 
-def check_single_pass(backend: Runner, reference: Runner, yardstick: Runner, feeds: dict[str, torch.Tensor],
+def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict[str, torch.Tensor],
                       feed_spec: PassSpec, save_to: Path | None = None) -> list[OutputCheck]:
-    """Polygraphy Comparator over the three runners on one feed dict."""
+    """Polygraphy Comparator over the three runners on one feed dict.
+
+    ``backend`` is a wan-trt Runner or a native Polygraphy runner (e.g. TensorRT's ``TrtRunner``).
+    """
+    from polygraphy.backend.base import BaseRunner
     from polygraphy.comparator import Comparator
     from polygraphy.logger import G_LOGGER
 
-    from wan_trt.validate.polygraphy_runner import PolygraphyAdapter
+    from wan_trt.validate.polygraphy_runner import FloatOutputs, PolygraphyAdapter
 
-    runners = [PolygraphyAdapter(r, feed_spec) for r in (reference, yardstick, backend)]
+    runners = [PolygraphyAdapter(r, feed_spec) for r in (reference, yardstick)]
+    runners.append(FloatOutputs(backend) if isinstance(backend, BaseRunner) else PolygraphyAdapter(backend, feed_spec))
     with G_LOGGER.verbosity(G_LOGGER.ERROR):
         results = Comparator.run(runners, data_loader=[feeds])
     if save_to is not None:
         save_to.mkdir(parents=True, exist_ok=True)
-        results.save(str(save_to / "run_results.json"))
+        results.save(str(save_to / f"run_results_{runners[-1].name}.json"))
     (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
     names = feed_spec.output_names
     yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
@@ -148,29 +153,27 @@ def check_stream(backend: Runner, reference_model, yardstick: Runner, blocks: in
     return rows
 
 
-def check_export(directory: str | Path, provider: str = "cpu", blocks: int = 8, seed: int = 0,
-                 stream: bool = True) -> CheckReport:
-    """Check an export directory's graph with ONNX Runtime (``provider``) against PyTorch."""
-    from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner
+def check_runner(directory: Path, manifest: Manifest, backend: Runner, single_pass_backend=None,
+                 blocks: int = 8, seed: int = 0, stream: bool = True) -> CheckReport:
+    """Single pass (Polygraphy) and stream checks of ``backend`` against the PyTorch references.
 
-    directory = Path(directory)
-    manifest = Manifest.read(directory)
+    ``single_pass_backend`` replaces ``backend`` in the Polygraphy comparison (TensorRT's own
+    ``TrtRunner``); the stream always runs ``backend`` in the static-cache session.
+    """
     spec = manifest.spec
-    device = "cuda" if provider == "cuda" else "cpu"
+    device = str(backend.device)
     with stage("rebuild the PyTorch references"):
         low = reference_model(manifest, spec.dtype, device)
         verify_weights(manifest, low)
         fp32 = low if spec.precision == "fp32" else reference_model(manifest, torch.float32, device)
-    fp32_spec = PassSpec.from_config(spec.config, "fp32")
-    backend = OnnxRuntimeRunner(directory / manifest.graph, spec, provider)
     report = CheckReport(backend.name, spec.precision)
-    reference = TorchRunner(fp32, fp32_spec)
+    reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))
     reference.name = "torch-fp32"
     yardstick = TorchRunner(low, spec)
     yardstick.name = f"torch-{spec.precision}"
     with stage("single pass (Polygraphy Comparator)"):
-        report.outputs = check_single_pass(backend, reference, yardstick, _sample_feeds(directory, manifest), spec,
-                                           directory / RESULTS_DIR)
+        report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
+                                           _sample_feeds(directory, manifest), spec, directory / RESULTS_DIR)
     if stream:
         with stage(f"stream of {blocks} blocks vs the upstream-semantics pipeline"):
             report.stream = check_stream(backend, fp32, yardstick, blocks, seed)
@@ -178,3 +181,37 @@ def check_export(directory: str | Path, provider: str = "cpu", blocks: int = 8, 
     (directory / RESULTS_DIR / f"report_{backend.name}.json").write_text(json.dumps(report.as_dict(), indent=2))
     logger.info("check %s: %s", backend.name, "passed" if report.ok else "FAILED")
     return report
+
+
+def check_export(directory: str | Path, provider: str = "cpu", blocks: int = 8, seed: int = 0,
+                 stream: bool = True) -> CheckReport:
+    """Check an export directory's graph with ONNX Runtime (``provider``) against PyTorch."""
+    from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner
+
+    directory = Path(directory)
+    manifest = Manifest.read(directory)
+    backend = OnnxRuntimeRunner(directory / manifest.graph, manifest.spec, provider)
+    return check_runner(directory, manifest, backend, None, blocks, seed, stream)
+
+
+def check_engine(engine: str | Path, blocks: int = 8, seed: int = 0, stream: bool = True) -> CheckReport:
+    """Check a built engine (AOTInductor package or TensorRT plan) against PyTorch."""
+    from wan_trt.engines.artifact import EngineMetadata
+
+    engine = Path(engine)
+    meta = EngineMetadata.read(engine)
+    directory = Path(meta.export_dir)
+    manifest = Manifest.read(directory)
+    if meta.backend == "aoti":
+        from wan_trt.engines.aoti import AotiRunner
+        return check_runner(directory, manifest, AotiRunner(engine, manifest), None, blocks, seed, stream)
+    from polygraphy.backend.common import BytesFromPath
+    from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+    from wan_trt.engines.tensorrt_runner import TensorRTRunner
+    backend = TensorRTRunner(engine, manifest)
+    if manifest.ops == "plugins":
+        from wan_trt.plugins.tensorrt_plugins import register_plugins
+        register_plugins()
+    polygraphy_trt = TrtRunner(EngineFromBytes(BytesFromPath(str(engine))), name="tensorrt")
+    return check_runner(directory, manifest, backend, polygraphy_trt, blocks, seed, stream)

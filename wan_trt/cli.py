@@ -134,23 +134,101 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite) ->
 
 
 @main.command()
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("target", type=click.Path(exists=True))
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="ONNX Runtime execution provider (bf16/fp16 graphs need cuda: ORT-CPU has no bf16 kernels).")
+              help="ONNX Runtime execution provider for an export directory (bf16/fp16 graphs need cuda: "
+                   "ORT-CPU has no bf16 kernels).")
 @click.option("--blocks", type=click.IntRange(1), default=8, show_default=True,
               help="Blocks of the multi-block stream check.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Run the multi-block stream check.")
 @seed_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @user_errors
-def check(directory, provider, blocks, stream, seed, as_json) -> None:
-    """Accuracy of an exported graph against PyTorch (Polygraphy), single pass and stream."""
-    from wan_trt.validate.transformer import check_export
+def check(target, provider, blocks, stream, seed, as_json) -> None:
+    """Accuracy against PyTorch (Polygraphy), single pass and stream.
 
-    report = check_export(directory, provider, blocks, seed, stream)
+    TARGET is an export directory (checked with ONNX Runtime) or an engine file built by
+    `wan-trt build` (AOTInductor package or TensorRT plan).
+    """
+    from wan_trt.validate.transformer import check_engine, check_export
+
+    if Path(target).is_dir():
+        report = check_export(target, provider, blocks, seed, stream)
+    else:
+        report = check_engine(target, blocks, seed, stream)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.table())
     if not report.ok:
         raise WanTrtError("accuracy check failed:\n  " + "\n  ".join(report.problems()))
+
+
+@main.command()
+@click.argument("directory", required=False, type=click.Path(file_okay=False))
+@click.option("--config", "config_name", default=None,
+              help="Without DIRECTORY: export this config first (into out/<config>_<precision>_<ops>).")
+@click.option("--backend", type=click.Choice(["tensorrt", "aoti"]), default="tensorrt", show_default=True)
+@click.option("--bf16", "precision", flag_value="bf16", default=True, help="bf16 engine (default).")
+@click.option("--fp16", "precision", flag_value="fp16", help="fp16 engine (fp32 residual stream and norms).")
+@click.option("--fp32", "precision", flag_value="fp32", help="fp32 engine.")
+@click.option("--ops", type=click.Choice(["native"]), default="native", show_default=True)
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="AOTInductor target device (TensorRT is always cuda).")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file.")
+@click.option("--opt-level", type=click.IntRange(0, 5), default=3, show_default=True,
+              help="TensorRT builder optimization level.")
+@click.option("--weak-typing", is_flag=True, help="TensorRT 10.x only: untyped network + precision builder flag.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Engine path. Defaults to DIRECTORY/engine_<backend>_<device>.<pt2|plan>.")
+@click.option("--force", is_flag=True, help="Rebuild even if an up-to-date engine exists.")
+@weights_option
+@seed_option
+@user_errors
+def build(directory, config_name, backend, precision, ops, device, timing_cache, opt_level, weak_typing, out, force,
+          weights, seed) -> None:
+    """Build an engine (TensorRT plan or AOTInductor package) from an export directory."""
+    from wan_trt.engines.build import build_engine
+
+    engine = build_engine(directory, config_name, backend, precision, ops, device, timing_cache, opt_level,
+                          weak_typing, out, force, weights, seed)
+    click.echo(str(engine))
+
+
+@main.command()
+@click.argument("engine", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@user_errors
+def inspect(engine, as_json) -> None:
+    """List an engine's layers and plugin layers (TensorRT) or kernels and custom ops (AOTInductor)."""
+    from wan_trt.engines.build import inspect_engine
+
+    info = inspect_engine(engine)
+    click.echo(json.dumps(info, indent=2) if as_json else "\n".join(f"{k}: {v}" for k, v in info["summary"].items()))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--backends", default=",".join(["upstream-eager", "torch-eager", "torch-compile", "onnxruntime", "aoti",
+                                               "aoti+cudagraph", "tensorrt"]), show_default=True,
+              help="Comma-separated backends; those that cannot run here are skipped with the reason.")
+@click.option("--blocks", type=click.IntRange(2), default=6, show_default=True)
+@device_option
+@click.option("--aoti-engine", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--trt-engine", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--profile", "profile", default="", help="Comma-separated backends to profile by op class.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="JSON results file.")
+@click.option("--chart", type=click.Path(dir_okay=False), default=None, help="PNG chart of ms per block.")
+@user_errors
+def bench(directory, backends, blocks, device, aoti_engine, trt_engine, profile, out, chart) -> None:
+    """ms per pass / block, FPS, P50/P95 and memory for every backend available, side by side."""
+    from wan_trt.engines.bench import run_bench
+
+    report = run_bench(directory, [b for b in backends.split(",") if b], blocks, pick_device(device), aoti_engine,
+                       trt_engine, [b for b in profile.split(",") if b], out, chart)
+    for name, r in report["backends"].items():
+        click.echo(f"{name:16} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
+                   f"p95 {r['block_ms']['p95']:8.1f}  {r['ms_per_pass']['mean']:7.1f} ms/pass  "
+                   f"{r['video_fps']:6.1f} fps")
+    for name, why in report["skipped"].items():
+        click.echo(f"{name:16} skipped: {why}")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def test_export_and_check_pass_on_onnxruntime_cpu(exports, name):
     report = check_export(exports[name], "cpu", blocks=8, seed=1)
     assert report.ok, report.table()
     assert len(report.stream) == 8 and len(report.outputs) == len(Manifest.read(exports[name]).spec.outputs)
-    assert (exports[name] / "check" / "run_results.json").is_file()
+    assert (exports[name] / "check" / "run_results_onnxruntime-cpu.json").is_file()
 
 
 def test_graph_is_static_and_spec_shaped(exports):

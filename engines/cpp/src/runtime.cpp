@@ -1,0 +1,294 @@
+// wan-trt C++ runtime: spec file, AOTInductor runner, seeded noise and the streaming session.
+// Mirrors engines/session.py step for step; tests compare the two on the same engine.
+#include "wan_trt/runtime.h"
+
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#ifdef WAN_TRT_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace wan_trt {
+
+// ---- spec file ------------------------------------------------------------------------------
+
+static at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  if (name == "float32") return at::kFloat;
+  if (name == "int32") return at::kInt;
+  if (name == "int64") return at::kLong;
+  throw Error("runtime file: unknown dtype '" + name + "'");
+}
+
+static TensorSpec parse_tensor(std::istringstream& in) {
+  TensorSpec t;
+  std::string dtype;
+  in >> t.name >> dtype;
+  t.dtype = parse_dtype(dtype);
+  for (int64_t d; in >> d;) t.shape.push_back(d);
+  return t;
+}
+
+RuntimeSpec RuntimeSpec::load(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw Error("cannot open runtime file " + path + " (written by `wan-trt build` beside the engine)");
+  RuntimeSpec s;
+  std::string line, key;
+  std::getline(file, line);
+  if (line != "wan_trt_runtime 1") throw Error(path + " is not a wan-trt runtime file (version 1)");
+  while (std::getline(file, line)) {
+    std::istringstream in(line);
+    if (!(in >> key)) continue;
+    if (key == "config") in >> s.config;
+    else if (key == "precision") in >> s.precision;
+    else if (key == "block_frames") in >> s.block_frames;
+    else if (key == "prev_frames") in >> s.prev_frames;
+    else if (key == "tokens_per_frame") in >> s.tokens_per_frame;
+    else if (key == "window_frames") in >> s.window_frames;
+    else if (key == "ratio") in >> s.ratio;
+    else if (key == "rope_max_frames") in >> s.rope_max_frames;
+    else if (key == "latent") in >> s.channels >> s.height >> s.width;
+    else if (key == "timesteps") for (double v; in >> v;) s.timesteps.push_back(v);
+    else if (key == "sigmas") for (double v; in >> v;) s.sigmas.push_back(v);
+    else if (key == "clean_timestep") in >> s.clean_timestep;
+    else if (key == "input") s.inputs.push_back(parse_tensor(in));
+    else if (key == "output") s.outputs.push_back(parse_tensor(in));
+    else if (key == "cache") {
+      CacheSpec c;
+      in >> c.kind >> c.units >> c.prev_k >> c.cur_k >> c.prev_v >> c.cur_v;
+      s.caches.push_back(c);
+    } else throw Error(path + ": unknown key '" + key + "'");
+  }
+  if (s.timesteps.empty() || s.timesteps.size() != s.sigmas.size() || s.inputs.empty())
+    throw Error(path + ": incomplete runtime file");
+  return s;
+}
+
+const TensorSpec& RuntimeSpec::input(const std::string& name) const {
+  for (const auto& t : inputs)
+    if (t.name == name) return t;
+  throw Error("spec has no input '" + name + "'");
+}
+
+bool RuntimeSpec::has_input(const std::string& name) const {
+  return std::any_of(inputs.begin(), inputs.end(), [&](const TensorSpec& t) { return t.name == name; });
+}
+
+at::ScalarType RuntimeSpec::dtype() const { return input("latents").dtype; }
+
+// ---- AOTInductor runner ---------------------------------------------------------------------
+
+struct AotiRunner::Impl {
+  explicit Impl(const std::string& package) : loader(package) {}
+  torch::inductor::AOTIModelPackageLoader loader;
+  std::map<std::string, at::Tensor> outputs;
+  std::map<std::string, const void*> pointers;
+#ifdef WAN_TRT_WITH_CUDA
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+#endif
+};
+
+AotiRunner::AotiRunner(const std::string& package, const RuntimeSpec& spec, at::Device device, bool cuda_graph)
+    : impl_(std::make_unique<Impl>(package)), spec_(spec), device_(device), cuda_graph_(cuda_graph) {
+#ifndef WAN_TRT_WITH_CUDA
+  if (cuda_graph) throw Error("CUDA graphs need a CUDA build of libtorch");
+#endif
+}
+
+AotiRunner::~AotiRunner() = default;
+
+static std::map<std::string, at::Tensor> run_package(torch::inductor::AOTIModelPackageLoader& loader,
+                                                     const RuntimeSpec& spec,
+                                                     const std::map<std::string, at::Tensor>& feeds,
+                                                     void* stream) {
+  std::vector<at::Tensor> inputs;
+  for (const auto& t : spec.inputs) inputs.push_back(feeds.at(t.name));
+  std::vector<at::Tensor> outs = loader.run(inputs, stream);
+  std::map<std::string, at::Tensor> named;
+  for (size_t i = 0; i < spec.outputs.size(); ++i) named[spec.outputs[i].name] = outs.at(i);
+  return named;
+}
+
+std::map<std::string, at::Tensor> AotiRunner::infer(const std::map<std::string, at::Tensor>& feeds) {
+  for (const auto& t : spec_.inputs) {
+    const at::Tensor& v = feeds.at(t.name);
+    if (v.sizes() != at::IntArrayRef(t.shape) || v.scalar_type() != t.dtype)
+      throw Error("input '" + t.name + "' does not match the spec");
+  }
+#ifdef WAN_TRT_WITH_CUDA
+  if (cuda_graph_) {
+    if (!impl_->graph) {
+      auto side = c10::cuda::getStreamFromPool(false, device_.index());
+      side.synchronize();
+      c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+      {
+        c10::cuda::CUDAStreamGuard guard(side);
+        for (int i = 0; i < 2; ++i) run_package(impl_->loader, spec_, feeds, side.stream());
+        side.synchronize();
+        impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
+        impl_->graph->capture_begin();
+        impl_->outputs = run_package(impl_->loader, spec_, feeds, side.stream());
+        impl_->graph->capture_end();
+      }
+      for (const auto& [name, v] : feeds) impl_->pointers[name] = v.data_ptr();
+    }
+    for (const auto& [name, v] : feeds)
+      if (impl_->pointers.at(name) != v.data_ptr()) throw Error("CUDA-graph runner: input '" + name + "' moved");
+    impl_->graph->replay();
+    return impl_->outputs;
+  }
+  if (device_.is_cuda())
+    return run_package(impl_->loader, spec_, feeds, c10::cuda::getCurrentCUDAStream(device_.index()).stream());
+#endif
+  return run_package(impl_->loader, spec_, feeds, nullptr);
+}
+
+// ---- noise ----------------------------------------------------------------------------------
+
+at::Tensor noise(int64_t seed, int64_t block, int64_t step, at::IntArrayRef shape, at::Device device,
+                 at::ScalarType dtype) {
+  const uint64_t value = static_cast<uint64_t>(seed * 1000003 + block * 1009 + step);
+  at::Generator gen;
+#ifdef WAN_TRT_WITH_CUDA
+  if (device.is_cuda()) {
+    gen = at::cuda::detail::createCUDAGenerator(device.index());
+    gen.set_current_seed(value);
+  } else
+#endif
+  {
+    gen = at::make_generator<at::CPUGeneratorImpl>(value);
+  }
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat).device(device)).to(dtype);
+}
+
+// ---- session --------------------------------------------------------------------------------
+
+StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed)
+    : runner_(runner), spec_(spec), seed_(seed), device_(runner.device()) {
+  for (const auto& t : spec.inputs)
+    feeds_[t.name] = at::zeros(t.shape, at::TensorOptions().dtype(t.dtype).device(device_));
+}
+
+void StreamingSession::start(const at::Tensor& visual_context) {
+  at::Tensor& slot = feeds_.at("visual_context");
+  if (visual_context.sizes() != slot.sizes()) throw Error("visual_context: wrong shape");
+  slot.copy_(visual_context);
+  for (const auto& c : spec_.caches)
+    if (spec_.prev_frames > 0) {
+      feeds_.at(c.prev_k).zero_();
+      feeds_.at(c.prev_v).zero_();
+    }
+  history_.clear();
+  base_.clear();
+  block_ = 0;
+  valid_frames_ = 0;
+}
+
+void StreamingSession::feed_actions(const std::string& name, const at::Tensor& raw_in) {
+  const std::string window = name + "_window";
+  if (!spec_.has_input(window)) {
+    if (raw_in.defined() && raw_in.numel() > 0) throw Error("config '" + spec_.config + "' has no " + name + " input");
+    return;
+  }
+  const int64_t f = spec_.block_frames, r = spec_.ratio, w = spec_.window_frames;
+  const int64_t n = block_ == 0 ? 1 + r * (f - 1) : r * f;
+  const int64_t dim = spec_.input(window).shape.back();
+  if (!raw_in.defined() || raw_in.dim() != 3 || raw_in.size(0) != 1 || raw_in.size(1) != n || raw_in.size(2) != dim)
+    throw Error(name + ": expected shape [1, " + std::to_string(n) + ", " + std::to_string(dim) + "] for block " +
+                std::to_string(block_));
+  at::Tensor raw = raw_in.to(device_, spec_.dtype());
+  auto it = history_.find(name);
+  if (it == history_.end()) {
+    history_[name] = at::cat({raw.narrow(1, 0, 1).expand({-1, w, -1}), raw}, 1);
+    base_[name] = 0;
+  } else {
+    it->second = at::cat({it->second, raw}, 1);
+  }
+  const at::Tensor& frames = history_.at(name);
+  const int64_t first = r * block_ * f - base_.at(name);
+  std::vector<at::Tensor> windows;
+  for (int64_t i = 0; i < f; ++i) windows.push_back(frames.narrow(1, first + r * i, w));
+  feeds_.at(window).copy_(at::stack(windows, 1));
+}
+
+std::map<std::string, at::Tensor> StreamingSession::run(const at::Tensor& x, double t) {
+  feeds_.at("latents").copy_(x);
+  feeds_.at("timestep").fill_(t);
+  return runner_.infer(feeds_);
+}
+
+at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard) {
+  const auto begin = std::chrono::steady_clock::now();
+  const int64_t f = spec_.block_frames, start = block_ * f;
+  if (start + f > spec_.rope_max_frames)
+    throw Error("block " + std::to_string(block_) + " would end past the " + std::to_string(spec_.rope_max_frames) +
+                "-frame RoPE table: start a new stream");
+  at::Tensor& cond_slot = feeds_.at("cond_concat");
+  if (cond.sizes() != cond_slot.sizes()) throw Error("cond_concat: wrong shape for block " + std::to_string(block_));
+  feed_actions("mouse", mouse);
+  feed_actions("keyboard", keyboard);
+  cond_slot.copy_(cond);
+  feeds_.at("rope_offset").fill_(start);
+  if (spec_.prev_frames > 0) feeds_.at("valid_frames").fill_(valid_frames_);
+
+  const auto& latents = spec_.input("latents");
+  const at::ScalarType dtype = latents.dtype;
+  at::Tensor x = noise(seed_, block_, 0, latents.shape, device_, dtype), x0;
+  const size_t steps = spec_.timesteps.size();
+  for (size_t i = 0; i < steps; ++i) {
+    at::Tensor flow = run(x, spec_.timesteps[i]).at("flow");
+    x0 = (x.to(at::kDouble) - spec_.sigmas[i] * flow.to(at::kDouble)).to(flow.scalar_type());
+    if (i + 1 < steps) {
+      at::Tensor fresh = noise(seed_, block_, static_cast<int64_t>(i + 1), latents.shape, device_, dtype);
+      const double s = spec_.sigmas[i + 1];
+      x = ((1 - s) * x0.to(at::kFloat) + s * fresh.to(at::kFloat)).to(dtype);
+    }
+  }
+  auto outputs = run(x0, spec_.clean_timestep);
+  commit(outputs);
+#ifdef WAN_TRT_WITH_CUDA
+  if (device_.is_cuda()) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+#endif
+  last_block_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+  ++block_;
+  for (auto& [name, frames] : history_) {  // drop raw frames no later window reads
+    const int64_t drop = spec_.ratio * block_ * f - base_.at(name);
+    if (drop > 0) {
+      frames = frames.narrow(1, drop, frames.size(1) - drop).clone();
+      base_.at(name) += drop;
+    }
+  }
+  return x0;
+}
+
+void StreamingSession::commit(std::map<std::string, at::Tensor>& outputs) {
+  const int64_t p = spec_.prev_frames, f = spec_.block_frames;
+  if (p == 0) return;
+  for (const auto& c : spec_.caches) {
+    for (const auto& [prev, cur] : {std::make_pair(c.prev_k, c.cur_k), std::make_pair(c.prev_v, c.cur_v)}) {
+      at::Tensor& buf = feeds_.at(prev);
+      const at::Tensor& fresh = outputs.at(cur);
+      const int64_t u = c.units;
+      if (p == f && runner_.swap_inputs()) {
+        buf = fresh;  // swap: AOTInductor returns fresh tensors each run
+      } else if (p <= f) {
+        buf.copy_(fresh.narrow(2, (f - p) * u, p * u));
+      } else {
+        buf.narrow(2, 0, (p - f) * u).copy_(buf.narrow(2, f * u, (p - f) * u).clone());
+        buf.narrow(2, (p - f) * u, f * u).copy_(fresh);
+      }
+    }
+  }
+  valid_frames_ = std::min(p, valid_frames_ + f);
+}
+
+}  // namespace wan_trt

@@ -1,0 +1,57 @@
+"""CUDA-graph wrapper for any runner whose ``infer`` is capturable (AOTInductor, torch).
+
+The graph is captured on the first call with that call's feed tensors; every later call
+must pass the very same tensors (the session keeps its input buffers fixed for runners
+with ``swap_inputs = False`` and commits caches by copy), then only replays.
+"""
+from __future__ import annotations
+
+import torch
+
+from wan_trt.engines.runner import Runner
+from wan_trt.errors import WanTrtError
+
+
+class CudaGraphRunner(Runner):
+    owns_outputs = True
+    swap_inputs = False
+
+    def __init__(self, inner: Runner, warmup: int = 2):
+        if inner.device.type != "cuda":
+            raise WanTrtError(f"CUDA graphs need a CUDA runner; {inner.name} runs on {inner.device}")
+        super().__init__(inner.spec, inner.device)
+        self.inner = inner
+        self.name = f"{inner.name}+cudagraph"
+        self.warmup = warmup
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.pointers: dict[str, int] = {}
+        self.outputs: dict[str, torch.Tensor] = {}
+
+    def activate(self) -> None:
+        self.inner.__enter__()
+
+    def deactivate(self) -> None:
+        self.graph = None
+        self.outputs = {}
+        self.inner.__exit__(None, None, None)
+
+    def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.graph is None:
+            self._capture(feeds)
+        elif any(feeds[n].data_ptr() != p for n, p in self.pointers.items()):
+            raise WanTrtError(f"{self.name}: inputs moved since capture; a CUDA-graph runner needs fixed buffers")
+        self.graph.replay()
+        return dict(self.outputs)
+
+    def _capture(self, feeds: dict[str, torch.Tensor]) -> None:
+        self.spec.check_feeds(feeds)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(self.warmup):
+                self.inner.infer(feeds)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.outputs = self.inner.infer(feeds)
+        self.pointers = {n: t.data_ptr() for n, t in feeds.items()}

@@ -1,0 +1,50 @@
+"""The runtime file: the spec and schedule of an engine in a line format the C++ runtime reads.
+
+Written next to every engine (``<engine>.runtime.txt``) from the same :class:`PassSpec`
+and :class:`BlockSchedule` the Python session uses, so the two runtimes cannot disagree:
+
+    wan_trt_runtime 1
+    config <name>            precision <bf16|fp16|fp32>
+    block_frames 3           prev_frames 3          tokens_per_frame 880
+    window_frames 12         ratio 4                rope_max_frames 1024
+    latent 16 44 80
+    timesteps 1000 908.842712 713.979431
+    sigmas 1 0.908842742 0.713979423
+    clean_timestep 0
+    input <name> <dtype> <dims...>
+    output <name> <dtype> <dims...>
+    cache <kind> <units> <prev_k> <cur_k> <prev_v> <cur_v>
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from wan_trt.scheduler import BlockSchedule
+from wan_trt.spec import PassSpec
+
+
+def runtime_text(spec: PassSpec) -> str:
+    cfg, a = spec.config, spec.config.model.action_config
+    sched = BlockSchedule.from_config(cfg)
+    lines = ["wan_trt_runtime 1", f"config {cfg.name}", f"precision {spec.precision}",
+             f"block_frames {cfg.block_frames}", f"prev_frames {cfg.prev_frames}",
+             f"tokens_per_frame {cfg.tokens_per_frame}", f"window_frames {a.window_frames}",
+             f"ratio {a.vae_time_compression_ratio}", f"rope_max_frames {cfg.inference.rope_max_frames}",
+             f"latent {cfg.model.out_dim} {cfg.inference.latent_height} {cfg.inference.latent_width}",
+             "timesteps " + " ".join(repr(t) for t in sched.timesteps),
+             "sigmas " + " ".join(repr(s) for s in sched.sigmas),
+             f"clean_timestep {sched.clean_timestep!r}"]
+    lines += [f"input {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.inputs]
+    lines += [f"output {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.outputs]
+    lines += [f"cache {c.kind} {c.units} {c.prev_k} {c.cur_k} {c.prev_v} {c.cur_v}" for c in spec.caches]
+    return "\n".join(lines) + "\n"
+
+
+def runtime_path(engine: Path) -> Path:
+    return engine.with_name(engine.name + ".runtime.txt")
+
+
+def write_runtime_file(spec: PassSpec, engine: Path) -> Path:
+    path = runtime_path(Path(engine))
+    path.write_text(runtime_text(spec))
+    return path

@@ -1,0 +1,131 @@
+"""TensorRT engine build and inspection (TensorRT 10.9+ and 11.x Python API).
+
+TensorRT 11 builds strongly typed networks only: the precision lives in the ONNX graph
+(bf16 or fp16 tensors with fp32 islands), so the network is created STRONGLY_TYPED and
+no precision flag is set. On TensorRT 10.x the same strongly typed build is the default;
+``weak_typing=True`` instead builds an untyped network with the BF16/FP16 builder flag
+(and OBEY_PRECISION_CONSTRAINTS), as 10.x users may expect.
+
+Everything that can be checked without TensorRT (manifest, files, flags, plugins) is
+checked before TensorRT is imported; without TensorRT the build stops with a message
+naming what to install. Nothing here is faked: no engine is written unless TensorRT
+built it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from wan_trt.engines.artifact import EngineMetadata, engine_key
+from wan_trt.engines.runtime_file import write_runtime_file
+from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest import Manifest
+from wan_trt.log import logger, stage
+
+MIN_VERSION = (10, 9)
+
+
+def import_tensorrt():
+    """The tensorrt module, or a WanTrtError saying what to install."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        raise WanTrtError(
+            "TensorRT is not installed: `pip install tensorrt` (10.9 or newer; it needs NVIDIA's package index "
+            "and a CUDA GPU). Other backends: `wan-trt build DIR --backend aoti`, or `wan-trt check DIR` with "
+            "ONNX Runtime.") from None
+    if tuple(int(x) for x in trt.__version__.split(".")[:2]) < MIN_VERSION:
+        raise WanTrtError(f"TensorRT {trt.__version__} is too old: wan-trt needs {'.'.join(map(str, MIN_VERSION))}+")
+    return trt
+
+
+def _major(trt) -> int:
+    return int(trt.__version__.split(".")[0])
+
+
+def _check_inputs(manifest: Manifest, directory: Path, opt_level: int, timing_cache: Path | None) -> None:
+    if not 0 <= opt_level <= 5:
+        raise WanTrtError(f"--opt-level {opt_level}: expected 0..5")
+    if timing_cache is not None and not timing_cache.parent.is_dir():
+        raise WanTrtError(f"--timing-cache {timing_cache}: folder {timing_cache.parent} does not exist")
+    if manifest.ops == "plugins":
+        from wan_trt.plugins import tensorrt_plugins  # noqa: F401  (fails early if the plugin code is missing)
+
+
+def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_level: int = 3,
+                   timing_cache: str | Path | None = None, weak_typing: bool = False, force: bool = False) -> Path:
+    """Build a TensorRT engine from the export in ``directory``; returns the engine path."""
+    from wan_trt.engines.aoti import default_engine_path
+
+    directory = Path(directory)
+    manifest = Manifest.read(directory)
+    cache_path = Path(timing_cache) if timing_cache else None
+    _check_inputs(manifest, directory, opt_level, cache_path)
+    trt = import_tensorrt()
+    engine = Path(out) if out else default_engine_path(directory, "tensorrt", "cuda")
+    key = engine_key(manifest, "tensorrt", "cuda", {"opt_level": opt_level, "weak_typing": weak_typing})
+    if not force and engine.is_file() and EngineMetadata.path_for(engine).is_file():
+        if EngineMetadata.read(engine).key == key:
+            logger.info("%s is up to date (key %s)", engine, key)
+            write_runtime_file(manifest.spec, engine)
+            return engine
+    begin = time.perf_counter()
+    if manifest.ops == "plugins":
+        from wan_trt.plugins.tensorrt_plugins import register_plugins
+        register_plugins()
+    trt_logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(trt_logger)
+    network = _parse(trt, builder, trt_logger, directory / manifest.graph, weak_typing)
+    config = builder.create_builder_config()
+    config.builder_optimization_level = opt_level
+    if weak_typing:
+        config.set_flag(trt.BuilderFlag.BF16 if manifest.spec.precision == "bf16" else trt.BuilderFlag.FP16)
+        config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+    cache = config.create_timing_cache(cache_path.read_bytes() if cache_path and cache_path.is_file() else b"")
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    with stage(f"TensorRT {trt.__version__} build (opt level {opt_level})"):
+        serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise WanTrtError("TensorRT could not build the engine (see its log above)")
+    engine.parent.mkdir(parents=True, exist_ok=True)
+    engine.write_bytes(bytes(serialized))
+    if cache_path:
+        cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    spec = manifest.spec
+    EngineMetadata("tensorrt", "cuda", key, spec.fingerprint(), spec.config.name, spec.precision, manifest.ops,
+                   manifest.weights["sha256"], str(directory.resolve()), time.perf_counter() - begin,
+                   extra={"opt_level": opt_level, "weak_typing": weak_typing,
+                          "layers": inspect_tensorrt(engine)["counts"]}).write(engine)
+    write_runtime_file(spec, engine)
+    return engine
+
+
+def _parse(trt, builder, trt_logger, graph: Path, weak_typing: bool):
+    if weak_typing and _major(trt) >= 11:
+        raise WanTrtError("--weak-typing: TensorRT 11 builds strongly typed networks only")
+    flags = 0 if weak_typing else 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, trt_logger)
+    with stage(f"parse {graph.name}"):
+        ok = parser.parse_from_file(str(graph))  # finds model.onnx.data beside the graph
+    if not ok:
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise WanTrtError("TensorRT's ONNX parser refused the graph:\n  " + "\n  ".join(errors[:20]))
+    return network
+
+
+def inspect_tensorrt(engine: str | Path) -> dict[str, Any]:
+    """Layers of a serialized engine and how many are plugins (needs TensorRT)."""
+    trt = import_tensorrt()
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    deserialized = runtime.deserialize_cuda_engine(Path(engine).read_bytes())
+    if deserialized is None:
+        raise WanTrtError(f"{engine}: TensorRT cannot deserialize it (built by another TensorRT version?)")
+    inspector = deserialized.create_engine_inspector()
+    info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+    layers = [layer if isinstance(layer, dict) else {"Name": layer} for layer in info.get("Layers", [])]
+    plugins = [layer for layer in layers if "Plugin" in str(layer.get("LayerType", ""))]
+    return {"layers": layers, "counts": {"layers": len(layers), "plugin_layers": len(plugins)},
+            "plugin_layers": [p.get("Name") for p in plugins]}

@@ -1,0 +1,101 @@
+"""AOTInductor engine on the CPU: build, check, Python and C++ runtimes, bench, bad input."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from wan_trt.cli import main
+from wan_trt.config import load_config
+from wan_trt.engines.aoti import AotiRunner, build_aoti
+from wan_trt.engines.session import StreamingSession, stream_blocks
+from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest import Manifest, reference_model
+from wan_trt.export.transformer import export_transformer
+from wan_trt.stream import NoiseSource, synthetic_stream
+from wan_trt.validate.metrics import error_stats
+from wan_trt.validate.stream import reference_stream
+
+BLOCKS = 8
+
+
+@pytest.fixture(scope="module")
+def aoti(tmp_path_factory):
+    """universal-small fp32 export and its CPU AOTInductor package (built once: ~1 min)."""
+    root = tmp_path_factory.mktemp("aoti")
+    export_transformer(load_config("universal-small"), root / "export", "fp32", seed=2)
+    return root / "export", build_aoti(root / "export", device="cpu")
+
+
+def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, tmp_path):
+    from wan_trt.engines.cpp import build_cpp, run_wan_stream, write_stream_inputs
+    export_dir, engine = aoti
+    manifest = Manifest.read(export_dir)
+    inputs = synthetic_stream(manifest.spec.config, BLOCKS, seed=9)
+    with AotiRunner(engine, manifest) as runner:
+        python = torch.cat([r.latents for r in stream_blocks(StreamingSession(runner, noise=NoiseSource(4)),
+                                                             inputs, BLOCKS)], dim=2)
+    exe = build_cpp(tmp_path / "build")
+    cpp, block_ms = run_wan_stream(exe, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), BLOCKS,
+                                   tmp_path / "out.pt", seed=4)
+    assert len(block_ms) == BLOCKS
+    torch.testing.assert_close(cpp, python, rtol=0, atol=1e-6)
+    expected = torch.cat(reference_stream(reference_model(manifest, torch.float32, "cpu"), inputs, BLOCKS, 4), dim=2)
+    for b in range(BLOCKS):
+        f = slice(3 * b, 3 * b + 3)
+        stats = error_stats(cpp[:, :, f], expected[:, :, f])
+        assert stats.rel_l2 < 1e-3 and stats.non_finite == 0, (b, stats)
+
+
+def test_check_engine_passes(aoti):
+    res = CliRunner().invoke(main, ["check", str(aoti[1]), "--blocks", "8"])
+    assert res.exit_code == 0, res.output
+    assert "block 7" in res.output
+
+
+def test_rebuild_is_skipped_when_up_to_date(aoti):
+    export_dir, engine = aoti
+    before = engine.stat().st_mtime_ns
+    assert build_aoti(export_dir, device="cpu") == engine and engine.stat().st_mtime_ns == before
+
+
+def test_engine_of_another_export_is_refused(aoti, tmp_path):
+    export_dir, engine = aoti
+    other = tmp_path / "other"
+    export_transformer(load_config("universal-small"), other, "fp32", seed=99)  # other weights
+    with pytest.raises(WanTrtError, match="weights differ"):
+        AotiRunner(engine, Manifest.read(other))
+    bf16 = tmp_path / "bf16"
+    export_transformer(load_config("universal-small"), bf16, "bf16", seed=2)
+    with pytest.raises(WanTrtError, match="precision fp32, manifest bf16"):
+        AotiRunner(engine, Manifest.read(bf16))
+
+
+def test_engine_without_metadata_is_refused(aoti, tmp_path):
+    copy = tmp_path / "engine.pt2"
+    shutil.copy(aoti[1], copy)
+    with pytest.raises(WanTrtError, match="not built by `wan-trt build`"):
+        AotiRunner(copy, Manifest.read(aoti[0]))
+
+
+def test_inspect_and_bench_on_cpu(aoti, tmp_path):
+    export_dir, engine = aoti
+    res = CliRunner().invoke(main, ["inspect", str(engine), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["summary"]["backend"] == "aoti"
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", str(export_dir), "--device", "cpu", "--blocks", "3", "--aoti-engine",
+                                    str(engine), "--backends", "upstream-eager,torch-eager,onnxruntime,aoti,tensorrt",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert set(report["backends"]) == {"upstream-eager", "torch-eager", "onnxruntime", "aoti"}
+    assert all(r["block_ms"]["mean"] > 0 for r in report["backends"].values())
+    assert "tensorrt" in report["skipped"] or "tensorrt" in report["backends"]
+
+
+def test_cuda_graph_runner_needs_cuda(aoti):
+    from wan_trt.engines.cuda_graph import CudaGraphRunner
+    with pytest.raises(WanTrtError, match="CUDA graphs need a CUDA runner"):
+        CudaGraphRunner(AotiRunner(aoti[1], Manifest.read(aoti[0])))

@@ -1,0 +1,47 @@
+"""TensorRT build / inspect / run. Without TensorRT the build must stop with a clear message;
+with it (TensorRT 10.9+ and a GPU) the engine is built, inspected and checked for real."""
+import importlib.util
+
+import pytest
+from click.testing import CliRunner
+
+from wan_trt.cli import main
+from wan_trt.config import load_config
+from wan_trt.errors import WanTrtError
+from wan_trt.export.transformer import export_transformer
+
+HAS_TRT = importlib.util.find_spec("tensorrt") is not None
+
+
+@pytest.fixture(scope="module")
+def small_export(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trt") / "export"
+    export_transformer(load_config("universal-small"), path, "bf16", seed=1)
+    return path
+
+
+@pytest.mark.skipif(HAS_TRT, reason="TensorRT is installed here: the missing-TensorRT message is not reachable")
+def test_build_without_tensorrt_says_what_to_install(small_export):
+    from wan_trt.engines.tensorrt import build_tensorrt
+    with pytest.raises(WanTrtError, match="pip install tensorrt"):
+        build_tensorrt(small_export)
+    res = CliRunner().invoke(main, ["build", str(small_export)])
+    assert res.exit_code == 1 and "TensorRT is not installed" in res.output
+
+
+def test_bad_build_flags_fail_before_tensorrt(small_export, tmp_path):
+    res = CliRunner().invoke(main, ["build", str(small_export), "--fp16"])
+    assert res.exit_code == 1 and "holds a bf16 graph but --fp16" in res.output
+    res = CliRunner().invoke(main, ["build", str(small_export), "--timing-cache", str(tmp_path / "no/such/cache")])
+    assert res.exit_code == 1 and "--timing-cache" in res.output
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed (it cannot be installed in this workplace)")
+def test_build_inspect_and_check_tensorrt(small_export):
+    from wan_trt.engines.tensorrt import build_tensorrt, inspect_tensorrt
+    from wan_trt.validate.transformer import check_engine
+    engine = build_tensorrt(small_export)
+    info = inspect_tensorrt(engine)
+    assert info["counts"]["layers"] > 0
+    assert check_engine(engine, blocks=8).ok
