@@ -50,14 +50,27 @@ class OnnxRuntimeRunner(Runner):
                               "install onnxruntime-gpu for --provider cuda")
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        graph = self._graph_for(options)
         provider = wanted
         if self.provider == "cuda":
             stream = torch.cuda.current_stream(self.device).cuda_stream
             provider = (wanted, {"device_id": self.device.index or 0, "user_compute_stream": str(stream)})
-        self.session = ort.InferenceSession(str(self.graph), options, providers=[provider])
+        self.session = ort.InferenceSession(str(graph), options, providers=[provider])
         if self.session.get_providers()[0] != wanted:
             raise WanTrtError(f"ONNX Runtime fell back to {self.session.get_providers()} for {self.graph}")
         self.outputs = self.spec.allocate("outputs", self.device)
+
+    def _graph_for(self, options) -> Path:
+        """The graph to load: plugin graphs run their wan_trt::* nodes as reference Python ops (CPU only)."""
+        import onnx
+        from wan_trt.plugins.onnxruntime_ops import contrib_copy, has_plugin_nodes, register_reference_ops
+        if not has_plugin_nodes(onnx.load(str(self.graph), load_external_data=False)):
+            return self.graph
+        if self.provider != "cpu":
+            raise WanTrtError("a --ops plugins graph runs on ONNX Runtime only with --provider cpu (its fused ops "
+                              "are reference Python ops there); on GPUs build it with TensorRT")
+        options.register_custom_ops_library(register_reference_ops())
+        return contrib_copy(self.graph)
 
     def deactivate(self) -> None:
         self.session = None

@@ -23,7 +23,7 @@ from wan_trt.model.checkpoint import weights_fingerprint
 from wan_trt.model.static_pass import StaticPass
 from wan_trt.spec import PassSpec, precision_dtype
 
-OPS = ("native",)
+OPS = ("native", "plugins")
 OPSETS = (18, 23)
 PROTOBUF_LIMIT = 1_800_000_000  # bytes of weights above which they go to one external data file
 
@@ -58,12 +58,18 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
     with stage(f"build {cfg.name} model ({precision})"):
         model = build_model(cfg, precision_dtype(precision), "cpu", weights, seed)
         model.sinusoid_dtype = torch.float32  # graphs keep fp32 islands; TensorRT has no float64
+    table = None
+    if ops == "plugins":
+        from wan_trt.export.plugin_ops import translation_table
+        model.use_plugins()
+        table = translation_table()
     static = StaticPass(model, spec).eval()
     feeds = spec.sample_inputs(seed)
     with stage("torch.export -> ONNX"), torch.no_grad():
         program = torch.onnx.export(static, tuple(feeds[n] for n in spec.input_names), dynamo=True,
                                     opset_version=opset, input_names=spec.input_names,
-                                    output_names=spec.output_names, verbose=False)
+                                    output_names=spec.output_names, custom_translation_table=table,
+                                    verbose=False)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     external = weight_bytes > PROTOBUF_LIMIT
     with stage(f"save graph ({weight_bytes / 2 ** 30:.2f} GiB of weights{', external data' if external else ''})"):
@@ -71,6 +77,9 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
         del program
     with stage("check graph against the spec"):
         counts = check_graph(staging / GRAPH, spec)
+    if ops == "plugins":
+        from wan_trt.export.plugin_ops import plugin_node_counts
+        logger.info("plugin nodes: %s", plugin_node_counts(counts))
     from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in feeds.items()}, str(staging / SAMPLE_INPUTS))
     with stage("hash weights"):

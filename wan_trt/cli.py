@@ -114,8 +114,8 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
 @weights_option
 @precision_option("bf16")
 @seed_option
-@click.option("--ops", type=click.Choice(["native"]), default="native", show_default=True,
-              help="Graph flavour: plain ONNX ops.")
+@click.option("--ops", type=click.Choice(["native", "plugins"]), default="native", show_default=True,
+              help="Graph flavour: plain ONNX ops, or the fused ops as wan_trt::* plugin nodes.")
 @click.option("--opset", type=click.Choice(["23", "18"]), default="23", show_default=True,
               help="23: fused Attention/RMSNormalization (TensorRT 11); 18: decomposed (TensorRT 10.x).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
@@ -169,7 +169,7 @@ def check(target, provider, blocks, stream, seed, as_json) -> None:
 @click.option("--bf16", "precision", flag_value="bf16", default=True, help="bf16 engine (default).")
 @click.option("--fp16", "precision", flag_value="fp16", help="fp16 engine (fp32 residual stream and norms).")
 @click.option("--fp32", "precision", flag_value="fp32", help="fp32 engine.")
-@click.option("--ops", type=click.Choice(["native"]), default="native", show_default=True)
+@click.option("--ops", type=click.Choice(["native", "plugins"]), default="native", show_default=True)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="AOTInductor target device (TensorRT is always cuda).")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file.")

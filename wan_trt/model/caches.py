@@ -69,6 +69,10 @@ class RollingCaches:
     keyboard_kv: dict[int, RollingKV]
     start_frame: int = 0
 
+    def segments(self, kind: Kind, layer: int):
+        """Fused window attention needs the static form: None here (PyTorch attention is used)."""
+        return None
+
     def window(self, kind: Kind, layer: int, k: torch.Tensor, v: torch.Tensor):
         cache = {"self": self.self_kv, "mouse": self.mouse_kv, "keyboard": self.keyboard_kv}[kind][layer]
         k_all, v_all = cache.update(k, v, self.start_frame)
@@ -94,8 +98,20 @@ class StaticCaches:
     current: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     masks: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def window(self, kind: Kind, layer: int, k: torch.Tensor, v: torch.Tensor):
+    def segments(self, kind: Kind, layer: int):
+        """(k_prev, v_prev, valid_frames, P, units) of ``layer`` for fused window attention; None when P = 0."""
+        if self.prev_frames == 0:
+            return None
+        row = self.layer_index[kind][layer]
+        return (self.prev_k[kind][row], self.prev_v[kind][row], self.valid_frames, self.prev_frames,
+                self.units[kind])
+
+    def record(self, kind: Kind, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Collect a layer's current K/V (the pass's outputs) without building its window."""
         self.current.setdefault(kind, []).append((k, v))
+
+    def window(self, kind: Kind, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self.record(kind, k, v)
         if self.prev_frames == 0:
             return k, v, None
         row = self.layer_index[kind][layer]

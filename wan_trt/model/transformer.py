@@ -30,9 +30,12 @@ ContextKV = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 
 class CausalWanSelfAttention(nn.Module):
+    plugins = False  # fused wan_trt ops (qk-norm + RoPE, window attention) instead of PyTorch ops
+
     def __init__(self, dim: int, num_heads: int, eps: float):
         super().__init__()
         self.num_heads = num_heads
+        self.eps = eps
         self.q = nn.Linear(dim, dim)
         self.k = nn.Linear(dim, dim)
         self.v = nn.Linear(dim, dim)
@@ -42,6 +45,9 @@ class CausalWanSelfAttention(nn.Module):
 
     def forward(self, x, cos, sin, caches, layer):
         """x: [B, L, C]; cos, sin: [L, c] main RoPE of the block."""
+        segments = caches.segments("self", layer) if self.plugins else None
+        if segments is not None:
+            return self._fused(x, cos, sin, caches, layer, segments)
         q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))  # [B, L, H, D]
         k = self.norm_k(self.k(x)).unflatten(-1, (self.num_heads, -1))
         v = self.v(x).unflatten(-1, (self.num_heads, -1))
@@ -49,6 +55,15 @@ class CausalWanSelfAttention(nn.Module):
         k = apply_rope(k, cos[:, None, :], sin[:, None, :])
         k_all, v_all, key_valid = caches.window("self", layer, k, v)
         return self.o(attention(q, k_all, v_all, key_valid).flatten(2))
+
+    def _fused(self, x, cos, sin, caches, layer, segments):
+        ops = torch.ops.wan_trt
+        q, k = ops.qk_norm_rope(self.q(x), self.k(x), self.norm_q.weight, self.norm_k.weight, cos, sin, self.eps)
+        q, k = (t.unflatten(-1, (self.num_heads, -1)) for t in (q, k))
+        v = self.v(x).unflatten(-1, (self.num_heads, -1))
+        caches.record("self", k, v)
+        k_prev, v_prev, valid, prev_frames, units = segments
+        return self.o(ops.window_attention(q, k_prev, v_prev, k, v, valid, prev_frames, units).flatten(2))
 
 
 class WanI2VCrossAttention(nn.Module):
@@ -86,6 +101,8 @@ def gated(y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 
 class CausalWanAttentionBlock(nn.Module):
+    plugins = False  # fused adaLN ops instead of PyTorch ops
+
     def __init__(self, cfg: WanConfig, layer: int):
         super().__init__()
         m = cfg.model
@@ -103,8 +120,10 @@ class CausalWanAttentionBlock(nn.Module):
     def forward(self, x, e0, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches):
         """x: [B, F*S, C] residual stream; e0: [B, F, 6, C]. Sublayers run in the weights' dtype."""
         cdt, rdt = self.modulation.dtype, x.dtype
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (
-            (self.modulation.unsqueeze(1) + e0).to(rdt).chunk(6, dim=2))
+        mods = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)  # each [B, F, 1, C]
+        if self.plugins:
+            return self._fused(x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches)
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (m.to(rdt) for m in mods)
         y = self.self_attn(modulate(self.norm1(x), shift_a, scale_a).to(cdt), *rope_main, caches, self.layer)
         x = x + gated(y.to(rdt), gate_a)
         x = x + self.cross_attn(self.norm3(x).to(cdt), context_kv).to(rdt)
@@ -113,8 +132,23 @@ class CausalWanAttentionBlock(nn.Module):
         y = self.ffn(modulate(self.norm2(x), shift_f, scale_f).to(cdt))
         return x + gated(y.to(rdt), gate_f)
 
+    def _fused(self, x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches):
+        """The same layer with the fused adaLN ops: norm + modulation, residual + norm in one pass."""
+        ops, frames, eps = torch.ops.wan_trt, mods[0].shape[1], self.norm1.eps
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mods
+        h = ops.adaln(x, 1 + scale_a, shift_a, frames, eps)
+        y = self.self_attn(h, *rope_main, caches, self.layer)
+        x, h = ops.add_adaln(x, y, gate_a, self.norm3.weight, self.norm3.bias, frames, self.norm3.eps)
+        x = x + self.cross_attn(h, context_kv).to(x.dtype)
+        if self.action_model is not None:
+            x = self.action_model(x, frames, mouse_window, keyboard_window, *rope_action, caches, self.layer)
+        y = self.ffn(ops.adaln(x, 1 + scale_f, shift_f, frames, eps))
+        return x + gated(y.to(x.dtype), gate_f.to(x.dtype))
+
 
 class CausalHead(nn.Module):
+    plugins = False  # fused adaLN op instead of PyTorch ops
+
     def __init__(self, dim: int, out_dim: int, patch_size: Sequence[int], eps: float):
         super().__init__()
         self.norm = WanLayerNorm(dim, eps)
@@ -123,6 +157,9 @@ class CausalHead(nn.Module):
 
     def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """x: [B, F*S, C]; e: [B, F, 1, C] -> [B, F*S, prod(patch) * out_dim]."""
+        if self.plugins:
+            shift, scale = (self.modulation.unsqueeze(1) + e).chunk(2, dim=2)
+            return self.head(torch.ops.wan_trt.adaln(x, 1 + scale, shift, e.shape[1], self.norm.eps))
         shift, scale = (self.modulation.unsqueeze(1) + e).to(x.dtype).chunk(2, dim=2)
         return self.head(modulate(self.norm(x), shift, scale).to(self.head.weight.dtype))
 
@@ -154,6 +191,18 @@ class CausalWanModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.patch_embedding.weight.dtype
 
+    def use_plugins(self, enabled: bool = True) -> "CausalWanModel":
+        """Run with the fused wan_trt ops (Triton kernels / TensorRT plugins) instead of PyTorch ops.
+
+        Only the static-cache form has fused attention (the rolling caches keep PyTorch attention).
+        """
+        if enabled:
+            import wan_trt.plugins.ops  # noqa: F401  (registers torch.ops.wan_trt.*)
+        for module in self.modules():
+            if hasattr(type(module), "plugins"):
+                module.plugins = enabled
+        return self
+
     @property
     def residual_dtype(self) -> torch.dtype:
         return torch.float32 if self.dtype == torch.float16 else self.dtype
@@ -179,7 +228,7 @@ class CausalWanModel(nn.Module):
         """
         batch, _, frames, height, width = latents.shape
         x = self.patch_embedding(torch.cat([latents, cond_concat], dim=1).to(self.dtype))
-        x = x.flatten(2).transpose(1, 2).to(self.residual_dtype)  # [B, F*S, C]
+        x = x.flatten(2).transpose(1, 2).contiguous().to(self.residual_dtype)  # [B, F*S, C]
         sinusoid = sinusoidal_embedding_1d(self.cfg.model.freq_dim, timestep.flatten(), self.sinusoid_dtype)
         e = self.time_embedding(sinusoid.to(self.dtype))
         e0 = self.time_projection(e).unflatten(1, (6, -1)).unflatten(0, (batch, frames))  # [B, F, 6, C]

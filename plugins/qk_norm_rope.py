@@ -1,0 +1,82 @@
+"""qk-norm + RoPE: RMSNorm of q and k over the full width (fp32 statistics, learned weight),
+then the 3D rotary embedding, in one pass over each token row.
+
+    y = x / sqrt(mean(x^2) + eps) * w                        (over all C = H * D channels)
+    (y[2i], y[2i+1]) -> (y[2i] cos - y[2i+1] sin, y[2i] sin + y[2i+1] cos)
+        with cos, sin = tables[token, i mod D/2]               (same for every head)
+
+q, k: [B, L, C] (the q/k Linear outputs); w_q, w_k: [C]; cos, sin: fp32 [L, D/2], the
+block's rows of the 3D RoPE table (absolute frame offset already applied). Outputs have
+q's dtype and layout ([B, L, H, D] viewed), k in the layout the cache stores.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from wan_trt.errors import WanTrtError
+
+
+def reference_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
+                           cos: torch.Tensor, sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure PyTorch in fp32, rounded once to the input dtype."""
+    def one(x, w):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+        y = y.unflatten(-1, (-1, cos.shape[-1], 2))  # [B, L, H, D/2, 2]
+        a, b = y[..., 0], y[..., 1]
+        c, s = cos[None, :, None, :], sin[None, :, None, :]
+        return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-3).to(x.dtype)
+    return one(q, w_q), one(k, w_k)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(Q, K, WQ, WK, COS, SIN,  # inputs, then int32 scalars, then the outputs
+                         L, C, HALF_D, stride_row, stride_out_row,
+                         QO, KO,
+                         eps: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    row = tl.program_id(0)  # token index in [0, B*L)
+    which = tl.program_id(1)  # 0: q, 1: k
+    src = tl.where(which == 0, Q, K)
+    dst = tl.where(which == 0, QO, KO)
+    w = tl.where(which == 0, WQ, WK)
+    pairs = tl.arange(0, BLOCK_PAIRS)
+    mask = pairs < C // 2
+    base = src + row * stride_row
+    a = tl.load(base + 2 * pairs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(base + 2 * pairs + 1, mask=mask, other=0.0).to(tl.float32)
+    rrms = tl.math.rsqrt((tl.sum(a * a, 0) + tl.sum(b * b, 0)) / C + eps)
+    a = a * rrms * tl.load(w + 2 * pairs, mask=mask, other=0.0).to(tl.float32)
+    b = b * rrms * tl.load(w + 2 * pairs + 1, mask=mask, other=0.0).to(tl.float32)
+    token = row % L
+    table = token * HALF_D + pairs % HALF_D
+    c = tl.load(COS + table, mask=mask, other=1.0)
+    s = tl.load(SIN + table, mask=mask, other=0.0)
+    out = dst + row * stride_out_row
+    tl.store(out + 2 * pairs, (a * c - b * s).to(dst.dtype.element_ty), mask=mask)
+    tl.store(out + 2 * pairs + 1, (a * s + b * c).to(dst.dtype.element_ty), mask=mask)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the kernel; q, k [B, L, C] contiguous rows, cos/sin fp32 [L, D/2]."""
+    b, length, c = q.shape
+    half = cos.shape[-1]
+    if k.shape != q.shape or k.dtype != q.dtype or q.stride(-1) != 1 or k.stride() != q.stride():
+        raise WanTrtError(f"qk_norm_rope: q {tuple(q.shape)} and k {tuple(k.shape)} must match with unit last stride")
+    if cos.shape != (length, half) or sin.shape != cos.shape or cos.dtype != torch.float32 or c % (2 * half):
+        raise WanTrtError(f"qk_norm_rope: cos/sin must be fp32 [{length}, D/2] with D dividing {c}; "
+                          f"got {tuple(cos.shape)} {cos.dtype}")
+    if w_q.shape != (c,) or w_k.shape != (c,):
+        raise WanTrtError(f"qk_norm_rope: weights must be [{c}]")
+    if q.stride(0) != length * q.stride(1):
+        raise WanTrtError("qk_norm_rope: q/k rows must be evenly strided across the batch")
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty_like(q_out)
+    block = triton.next_power_of_2(c // 2)
+    wrap_triton(_qk_norm_rope_kernel)[(b * length, 2)](
+        q, k, w_q, w_k, cos.contiguous(), sin.contiguous(), length, c, half, q.stride(1), q_out.stride(1),
+        q_out, k_out, eps=eps, BLOCK_PAIRS=block, num_warps=4 if block <= 1024 else 8)
+    return q_out, k_out

@@ -1,0 +1,142 @@
+"""Window attention: the block's queries over [valid previous-frame keys ; current keys].
+
+    out[m] = sum_n softmax_n(q[m] . k[n] / sqrt(D)) v[n],  n over
+        prev keys [first_valid, P*S)  with first_valid = (P - valid_frames) * S
+        cur keys  [0, F*S)
+
+without concatenating prev and cur (two key segments, one online softmax), in the exp2
+form: scores are multiplied by log2(e)/sqrt(D) and exponentiated with exp2. bf16/fp16
+in and out, fp32 accumulation. ``valid_frames`` is read on the device (no host sync).
+
+Shapes: q, k_cur, v_cur [B, Lq, H, D]; k_prev, v_prev [B, P*S, H, D]; valid_frames int32 [1].
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from wan_trt.errors import WanTrtError
+
+LOG2E = 1.4426950408889634
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def reference_window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor, k_cur: torch.Tensor,
+                               v_cur: torch.Tensor, valid_frames: torch.Tensor, prev_frames: int,
+                               units: int) -> torch.Tensor:
+    """Pure PyTorch (fp32 math): concatenate, mask the invalid previous frames, softmax."""
+    k = torch.cat([k_prev, k_cur], dim=1).float()
+    v = torch.cat([v_prev, v_cur], dim=1).float()
+    first_valid = (prev_frames - valid_frames.to(torch.int64)) * units
+    slots = torch.arange(k.shape[1], device=q.device)
+    valid = (slots >= first_valid.to(q.device)) | (slots >= k_prev.shape[1])
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~valid, float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).to(q.dtype)
+
+
+@triton.jit
+def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d, qk_scale,
+                    BLOCK_N: tl.constexpr):
+    """Online-softmax update of (acc, l, m) with keys/values [lo, hi) of one segment."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_range = offs_n < hi
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.where(in_range[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        v = tl.load(v_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 scalars, then the output
+                             stride_qb, stride_qm, stride_qh,
+                             stride_pb, stride_pn, stride_ph,
+                             stride_cb, stride_cn, stride_ch,
+                             stride_ob, stride_om, stride_oh,
+                             Lq, n_prev, n_cur, H, prev_frames, units,
+                             Out,
+                             qk_scale: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=offs_m[:, None] < Lq, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if n_prev > 0:
+        first_valid = (prev_frames - tl.load(Valid)) * units
+        acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
+                                        VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
+                                        offs_d, qk_scale, BLOCK_N)
+    acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KC + b * stride_cb + h * stride_ch,
+                                    VC + b * stride_cb + h * stride_ch, stride_cn, 0, n_cur, offs_d, qk_scale,
+                                    BLOCK_N)
+    out = acc / l_i[:, None]
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
+
+
+def _configs():
+    if INTERPRET:
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm in (64, 128) for bn in (64, 128) for w in (4, 8) for s in (2, 3, 4)
+            if not (bm == 64 and w == 8)]
+
+
+window_attention_kernel = triton.autotune(_configs(), key=["Lq", "n_prev", "n_cur", "HEAD_DIM"])(
+    _window_attention_kernel)
+
+
+def check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames) -> None:
+    """The launcher's limits, as clear errors."""
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise WanTrtError(f"window_attention: dtype {q.dtype} not supported (bf16, fp16, fp32)")
+    d = q.shape[-1]
+    if d < 16 or d > 256 or d & (d - 1):
+        raise WanTrtError(f"window_attention: head_dim {d} must be a power of two in [16, 256]")
+    for name, t in (("k_prev", k_prev), ("v_prev", v_prev), ("k_cur", k_cur), ("v_cur", v_cur)):
+        if t.dtype != q.dtype or t.shape[0] != q.shape[0] or t.shape[2:] != q.shape[2:] or t.stride(-1) != 1:
+            raise WanTrtError(f"window_attention: {name} {tuple(t.shape)} {t.dtype} does not match q "
+                              f"{tuple(q.shape)} {q.dtype} (or its last dim is strided)")
+    if k_cur.shape[1] != v_cur.shape[1] or k_prev.shape[1] != v_prev.shape[1] or q.stride(-1) != 1:
+        raise WanTrtError("window_attention: k/v lengths differ or q's last dim is strided")
+    if valid_frames.numel() != 1 or valid_frames.dtype != torch.int32:
+        raise WanTrtError("window_attention: valid_frames must be an int32 tensor of one element")
+
+
+def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor, k_cur: torch.Tensor,
+                     v_cur: torch.Tensor, valid_frames: torch.Tensor, prev_frames: int, units: int,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1)."""
+    check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames)
+    b, lq, h, d = q.shape
+    out = torch.empty_like(q) if out is None else out
+    grid = lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)  # noqa: E731
+    wrap_triton(window_attention_kernel)[grid](
+        q, k_prev, v_prev, k_cur, v_cur, valid_frames,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_prev.stride(0), k_prev.stride(1), k_prev.stride(2),
+        k_cur.stride(0), k_cur.stride(1), k_cur.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        lq, k_prev.shape[1], k_cur.shape[1], h, prev_frames, units, out,
+        qk_scale=LOG2E / math.sqrt(d), HEAD_DIM=d)
+    return out

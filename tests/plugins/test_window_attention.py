@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from wan_trt.errors import WanTrtError
+from wan_trt.plugins.window_attention import INTERPRET, reference_window_attention, window_attention
+from tests.conftest import assert_close
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([] if INTERPRET else [torch.bfloat16])
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lq, prev_frames, units, heads, head_dim, valid", [
+    (18, 3, 6, 2, 32, 3),    # small universal shape, steady state
+    (18, 3, 6, 2, 32, 0),    # first block: no valid previous frame
+    (50, 1, 17, 3, 64, 1),   # gta-like P = 1, odd lengths
+    (33, 3, 11, 1, 16, 2),   # partially valid window, tiny head
+    (40, 2, 9, 2, 128, 1),   # head_dim 128 (the real one)
+])
+def test_matches_reference(dtype, lq, prev_frames, units, heads, head_dim, valid):
+    gen = torch.Generator().manual_seed(lq + valid)
+    def rand(n):
+        return torch.randn(1, n, heads, head_dim, generator=gen).to(DEVICE, dtype)
+    q, kc, vc = rand(lq), rand(lq), rand(lq)
+    kp, vp = rand(prev_frames * units), rand(prev_frames * units)
+    valid_t = torch.tensor([valid], dtype=torch.int32, device=DEVICE)
+    out = window_attention(q, kp, vp, kc, vc, valid_t, prev_frames, units)
+    ref = reference_window_attention(q.float(), kp.float(), vp.float(), kc.float(), vc.float(), valid_t,
+                                     prev_frames, units)
+    assert_close(out, ref, atol=TOL[dtype], what=f"window attention {dtype}")
+
+
+def test_invalid_previous_frames_do_not_leak():
+    """With valid = 0 the previous keys must not matter at all."""
+    q, kc, vc = (torch.randn(1, 12, 1, 16, device=DEVICE) for _ in range(3))
+    valid = torch.tensor([0], dtype=torch.int32, device=DEVICE)
+    a = window_attention(q, torch.randn(1, 12, 1, 16, device=DEVICE), torch.randn(1, 12, 1, 16, device=DEVICE),
+                         kc, vc, valid, 3, 4)
+    b = window_attention(q, torch.zeros(1, 12, 1, 16, device=DEVICE), torch.zeros(1, 12, 1, 16, device=DEVICE),
+                         kc, vc, valid, 3, 4)
+    assert_close(a, b, atol=1e-6, what="prev ignored")
+
+
+def test_limits_are_clear_errors():
+    q = torch.randn(1, 8, 1, 24, device=DEVICE)
+    valid = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(WanTrtError, match="head_dim 24"):
+        window_attention(q, q, q, q, q, valid, 1, 8)
+    q = torch.randn(1, 8, 1, 32, device=DEVICE)
+    with pytest.raises(WanTrtError, match="k_prev"):
+        window_attention(q, q.half(), q, q, q, valid, 1, 8)
+    with pytest.raises(WanTrtError, match="valid_frames"):
+        window_attention(q, q, q, q, q, valid.long(), 1, 8)
