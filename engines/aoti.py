@@ -26,14 +26,22 @@ def default_engine_path(directory: Path, backend: str, device: str) -> Path:
 
 
 def build_aoti(directory: str | Path, out: str | Path | None = None, device: str = "cuda",
-               force: bool = False) -> Path:
-    """Compile the export in ``directory`` into an AOTInductor package for ``device`` ('cuda' or 'cpu')."""
+               force: bool = False, ops: str | None = None) -> Path:
+    """Compile the export in ``directory`` into an AOTInductor package for ``device`` ('cuda' or 'cpu').
+
+    ``ops`` ('native' or 'plugins', default: the export's) picks PyTorch ops or the fused wan_trt
+    Triton kernels; the I/O spec and weights are the export's either way.
+    """
     directory = Path(directory)
     manifest = Manifest.read(directory)
+    ops = ops or manifest.ops
     if device == "cuda" and not torch.cuda.is_available():
         raise WanTrtError("--device cuda: no CUDA device here; build with --device cpu")
-    engine = Path(out) if out else default_engine_path(directory, "aoti", device)
-    key = engine_key(manifest, "aoti", device)
+    if ops == "plugins" and device != "cuda":
+        raise WanTrtError("--ops plugins: the fused Triton kernels compile for CUDA; build with --device cuda")
+    suffix = "" if ops == "native" else f"_{ops}"
+    engine = Path(out) if out else directory / f"engine_aoti{suffix}_{device}.pt2"
+    key = engine_key(manifest, "aoti", device, {"ops": ops})
     if not force and engine.is_file() and EngineMetadata.path_for(engine).is_file():
         if EngineMetadata.read(engine).key == key:
             logger.info("%s is up to date (key %s)", engine, key)
@@ -45,6 +53,8 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
         model = reference_model(manifest, spec.dtype, device)
         verify_weights(manifest, model)
         model.sinusoid_dtype = torch.float32  # the same fp32 islands as the ONNX graph
+        if ops == "plugins":
+            model.use_plugins()
     static = StaticPass(model, spec).eval()
     feeds = spec.sample_inputs(device=device)
     with stage("torch.export"), torch.no_grad():
@@ -54,7 +64,7 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
         partial = engine.with_name(engine.stem + ".partial.pt2")
         torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
         partial.rename(engine)
-    EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, manifest.ops,
+    EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, ops,
                    manifest.weights["sha256"], str(directory.resolve()),
                    time.perf_counter() - begin).write(engine)
     write_runtime_file(spec, engine)
@@ -69,7 +79,7 @@ class AotiRunner(Runner):
         self.meta = EngineMetadata.read(self.engine)
         self.meta.check_against(manifest, self.engine)
         super().__init__(manifest.spec, self.meta.device)
-        self.name = "aoti"
+        self.name = "aoti" if self.meta.ops == "native" else f"aoti-{self.meta.ops}"
         self.compiled = None
 
     def activate(self) -> None:

@@ -5,8 +5,10 @@ Backends (each skipped with a reason when it cannot run here):
     torch-eager       the static-cache session over the PyTorch model
     torch-compile     the same under torch.compile
     onnxruntime       the exported graph (CUDA EP on a GPU, CPU EP otherwise), io-binding
+    torch-compile-plugins  torch.compile of the model with the fused wan_trt kernels
     aoti              the AOTInductor package (``--aoti-engine``)
     aoti+cudagraph    the same replayed as one CUDA graph per pass
+    aoti-plugins(+cudagraph)  the AOTInductor package built with --ops plugins (``--aoti-plugins-engine``)
     tensorrt          the TensorRT engine (``--trt-engine``), when TensorRT imports
 
 Per backend: ms per pass, ms per block (steady state: blocks after the first), P50/P95,
@@ -32,8 +34,8 @@ from wan_trt.pipeline import ReferencePipeline
 from wan_trt.profiling import environment, op_class_profile, peak_memory_gib, reset_peak_memory, summarize_ms, synchronize
 from wan_trt.stream import NoiseSource, synthetic_stream
 
-ALL_BACKENDS = ("upstream-eager", "torch-eager", "torch-compile", "onnxruntime", "aoti", "aoti+cudagraph",
-                "tensorrt")
+ALL_BACKENDS = ("upstream-eager", "torch-eager", "torch-compile", "torch-compile-plugins", "onnxruntime", "aoti",
+                "aoti+cudagraph", "aoti-plugins", "aoti-plugins+cudagraph", "tensorrt")
 
 
 def _stats(block_seconds: list[float], pass_seconds: list[float], passes: int) -> dict[str, Any]:
@@ -65,14 +67,16 @@ def _bench_upstream(model, inputs, blocks: int) -> dict[str, Any]:
 class Bench:
     """Builds each backend lazily and records its numbers (or why it was skipped)."""
 
-    def __init__(self, directory: Path, device: str, aoti_engine: Path | None, trt_engine: Path | None):
+    def __init__(self, directory: Path, device: str, aoti_engine: Path | None, trt_engine: Path | None,
+                 aoti_plugins_engine: Path | None = None):
         self.directory = directory
         self.manifest = Manifest.read(directory)
         self.spec = self.manifest.spec
         self.device = device
-        self.aoti_engine = aoti_engine
+        self.engines = {"aoti": aoti_engine, "aoti-plugins": aoti_plugins_engine}
         self.trt_engine = trt_engine
         self._model = None
+        self._plugin_model = None
 
     @property
     def model(self):
@@ -86,18 +90,28 @@ class Bench:
             return TorchRunner(self.model, self.spec)
         if backend == "torch-compile":
             return TorchRunner(self.model, self.spec, compile=True)
+        if backend == "torch-compile-plugins":
+            if self.device != "cuda":
+                raise WanTrtError("the fused Triton kernels need a CUDA device")
+            if self._plugin_model is None:
+                self._plugin_model = reference_model(self.manifest, self.spec.dtype, self.device).use_plugins()
+            runner = TorchRunner(self._plugin_model, self.spec, compile=True)
+            runner.name = backend
+            return runner
         if backend == "onnxruntime":
             from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner
             provider = "cuda" if self.device == "cuda" else "cpu"
             if self.spec.precision != "fp32" and provider == "cpu":
                 raise WanTrtError("ONNX Runtime's CPU provider has no bf16/fp16 kernels")
             return OnnxRuntimeRunner(self.directory / self.manifest.graph, self.spec, provider)
-        if backend in ("aoti", "aoti+cudagraph"):
-            if self.aoti_engine is None:
-                raise WanTrtError("no --aoti-engine given (build one with `wan-trt build DIR --backend aoti`)")
+        if backend.startswith("aoti"):
+            kind = backend.split("+")[0]
+            if self.engines.get(kind) is None:
+                flag = "--aoti-engine" if kind == "aoti" else "--aoti-plugins-engine"
+                raise WanTrtError(f"no {flag} given (build one with `wan-trt build DIR --backend aoti`)")
             from wan_trt.engines.aoti import AotiRunner
-            runner = AotiRunner(self.aoti_engine, self.manifest)
-            if backend == "aoti":
+            runner = AotiRunner(self.engines[kind], self.manifest)
+            if "+" not in backend:
                 return runner
             from wan_trt.engines.cuda_graph import CudaGraphRunner
             return CudaGraphRunner(runner)
@@ -133,10 +147,10 @@ class Bench:
 def run_bench(directory: str | Path, backends: list[str], blocks: int = 6, device: str = "cuda",
               aoti_engine: str | Path | None = None, trt_engine: str | Path | None = None,
               profile: list[str] | None = None, out: str | Path | None = None,
-              chart: str | Path | None = None) -> dict[str, Any]:
+              chart: str | Path | None = None, aoti_plugins_engine: str | Path | None = None) -> dict[str, Any]:
     """Run every backend in ``backends`` (skipping, with the reason, those that cannot run)."""
-    bench = Bench(Path(directory), device, Path(aoti_engine) if aoti_engine else None,
-                  Path(trt_engine) if trt_engine else None)
+    path = (lambda p: Path(p) if p else None)
+    bench = Bench(Path(directory), device, path(aoti_engine), path(trt_engine), path(aoti_plugins_engine))
     cfg = bench.spec.config
     report: dict[str, Any] = {"command": " ".join(["wan-trt"] + sys.argv[1:]), "environment": environment(),
                               "config": cfg.name, "precision": bench.spec.precision, "blocks": blocks,

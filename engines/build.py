@@ -11,7 +11,7 @@ from wan_trt.export.manifest import Manifest
 
 
 def resolve_export(directory: str | None, config_name: str | None, precision: str, ops: str,
-                   weights: str | None, seed: int) -> Path:
+                   weights: str | None, seed: int, backend: str = "tensorrt") -> Path:
     """The export directory to build from; with ``--config`` and no directory, export it first."""
     if directory is None:
         if config_name is None:
@@ -28,17 +28,17 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
     if manifest.spec.precision != precision:
         raise WanTrtError(f"{path} holds a {manifest.spec.precision} graph but --{precision} was asked: re-export "
                           f"with `wan-trt export --precision {precision}` or build with --{manifest.spec.precision}")
-    if manifest.ops != ops:
+    if manifest.ops != ops and backend == "tensorrt":  # AOTInductor picks its ops itself
         raise WanTrtError(f"{path} holds a --ops {manifest.ops} graph but --ops {ops} was asked; re-export")
     return path
 
 
 def build_engine(directory, config_name, backend, precision, ops, device, timing_cache, opt_level, weak_typing, out,
                  force, weights, seed) -> Path:
-    export_dir = resolve_export(directory, config_name, precision, ops, weights, seed)
+    export_dir = resolve_export(directory, config_name, precision, ops, weights, seed, backend)
     if backend == "aoti":
         from wan_trt.engines.aoti import build_aoti
-        return build_aoti(export_dir, out, device, force)
+        return build_aoti(export_dir, out, device, force, ops)
     from wan_trt.engines.tensorrt import build_tensorrt
     return build_tensorrt(export_dir, out, opt_level, timing_cache, weak_typing, force)
 

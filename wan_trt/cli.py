@@ -207,22 +207,26 @@ def inspect(engine, as_json) -> None:
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--backends", default=",".join(["upstream-eager", "torch-eager", "torch-compile", "onnxruntime", "aoti",
-                                               "aoti+cudagraph", "tensorrt"]), show_default=True,
+                                               "aoti+cudagraph", "aoti-plugins", "aoti-plugins+cudagraph",
+                                               "tensorrt"]), show_default=True,
               help="Comma-separated backends; those that cannot run here are skipped with the reason.")
 @click.option("--blocks", type=click.IntRange(2), default=6, show_default=True)
 @device_option
 @click.option("--aoti-engine", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--aoti-plugins-engine", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="AOTInductor package built with --ops plugins.")
 @click.option("--trt-engine", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--profile", "profile", default="", help="Comma-separated backends to profile by op class.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="JSON results file.")
 @click.option("--chart", type=click.Path(dir_okay=False), default=None, help="PNG chart of ms per block.")
 @user_errors
-def bench(directory, backends, blocks, device, aoti_engine, trt_engine, profile, out, chart) -> None:
+def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine, trt_engine, profile, out,
+          chart) -> None:
     """ms per pass / block, FPS, P50/P95 and memory for every backend available, side by side."""
     from wan_trt.engines.bench import run_bench
 
     report = run_bench(directory, [b for b in backends.split(",") if b], blocks, pick_device(device), aoti_engine,
-                       trt_engine, [b for b in profile.split(",") if b], out, chart)
+                       trt_engine, [b for b in profile.split(",") if b], out, chart, aoti_plugins_engine)
     for name, r in report["backends"].items():
         click.echo(f"{name:16} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
                    f"p95 {r['block_ms']['p95']:8.1f}  {r['ms_per_pass']['mean']:7.1f} ms/pass  "

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Fused kernels at the real universal shapes: accuracy vs fp32 and time vs the strongest baselines.
+
+    python scripts/bench_kernels.py --out bench/results/kernels_universal_bf16_<gpu>.json [--full-pass]
+
+Per op (bf16, universal: 2640 queries, 2640 previous + 2640 current keys, 12 heads x 128, 1536-wide
+rows): max/mean abs error against the fp32 reference (and the bf16 rounding floor: the error of
+the fp32 reference itself rounded to bf16, which no bf16-output kernel can beat), and the time of
+PyTorch eager (reference), torch.compile of the reference, the Triton kernel, and for attention
+every SDPA backend on pre-concatenated K/V (their best case) plus SDPA with the concat.
+--full-pass: one static pass of the full model in PyTorch eager, eager with the kernels swapped in
+and torch.compile with the kernels, with accuracy against fp32 and a count of the fused kernels
+in the profiled compiled pass (proof they run in the timed path). --aot: compile the TensorRT AOT
+plans to PTX. Times are triton.testing.do_bench medians (ms).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from wan_trt.plugins.adaln import adaln, add_adaln, reference_adaln, reference_add_adaln
+from wan_trt.plugins.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
+from wan_trt.plugins.window_attention import reference_window_attention, window_attention
+from wan_trt.profiling import environment, op_class_profile
+from wan_trt.validate.metrics import error_stats
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+
+
+def errors(out, ref) -> dict:
+    out, ref = out.float(), ref.float()
+    floor = (ref.to(BF16).float() - ref).abs()
+    return {"max_abs": float((out - ref).abs().max()), "mean_abs": float((out - ref).abs().mean()),
+            "bf16_floor_max_abs": float(floor.max()), "bf16_floor_mean_abs": float(floor.mean()),
+            "max_abs_ref": float(ref.abs().max())}
+
+
+def timed(fn) -> float:
+    return float(do_bench(fn, warmup=25, rep=100))
+
+
+def compiled_or_error(fn, *args):
+    """torch.compile(fn) warmed up on args, or the error text."""
+    try:
+        compiled = torch.compile(fn)
+        compiled(*args)
+        return compiled
+    except Exception as exc:  # recorded, not fatal: the other baselines still run
+        return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def bench_op(name: str, kernel, reference, args: tuple, ref_args: tuple, extra: dict | None = None) -> dict:
+    out = kernel(*args)
+    ref = reference(*ref_args)
+    outs, refs = (out, ref) if isinstance(out, tuple) else ((out,), (ref,))
+    result = {"errors": [errors(o, r) for o, r in zip(outs, refs)],
+              "ms": {"triton": timed(lambda: kernel(*args)), "eager_reference": timed(lambda: reference(*args))}}
+    compiled = compiled_or_error(reference, *args)
+    if isinstance(compiled, str):
+        result["ms"]["compile_reference_error"] = compiled
+    else:
+        result["ms"]["compile_reference"] = timed(lambda: compiled(*args))
+    result["ms"].update(extra or {})
+    print(name, json.dumps(result["ms"]), flush=True)
+    return result
+
+
+def attention_case() -> dict:
+    g = torch.Generator(device=DEV).manual_seed(0)
+    b, lq, h, d, p, s = 1, 2640, 12, 128, 3, 880
+
+    def r(n):
+        return torch.randn(b, n, h, d, device=DEV, generator=g, dtype=BF16)
+    q, kc, vc, kp, vp = r(lq), r(lq), r(lq), r(p * s), r(p * s)
+    valid = torch.tensor([p], dtype=torch.int32, device=DEV)
+    qt, kt, vt = q.transpose(1, 2), torch.cat([kp, kc], 1).transpose(1, 2), torch.cat([vp, vc], 1).transpose(1, 2)
+    extra = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(qt, kt, vt)
+                extra[f"sdpa_{backend.name.lower()}"] = timed(lambda: F.scaled_dot_product_attention(qt, kt, vt))
+        except RuntimeError as exc:
+            extra[f"sdpa_{backend.name.lower()}_error"] = str(exc)[:300]
+
+    def sdpa_with_concat():
+        k, v = torch.cat([kp, kc], 1).transpose(1, 2), torch.cat([vp, vc], 1).transpose(1, 2)
+        return F.scaled_dot_product_attention(qt, k, v)
+    extra["sdpa_default_with_concat"] = timed(sdpa_with_concat)
+    args = (q, kp, vp, kc, vc, valid, p, s)
+    result = bench_op("window_attention", window_attention, reference_window_attention, args,
+                      tuple(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args),
+                      extra)
+    flops = 4 * b * h * lq * (p * s + lq) * d
+    result["tflops"] = {k: flops / (v * 1e-3) / 1e12 for k, v in result["ms"].items() if isinstance(v, float)}
+    first = torch.tensor([0], dtype=torch.int32, device=DEV)  # first block: previous frames invalid
+    result["errors_first_block"] = [errors(window_attention(q, kp, vp, kc, vc, first, p, s),
+                                           reference_window_attention(q.float(), kp.float(), vp.float(), kc.float(),
+                                                                      vc.float(), first, p, s))]
+    return result
+
+
+def norm_cases() -> dict:
+    g = torch.Generator(device=DEV).manual_seed(1)
+    length, c, frames = 2640, 1536, 3
+
+    def r(*shape, scale=1.0, shift=0.0):
+        return (shift + scale * torch.randn(*shape, device=DEV, generator=g)).to(BF16)
+    q, k = r(1, length, c), r(1, length, c)
+    wq, wk = r(c, scale=0.1, shift=1), r(c, scale=0.1, shift=1)
+    ang = torch.randn(length, 64, device=DEV, generator=g) * 30
+    cos, sin = ang.cos(), ang.sin()
+    x, y = r(1, length, c, scale=3), r(1, length, c)
+    gate, a, cc = r(1, frames, 1, c, scale=0.1), r(1, frames, 1, c, scale=0.1, shift=1), r(1, frames, 1, c, scale=0.1)
+    up = (lambda *t: tuple(v.float() if isinstance(v, torch.Tensor) else v for v in t))
+    return {
+        "qk_norm_rope": bench_op("qk_norm_rope", qk_norm_rope, reference_qk_norm_rope, (q, k, wq, wk, cos, sin, 1e-6),
+                                 up(q, k, wq, wk, cos, sin, 1e-6)),
+        "adaln": bench_op("adaln", adaln, reference_adaln, (x, a, cc, frames, 1e-6), up(x, a, cc, frames, 1e-6)),
+        "add_adaln": bench_op("add_adaln", add_adaln, reference_add_adaln, (x, y, gate, a, cc, frames, 1e-6),
+                              up(x, y, gate, a, cc, frames, 1e-6)),
+    }
+
+
+def full_pass() -> dict:
+    from wan_trt.config import load_config
+    from wan_trt.model import build_model
+    from wan_trt.model.static_pass import StaticPass
+    from wan_trt.spec import PassSpec
+
+    cfg = load_config("universal")
+    spec, spec32 = PassSpec.from_config(cfg, "bf16"), PassSpec.from_config(cfg, "fp32")
+    feeds = spec.sample_inputs(seed=1, device=DEV)
+    feeds32 = {k: v.float() if v.is_floating_point() else v for k, v in feeds.items()}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        expected = StaticPass(build_model(cfg, torch.float32, DEV), spec32)(*(feeds32[n] for n in spec.input_names))
+        expected = [t.cpu() for t in expected]
+        torch.cuda.empty_cache()
+        native = build_model(cfg, BF16, DEV)
+        fused = build_model(cfg, BF16, DEV).use_plugins()
+        runs = {"eager_native": StaticPass(native, spec), "eager_plugins": StaticPass(fused, spec)}
+        t0 = time.perf_counter()
+        runs["compile_plugins"] = torch.compile(StaticPass(fused, spec))
+        args = tuple(feeds[n] for n in spec.input_names)
+        runs["compile_plugins"](*args)
+        result = {"compile_plugins_s": time.perf_counter() - t0, "ms_per_pass": {}, "accuracy": {}}
+        for name, fn in runs.items():
+            got = fn(*args)
+            result["accuracy"][name] = {o: error_stats(g, e).as_dict() for o, g, e in zip(spec.output_names, got,
+                                                                                             expected)}
+            result["ms_per_pass"][name] = timed(lambda: fn(*args))
+            print(name, result["ms_per_pass"][name], result["accuracy"][name]["flow"], flush=True)
+        profile = op_class_profile(lambda: runs["compile_plugins"](*args), top=40)
+        names = ("_window_attention_kernel", "_qk_norm_rope_kernel", "_adaln_kernel", "_add_adaln_kernel")
+        result["fused_kernels_in_compiled_pass"] = {
+            n: sum(1 for k in profile["top_kernels_ms"] if n in k["kernel"]) for n in names}
+        result["profile_compile_plugins"] = profile
+    return result
+
+
+def aot_ptx() -> dict:
+    from wan_trt.plugins.tensorrt_plugins import adaln_plan, attention_plan, qk_norm_rope_plan
+    out = {}
+    for tactic in range(4):
+        compiled, grid, scalars = attention_plan((1, 2640, 12, 128), 2640, BF16, 3, 880, tactic)
+        out[f"attention_tactic{tactic}"] = {"ptx_bytes": len(compiled.ptx), "grid": grid, "shared": compiled.shared}
+    out["qk_norm_rope"] = {"ptx_bytes": len(qk_norm_rope_plan((1, 2640, 1536), BF16, 64, 1e-6)[0].ptx)}
+    out["add_adaln"] = {"ptx_bytes": len(adaln_plan((1, 2640, 1536), BF16, BF16, (1, 3, 1, 1536), 3, 1e-6,
+                                                    True)[0].ptx)}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--full-pass", action="store_true")
+    p.add_argument("--aot", action="store_true")
+    args = p.parse_args()
+    result = {"command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "environment": environment()}
+
+    def save():
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+
+    result["window_attention"] = attention_case()
+    save()
+    result.update(norm_cases())
+    save()
+    if args.aot:
+        result["tensorrt_aot_ptx"] = aot_ptx()
+        save()
+    if args.full_pass:
+        result["full_pass"] = full_pass()
+        save()
+
+
+if __name__ == "__main__":
+    main()
