@@ -98,8 +98,8 @@ def _configs():
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm in (64, 128) for bn in (64, 128) for w in (4, 8) for s in (2, 3, 4)
-            if not (bm == 64 and w == 8)]
+            for bm, bn, w, s in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 2),
+                                 (64, 64, 4, 3), (64, 128, 4, 2))]
 
 
 window_attention_kernel = triton.autotune(_configs(), key=["Lq", "n_prev", "n_cur", "HEAD_DIM"])(

@@ -8,9 +8,9 @@ rows): max/mean abs error against the fp32 reference (and the bf16 rounding floo
 the fp32 reference itself rounded to bf16, which no bf16-output kernel can beat), and the time of
 PyTorch eager (reference), torch.compile of the reference, the Triton kernel, and for attention
 every SDPA backend on pre-concatenated K/V (their best case) plus SDPA with the concat.
---full-pass: one static pass of the full model in PyTorch eager, eager with the kernels swapped in
-and torch.compile with the kernels, with accuracy against fp32 and a count of the fused kernels
-in the profiled compiled pass (proof they run in the timed path). --aot: compile the TensorRT AOT
+--full-pass: one static pass of the full model in PyTorch eager and eager with the kernels swapped
+in, with accuracy against fp32 and the launch count of each fused kernel in the profiled pass
+(proof they run in the timed path; compiled engines are timed by `wan-trt bench`). --aot: compile the TensorRT AOT
 plans to PTX. Times are triton.testing.do_bench medians (ms).
 """
 from __future__ import annotations
@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -150,22 +149,17 @@ def full_pass() -> dict:
         native = build_model(cfg, BF16, DEV)
         fused = build_model(cfg, BF16, DEV).use_plugins()
         runs = {"eager_native": StaticPass(native, spec), "eager_plugins": StaticPass(fused, spec)}
-        t0 = time.perf_counter()
-        runs["compile_plugins"] = torch.compile(StaticPass(fused, spec))
         args = tuple(feeds[n] for n in spec.input_names)
-        runs["compile_plugins"](*args)
-        result = {"compile_plugins_s": time.perf_counter() - t0, "ms_per_pass": {}, "accuracy": {}}
+        result = {"ms_per_pass": {}, "accuracy": {}}
         for name, fn in runs.items():
             got = fn(*args)
             result["accuracy"][name] = {o: error_stats(g, e).as_dict() for o, g, e in zip(spec.output_names, got,
                                                                                              expected)}
             result["ms_per_pass"][name] = timed(lambda: fn(*args))
             print(name, result["ms_per_pass"][name], result["accuracy"][name]["flow"], flush=True)
-        profile = op_class_profile(lambda: runs["compile_plugins"](*args), top=40)
-        names = ("_window_attention_kernel", "_qk_norm_rope_kernel", "_adaln_kernel", "_add_adaln_kernel")
-        result["fused_kernels_in_compiled_pass"] = {
-            n: sum(1 for k in profile["top_kernels_ms"] if n in k["kernel"]) for n in names}
-        result["profile_compile_plugins"] = profile
+        profile = op_class_profile(lambda: runs["eager_plugins"](*args), top=60)
+        result["fused_kernel_launches_per_pass"] = profile["wan_trt_kernel_launches"]
+        result["profile_eager_plugins"] = profile
     return result
 
 
@@ -193,15 +187,16 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
 
-    result["window_attention"] = attention_case()
-    save()
-    result.update(norm_cases())
-    save()
-    if args.aot:
-        result["tensorrt_aot_ptx"] = aot_ptx()
-        save()
-    if args.full_pass:
-        result["full_pass"] = full_pass()
+    stages = [("window_attention", attention_case), ("norms", norm_cases)]
+    stages += [("tensorrt_aot_ptx", aot_ptx)] if args.aot else []
+    stages += [("full_pass", full_pass)] if args.full_pass else []
+    for key, stage in stages:
+        try:
+            value = stage()
+            result.update(value) if key == "norms" else result.__setitem__(key, value)
+        except Exception as exc:  # keep what the other stages measured
+            result[f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:3000]
+            print(key, "failed:", result[f"{key}_error"], flush=True)
         save()
 
 

@@ -19,6 +19,9 @@ OP_CLASSES = [
 ]
 
 
+WAN_TRT_KERNEL = re.compile(r"_window_attention_kernel|_qk_norm_rope_kernel|_adaln_kernel|_add_adaln_kernel")
+
+
 def device_name(device: torch.device | str = "cuda") -> str:
     device = torch.device(device)
     if device.type == "cuda":
@@ -74,16 +77,20 @@ def op_class_profile(fn: Callable[[], Any], top: int = 25) -> dict[str, Any]:
         fn()
         torch.cuda.synchronize()
     kernels: dict[str, float] = {}
+    launches: dict[str, int] = {}
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             kernels[evt.name] = kernels.get(evt.name, 0.0) + evt.device_time_total / 1e3
+            launches[evt.name] = launches.get(evt.name, 0) + 1
     classes: dict[str, float] = {}
     for name, ms in kernels.items():
         classes[classify(name)] = classes.get(classify(name), 0.0) + ms
     total = sum(kernels.values())
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
     return {"total_ms": total, "by_class_ms": dict(sorted(classes.items(), key=lambda kv: -kv[1])),
-            "top_kernels_ms": [{"kernel": k[:160], "class": classify(k), "ms": v} for k, v in ranked]}
+            "top_kernels_ms": [{"kernel": k[:160], "class": classify(k), "ms": v, "launches": launches[k]}
+                               for k, v in ranked],
+            "wan_trt_kernel_launches": {k[:80]: n for k, n in launches.items() if WAN_TRT_KERNEL.search(k)}}
 
 
 def classify(kernel: str) -> str:

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Stages of one GPU session (device machine: torch + CUDA, no internet). Each stage logs under out/gpu/.
+#   scripts/gpu_session.sh setup            pip install this checkout (and carried wheels from /tmp/gpusite)
+#   scripts/gpu_session.sh smoke DIR        real-GPU kernel tests + a small --ops plugins AOTI engine, checked
+#   scripts/gpu_session.sh export-bg        export universal bf16 (native) in the background
+#   scripts/gpu_session.sh wait-export      block until that export finished
+#   scripts/gpu_session.sh aoti-bg          build the universal AOTInductor engines (native, plugins) in the background
+#   scripts/gpu_session.sh wait-aoti        block until both are built
+# Results for bench/results/ are written by the python scripts to the paths they are given.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/gpusite:${PYTHONPATH:-}
+mkdir -p out/gpu
+EXPORT=out/universal_bf16_native
+stage=${1:?stage}
+case "$stage" in
+  setup)
+    python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "root user" || true
+    python3 -c "import wan_trt.engines.session, torch; print('wan-trt ok, torch', torch.__version__, torch.cuda.get_device_name())"
+    ;;
+  smoke)
+    out=${2:?out dir}
+    python3 -m pytest -q tests/plugins -p no:cacheprovider 2>&1 | tail -5
+    rm -rf out/smoke && wan-trt export --config universal-small --precision bf16 --out out/smoke
+    wan-trt build out/smoke --backend aoti --ops plugins --device cuda
+    wan-trt check out/smoke/engine_aoti_plugins_cuda.pt2 --blocks 8 --json > "$out/smoke_check_aoti_plugins.json" || echo "check failed"
+    python3 - "$out/smoke_check_aoti_plugins.json" <<'PY'
+import json, sys; r = json.load(open(sys.argv[1])); print("smoke aoti-plugins ok:", r["ok"], [round(o["rel_l2"], 5) for o in r["single_pass"]])
+PY
+    ;;
+  export-bg)
+    setsid nohup wan-trt export --config universal --precision bf16 --out $EXPORT --overwrite > out/gpu/export.log 2>&1 < /dev/null &
+    echo "export started"
+    ;;
+  wait-export)
+    while [ ! -f $EXPORT/manifest.json ]; do
+      if ! pgrep -f "wan-trt export" > /dev/null; then echo "export died:"; tail -20 out/gpu/export.log; exit 1; fi
+      sleep 5
+    done
+    grep "\[wan-trt\]" out/gpu/export.log | tail -12
+    ;;
+  aoti-bg)
+    setsid nohup bash -c "wan-trt build $EXPORT --backend aoti --device cuda && wan-trt build $EXPORT --backend aoti --ops plugins --device cuda" > out/gpu/aoti.log 2>&1 < /dev/null &
+    echo "aoti builds started"
+    ;;
+  wait-aoti)
+    while [ ! -f $EXPORT/engine_aoti_plugins_cuda.pt2.json ]; do
+      if ! pgrep -f "wan-trt build" > /dev/null; then echo "aoti build died:"; tail -30 out/gpu/aoti.log; exit 1; fi
+      sleep 5
+    done
+    grep "\[wan-trt\]" out/gpu/aoti.log | tail -12
+    ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
