@@ -74,8 +74,9 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
 class AotiRunner(Runner):
     """Runs an AOTInductor package built by :func:`build_aoti`."""
 
-    def __init__(self, engine: str | Path, manifest: Manifest):
+    def __init__(self, engine: str | Path, manifest: Manifest, single_threaded: bool = False):
         self.engine = Path(engine)
+        self.single_threaded = single_threaded  # no thread synchronisation: required under CUDA-graph capture
         self.meta = EngineMetadata.read(self.engine)
         self.meta.check_against(manifest, self.engine)
         super().__init__(manifest.spec, self.meta.device)
@@ -83,7 +84,7 @@ class AotiRunner(Runner):
         self.compiled = None
 
     def activate(self) -> None:
-        self.compiled = torch._inductor.aoti_load_package(str(self.engine))
+        self.compiled = torch._inductor.aoti_load_package(str(self.engine), run_single_threaded=self.single_threaded)
 
     def deactivate(self) -> None:
         self.compiled = None

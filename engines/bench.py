@@ -110,7 +110,7 @@ class Bench:
                 flag = "--aoti-engine" if kind == "aoti" else "--aoti-plugins-engine"
                 raise WanTrtError(f"no {flag} given (build one with `wan-trt build DIR --backend aoti`)")
             from wan_trt.engines.aoti import AotiRunner
-            runner = AotiRunner(self.engines[kind], self.manifest)
+            runner = AotiRunner(self.engines[kind], self.manifest, single_threaded="+" in backend)
             if "+" not in backend:
                 return runner
             from wan_trt.engines.cuda_graph import CudaGraphRunner

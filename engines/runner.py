@@ -29,6 +29,8 @@ class Runner(abc.ABC):
     def __init__(self, spec: PassSpec, device: str | torch.device):
         self.spec = spec
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda" -> "cuda:N": comparable to tensors'
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.is_active = False
 
     def __enter__(self) -> "Runner":

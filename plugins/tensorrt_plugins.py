@@ -45,7 +45,7 @@ def compile_ptx(kernel, pointers: dict[str, torch.dtype], scalars: list[str], ou
     signature.update({name: "i32" for name in scalars})
     signature.update({name: f"*{TRITON_TYPES[dt]}" for name, dt in outputs.items()})
     signature.update({name: "constexpr" for name in constexprs})
-    fn = kernel.fn if hasattr(kernel, "fn") else kernel  # unwrap triton.autotune
+    fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel  # the JITFunction
     compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
                               options={"num_warps": num_warps, "num_stages": num_stages})
     return Compiled(compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.shared, num_warps)
@@ -65,7 +65,8 @@ def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, u
                "stride_ob": lq * row, "stride_om": row, "stride_oh": d, "Lq": lq, "n_prev": n_prev, "n_cur": lq,
                "H": h, "prev_frames": prev_frames, "units": units}
     compiled = compile_ptx(_wa._window_attention_kernel, pointers, list(scalars), {"Out": dtype},
-                           {"qk_scale": _wa.LOG2E / math.sqrt(d), "HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn},
+                           {"qk_scale": _wa.LOG2E / math.sqrt(d), "HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn,
+                            "DOT_PRECISION": _wa.dot_precision(dtype)},
                            warps, stages)
     return compiled, ((lq + bm - 1) // bm, b * h), list(scalars.values())
 

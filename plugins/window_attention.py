@@ -42,19 +42,19 @@ def reference_window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: to
 
 @triton.jit
 def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d, qk_scale,
-                    BLOCK_N: tl.constexpr):
+                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online-softmax update of (acc, l, m) with keys/values [lo, hi) of one segment."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         in_range = offs_n < hi
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         qk = tl.where(in_range[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         v = tl.load(v_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     return acc, l_i, m_i
@@ -69,7 +69,7 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
                              Lq, n_prev, n_cur, H, prev_frames, units,
                              Out,
                              qk_scale: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr):
+                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -85,10 +85,10 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
         first_valid = (prev_frames - tl.load(Valid)) * units
         acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
                                         VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
-                                        offs_d, qk_scale, BLOCK_N)
+                                        offs_d, qk_scale, BLOCK_N, DOT_PRECISION)
     acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KC + b * stride_cb + h * stride_ch,
                                     VC + b * stride_cb + h * stride_ch, stride_cn, 0, n_cur, offs_d, qk_scale,
-                                    BLOCK_N)
+                                    BLOCK_N, DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
@@ -104,6 +104,11 @@ def _configs():
 
 window_attention_kernel = triton.autotune(_configs(), key=["Lq", "n_prev", "n_cur", "HEAD_DIM"])(
     _window_attention_kernel)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs multiply exactly ('ieee'), not in TF32; bf16/fp16 use the tensor cores as they are."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames) -> None:
@@ -138,5 +143,5 @@ def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor
         k_cur.stride(0), k_cur.stride(1), k_cur.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         lq, k_prev.shape[1], k_cur.shape[1], h, prev_frames, units, out,
-        qk_scale=LOG2E / math.sqrt(d), HEAD_DIM=d)
+        qk_scale=LOG2E / math.sqrt(d), HEAD_DIM=d, DOT_PRECISION=dot_precision(q.dtype))
     return out

@@ -39,6 +39,17 @@ PY
     done
     grep "\[wan-trt\]" out/gpu/export.log | tail -12
     ;;
+  export-aoti-bg)
+    setsid nohup bash -c "wan-trt export --config universal --precision bf16 --out $EXPORT --overwrite && wan-trt build $EXPORT --backend aoti --device cuda" > out/gpu/chain.log 2>&1 < /dev/null &
+    echo "export + native AOTI build started"
+    ;;
+  wait-chain)
+    while [ ! -f $EXPORT/engine_aoti_cuda.pt2.json ]; do
+      if ! pgrep -f "wan-trt (export|build)" > /dev/null; then echo "chain died:"; tail -30 out/gpu/chain.log; exit 1; fi
+      sleep 5
+    done
+    grep "\[wan-trt\]" out/gpu/chain.log | tail -14
+    ;;
   aoti-bg)
     setsid nohup bash -c "wan-trt build $EXPORT --backend aoti --device cuda && wan-trt build $EXPORT --backend aoti --ops plugins --device cuda" > out/gpu/aoti.log 2>&1 < /dev/null &
     echo "aoti builds started"
@@ -49,6 +60,18 @@ PY
       sleep 5
     done
     grep "\[wan-trt\]" out/gpu/aoti.log | tail -12
+    ;;
+  probe)
+    # each step in its own process: a crash (segfault) is recorded and the next step still runs
+    out=${2:?out dir}
+    rm -rf out/probe && wan-trt export --config universal-small --precision bf16 --out out/probe > out/gpu/probe.log 2>&1
+    for ops in native plugins; do
+      wan-trt build out/probe --backend aoti --ops $ops --device cuda >> out/gpu/probe.log 2>&1; echo "build $ops rc=$?"
+      suffix=$([ $ops = native ] && echo "" || echo "_$ops")
+      wan-trt check out/probe/engine_aoti${suffix}_cuda.pt2 --blocks 8 --json > "$out/probe_check_aoti_$ops.json" 2>> out/gpu/probe.log
+      echo "check $ops rc=$?"
+    done
+    tail -5 out/gpu/probe.log
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
