@@ -13,6 +13,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/gpusite:${PYTHONPATH:-}
 mkdir -p out/gpu
 EXPORT=out/universal_bf16_native
 stage=${1:?stage}
+
+wait_for() {  # wait_for FILE PROCESS_REGEX LOG: until FILE exists; fail if the process died first
+  while [ ! -f "$1" ]; do
+    if ! pgrep -f "$2" > /dev/null; then echo "background job died:"; tail -30 "$3"; exit 1; fi
+    sleep 5
+  done
+  grep "\[wan-trt\]" "$3" | tail -12
+}
 case "$stage" in
   setup)
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "root user" || true
@@ -33,43 +41,33 @@ PY
     echo "export started"
     ;;
   wait-export)
-    while [ ! -f $EXPORT/manifest.json ]; do
-      if ! pgrep -f "wan-trt export" > /dev/null; then echo "export died:"; tail -20 out/gpu/export.log; exit 1; fi
-      sleep 5
-    done
-    grep "\[wan-trt\]" out/gpu/export.log | tail -12
+    wait_for $EXPORT/manifest.json "wan-trt expor[t]" out/gpu/export.log
     ;;
   export-aoti-bg)
     setsid nohup bash -c "wan-trt export --config universal --precision bf16 --out $EXPORT --overwrite && wan-trt build $EXPORT --backend aoti --device cuda" > out/gpu/chain.log 2>&1 < /dev/null &
     echo "export + native AOTI build started"
     ;;
   wait-chain)
-    while [ ! -f $EXPORT/engine_aoti_cuda.pt2.json ]; do
-      if ! pgrep -f "wan-trt (export|build)" > /dev/null; then echo "chain died:"; tail -30 out/gpu/chain.log; exit 1; fi
-      sleep 5
-    done
-    grep "\[wan-trt\]" out/gpu/chain.log | tail -14
+    wait_for $EXPORT/engine_aoti_cuda.pt2.json "wan-trt (expor[t]|buil[d])" out/gpu/chain.log
     ;;
   aoti-bg)
     setsid nohup bash -c "wan-trt build $EXPORT --backend aoti --device cuda && wan-trt build $EXPORT --backend aoti --ops plugins --device cuda" > out/gpu/aoti.log 2>&1 < /dev/null &
     echo "aoti builds started"
     ;;
   wait-aoti)
-    while [ ! -f $EXPORT/engine_aoti_plugins_cuda.pt2.json ]; do
-      if ! pgrep -f "wan-trt build" > /dev/null; then echo "aoti build died:"; tail -30 out/gpu/aoti.log; exit 1; fi
-      sleep 5
-    done
-    grep "\[wan-trt\]" out/gpu/aoti.log | tail -12
+    wait_for $EXPORT/engine_aoti_plugins_cuda.pt2.json "wan-trt buil[d]" out/gpu/aoti.log
     ;;
   probe)
     # each step in its own process: a crash (segfault) is recorded and the next step still runs
     out=${2:?out dir}
     rm -rf out/probe && wan-trt export --config universal-small --precision bf16 --out out/probe > out/gpu/probe.log 2>&1
     for ops in native plugins; do
-      wan-trt build out/probe --backend aoti --ops $ops --device cuda >> out/gpu/probe.log 2>&1; echo "build $ops rc=$?"
+      rc=0; wan-trt build out/probe --backend aoti --ops $ops --device cuda >> out/gpu/probe.log 2>&1 || rc=$?
+      echo "build $ops rc=$rc"
       suffix=$([ $ops = native ] && echo "" || echo "_$ops")
-      wan-trt check out/probe/engine_aoti${suffix}_cuda.pt2 --blocks 8 --json > "$out/probe_check_aoti_$ops.json" 2>> out/gpu/probe.log
-      echo "check $ops rc=$?"
+      rc=0; wan-trt check out/probe/engine_aoti${suffix}_cuda.pt2 --blocks 8 --json > "$out/probe_check_aoti_$ops.json" \
+        2>> out/gpu/probe.log || rc=$?
+      echo "check $ops rc=$rc"
     done
     tail -5 out/gpu/probe.log
     ;;

@@ -132,3 +132,11 @@ def test_cli_export_and_check(tmp_path):
     assert "block 7" in res.output
     res = runner.invoke(main, ["export", "--config", "nope", "--out", str(tmp_path / "x")])
     assert res.exit_code == 1 and "neither a preset" in res.output
+
+
+def test_fp16_graph_passes_the_same_check(tmp_path):
+    """fp16 (fp32 residual stream and norms) against fp32, yardstick: the fp16 PyTorch model."""
+    export_transformer(load_config("universal-small"), tmp_path / "fp16", "fp16", seed=3)
+    report = check_export(tmp_path / "fp16", "cpu", blocks=8, seed=1)
+    assert report.ok, report.table()
+    assert report.precision == "fp16" and all(o.stats.non_finite == 0 for o in report.outputs)

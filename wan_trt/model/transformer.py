@@ -29,8 +29,8 @@ from wan_trt.model.rope import RopeTables, apply_rope
 ContextKV = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 
-class CausalWanSelfAttention(nn.Module):
-    plugins = False  # fused wan_trt ops (qk-norm + RoPE, window attention) instead of PyTorch ops
+class WanAttention(nn.Module):
+    """q, k, v, o projections and the q/k RMSNorms shared by self- and cross-attention (upstream names)."""
 
     def __init__(self, dim: int, num_heads: int, eps: float):
         super().__init__()
@@ -42,6 +42,10 @@ class CausalWanSelfAttention(nn.Module):
         self.o = nn.Linear(dim, dim)
         self.norm_q = WanRMSNorm(dim, eps=eps)
         self.norm_k = WanRMSNorm(dim, eps=eps)
+
+
+class CausalWanSelfAttention(WanAttention):
+    plugins = False  # fused wan_trt ops (qk-norm + RoPE, window attention) instead of PyTorch ops
 
     def forward(self, x, cos, sin, caches, layer):
         """x: [B, L, C]; cos, sin: [L, c] main RoPE of the block."""
@@ -66,18 +70,8 @@ class CausalWanSelfAttention(nn.Module):
         return self.o(ops.window_attention(q, k_prev, v_prev, k, v, valid, prev_frames, units).flatten(2))
 
 
-class WanI2VCrossAttention(nn.Module):
+class WanI2VCrossAttention(WanAttention):
     """Attention of the block's tokens over the projected CLIP image tokens (no RoPE)."""
-
-    def __init__(self, dim: int, num_heads: int, eps: float):
-        super().__init__()
-        self.num_heads = num_heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = WanRMSNorm(dim, eps=eps)
-        self.norm_k = WanRMSNorm(dim, eps=eps)
 
     def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """context [B, 257, C] -> k, v [B, 257, H, D] (constant for a whole stream)."""
