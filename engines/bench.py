@@ -20,7 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -38,7 +38,7 @@ ALL_BACKENDS = ("upstream-eager", "torch-eager", "torch-compile", "torch-compile
                 "aoti+cudagraph", "aoti-plugins", "aoti-plugins+cudagraph", "tensorrt")
 
 
-def _stats(block_seconds: list[float], pass_seconds: list[float], passes: int) -> dict[str, Any]:
+def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: int) -> dict[str, Any]:
     steady = [1e3 * s for s in block_seconds[1:]] or [1e3 * s for s in block_seconds]
     block = summarize_ms(steady)
     out = {"block_ms": block, "block_ms_all": [1e3 * s for s in block_seconds],
@@ -47,21 +47,23 @@ def _stats(block_seconds: list[float], pass_seconds: list[float], passes: int) -
     return out
 
 
-def _bench_session(runner: Runner, inputs, blocks: int) -> dict[str, Any]:
+def bench_session(runner: Runner, inputs, blocks: int) -> dict[str, Any]:
+    """Stream ``blocks`` blocks through the static-cache session over ``runner``, synchronised per pass."""
     with runner:
         results = stream_blocks(StreamingSession(runner, noise=NoiseSource(0)), inputs, blocks)
     passes = [s for r in results[1:] for s in r.pass_seconds]
-    return _stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block)
+    return block_stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block)
 
 
-def _bench_upstream(model, inputs, blocks: int) -> dict[str, Any]:
+def bench_upstream(model, inputs, blocks: int) -> dict[str, Any]:
+    """The upstream-semantics pipeline: time between yields = one block (and the previous clean pass)."""
     times, last = [], time.perf_counter()
     for _ in ReferencePipeline(model).run(inputs, blocks, NoiseSource(0)):
         synchronize()
         now = time.perf_counter()
         times.append(now - last)
         last = now
-    return _stats(times, [], model.cfg.passes_per_block)
+    return block_stats(times, [], model.cfg.passes_per_block)
 
 
 class Bench:
@@ -128,9 +130,9 @@ class Bench:
         inputs = synthetic_stream(self.spec.config, blocks, seed=0)
         reset_peak_memory()
         if backend == "upstream-eager":
-            result = _bench_upstream(self.model, inputs, blocks)
+            result = bench_upstream(self.model, inputs, blocks)
         else:
-            result = _bench_session(self.runner(backend), inputs, blocks)
+            result = bench_session(self.runner(backend), inputs, blocks)
         result["peak_torch_mem_gib"] = peak_memory_gib()
         return result
 

@@ -67,9 +67,9 @@ class StreamingSession:
         self.runner.__enter__()
         self._check_shape("visual_context", visual_context, self.spec.tensor("visual_context").shape)
         self.feeds["visual_context"].copy_(visual_context)
-        for cache in self.spec.caches:
-            for prev, _ in cache.pairs if self.cfg.prev_frames else ():
-                self.feeds[prev].zero_()
+        for name in self.feeds:
+            if name.endswith("_prev"):
+                self.feeds[name].zero_()
         a = self.cfg.model.action_config
         self.histories = {k: ActionHistory(a.window_frames, a.vae_time_compression_ratio) for k in self.histories}
         self.block = 0

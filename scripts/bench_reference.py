@@ -21,15 +21,14 @@ from pathlib import Path
 import torch
 
 from wan_trt.config import load_config
-from wan_trt.engines.session import StreamingSession, stream_blocks
+from wan_trt.engines.bench import bench_session, bench_upstream
 from wan_trt.engines.torch_runner import TorchRunner
 from wan_trt.model import build_model
 from wan_trt.model.static_pass import StaticPass
-from wan_trt.pipeline import ReferencePipeline
-from wan_trt.profiling import (environment, op_class_profile, peak_memory_gib, reset_peak_memory, summarize_ms,
-                               synchronize, time_fn)
+from wan_trt.profiling import (environment, op_class_profile, peak_memory_gib, reset_peak_memory,
+                               time_fn)
 from wan_trt.spec import PassSpec, precision_dtype
-from wan_trt.stream import NoiseSource, synthetic_stream
+from wan_trt.stream import synthetic_stream
 from wan_trt.validate.metrics import error_stats
 
 
@@ -46,32 +45,6 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def block_stats(block_ms: list[float], passes: int) -> dict:
-    steady = block_ms[1:] or block_ms
-    s = summarize_ms(steady)
-    return {"block_ms_all": block_ms, "steady_block_ms": s, "ms_per_pass": s["mean"] / passes,
-            "video_fps": 12 / (s["mean"] / 1e3)}
-
-
-def time_reference_pipeline(model, cfg, inputs, blocks: int) -> dict:
-    """Upstream semantics: time between yields = one block (its passes + the previous clean pass)."""
-    gen = ReferencePipeline(model).run(inputs, blocks, NoiseSource(0))
-    times, last = [], time.perf_counter()
-    for _ in gen:
-        synchronize()
-        now = time.perf_counter()
-        times.append(1e3 * (now - last))
-        last = now
-    return block_stats(times, cfg.passes_per_block)
-
-
-def time_session(runner, cfg, inputs, blocks: int) -> dict:
-    results = stream_blocks(StreamingSession(runner, noise=NoiseSource(0)), inputs, blocks)
-    out = block_stats([1e3 * r.seconds for r in results], cfg.passes_per_block)
-    out["pass_ms_steady"] = summarize_ms([1e3 * s for r in results[1:] for s in r.pass_seconds])
-    return out
-
-
 def time_compiled(model, spec, cfg, inputs, feeds, args) -> dict:
     t0 = time.perf_counter()
     runner = TorchRunner(model, spec, compile=True)
@@ -79,7 +52,7 @@ def time_compiled(model, spec, cfg, inputs, feeds, args) -> dict:
     out = {"compile_s": time.perf_counter() - t0,
            "static_pass_compiled_ms": time_fn(lambda: runner.infer(feeds), device=args.device)}
     reset_peak_memory()
-    out["static_session_compiled"] = time_session(runner, cfg, inputs, args.blocks)
+    out["static_session_compiled"] = bench_session(runner, inputs, args.blocks)
     out["static_session_compiled"]["peak_mem_gib"] = peak_memory_gib()
     return out
 
@@ -102,16 +75,15 @@ def main() -> None:
     spec = PassSpec.from_config(cfg, args.precision)
 
     reset_peak_memory()
-    result["reference_pipeline"] = time_reference_pipeline(model, cfg, inputs, args.blocks)
+    result["reference_pipeline"] = bench_upstream(model, inputs, args.blocks)
     result["reference_pipeline"]["peak_mem_gib"] = peak_memory_gib()
-    print("reference pipeline", json.dumps(result["reference_pipeline"]["steady_block_ms"]), flush=True)
+    print("reference pipeline", json.dumps(result["reference_pipeline"]["block_ms"]), flush=True)
     save()
 
     reset_peak_memory()
-    with TorchRunner(model, spec) as runner:
-        result["static_session_eager"] = time_session(runner, cfg, inputs, args.blocks)
+    result["static_session_eager"] = bench_session(TorchRunner(model, spec), inputs, args.blocks)
     result["static_session_eager"]["peak_mem_gib"] = peak_memory_gib()
-    print("static session eager", json.dumps(result["static_session_eager"]["steady_block_ms"]), flush=True)
+    print("static session eager", json.dumps(result["static_session_eager"]["block_ms"]), flush=True)
     save()
 
     feeds = spec.sample_inputs(seed=1, device=args.device)

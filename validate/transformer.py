@@ -25,7 +25,7 @@ from wan_trt.engines.runner import Runner
 from wan_trt.engines.torch_runner import TorchRunner
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
-from wan_trt.spec import PassSpec, precision_dtype
+from wan_trt.spec import PassSpec
 from wan_trt.validate.metrics import REL_L2_FLOOR, ErrorStats, error_stats, passes, tolerance
 
 RESULTS_DIR = "check"

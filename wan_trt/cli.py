@@ -13,7 +13,7 @@ from typing import Callable
 import click
 
 from wan_trt.errors import WanTrtError
-from wan_trt.log import logger, setup_logging
+from wan_trt.log import setup_logging
 
 
 # ---- reusable option groups ------------------------------------------------------------------

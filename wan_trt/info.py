@@ -15,7 +15,7 @@ BYTES_BF16 = 2
 
 def flops_per_pass(cfg: WanConfig, valid_frames: int | None = None) -> dict[str, float]:
     """FLOPs of one pass by op class: linear, self_attention, cross_attention, action, total."""
-    m, a = cfg.model, cfg.model.action_config
+    m = cfg.model
     v = cfg.prev_frames if valid_frames is None else valid_frames
     f, s, c, t = cfg.block_frames, cfg.tokens_per_frame, m.dim, m.clip_tokens
     q, keys = f * s, (v + f) * s

@@ -1,7 +1,6 @@
 """AOTInductor engine on the CPU: build, check, Python and C++ runtimes, bench, bad input."""
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch

@@ -46,7 +46,7 @@ def test_stream_with_fused_ops_equals_upstream_semantics(name, blocks):
 def test_plugin_graph_passes_the_check_and_counts_its_plugins(tmp_path, name):
     cfg = load_config(name)
     manifest = export_transformer(cfg, tmp_path / "plugins", "fp32", seed=1, ops="plugins")
-    layers, action = cfg.model.num_layers, len(cfg.action_layers)
+    layers = cfg.model.num_layers
     counts = manifest.op_counts
     assert counts["wan_trt::WindowAttention"] == layers and counts["wan_trt::QkNormRope"] == layers
     assert counts["wan_trt::AddAdaln"] == layers and counts["wan_trt::Adaln"] == 2 * layers + 1  # + the head
