@@ -18,11 +18,10 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.model.static_pass import StaticPass
-from wan_trt.spec import PassSpec
 
 
 def default_engine_path(directory: Path, backend: str, device: str) -> Path:
-    return directory / f"engine_{backend}_{device}.{'pt2' if backend == 'aoti' else 'plan'}"
+    return directory / f"engine_{backend}_{device}.{'pt2' if backend.startswith('aoti') else 'plan'}"
 
 
 def build_aoti(directory: str | Path, out: str | Path | None = None, device: str = "cuda",
@@ -39,8 +38,7 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
         raise WanTrtError("--device cuda: no CUDA device here; build with --device cpu")
     if ops == "plugins" and device != "cuda":
         raise WanTrtError("--ops plugins: the fused Triton kernels compile for CUDA; build with --device cuda")
-    suffix = "" if ops == "native" else f"_{ops}"
-    engine = Path(out) if out else directory / f"engine_aoti{suffix}_{device}.pt2"
+    engine = Path(out) if out else default_engine_path(directory, "aoti" if ops == "native" else f"aoti_{ops}", device)
     key = engine_key(manifest, "aoti", device, {"ops": ops})
     if not force and engine.is_file() and EngineMetadata.path_for(engine).is_file():
         if EngineMetadata.read(engine).key == key:
@@ -93,9 +91,3 @@ class AotiRunner(Runner):
         self.spec.check_feeds(feeds)
         outputs = self.compiled(*(feeds[n] for n in self.spec.input_names))
         return dict(zip(self.spec.output_names, outputs))
-
-
-def spec_of(engine: str | Path) -> PassSpec:
-    """The spec an engine was built for (from the export its metadata names)."""
-    meta = EngineMetadata.read(engine)
-    return Manifest.read(meta.export_dir).spec

@@ -216,7 +216,7 @@ def _register_adaln(trtp) -> None:
 
     @trtp.impl(plain)
     def impl(x, a, c, frames: int, eps: float, outputs, stream, tactic: int = 0):
-        _jit(lambda *t: _adaln.adaln(*t, a_dtype(t)), outputs, stream, x, a, c, frames, eps)
+        _jit(lambda *t: _adaln.adaln(*t, t[1].dtype), outputs, stream, x, a, c, frames, eps)  # h takes a's dtype
 
     @trtp.register(fused)
     def desc_fused(x: trtp.TensorDesc, y: trtp.TensorDesc, g: trtp.TensorDesc, a: trtp.TensorDesc,
@@ -233,10 +233,4 @@ def _register_adaln(trtp) -> None:
 
     @trtp.impl(fused)
     def impl_fused(x, y, g, a, c, frames: int, eps: float, outputs, stream, tactic: int = 0):
-        _jit(lambda *t: _adaln.add_adaln(*t, a_dtype(t)), outputs, stream, x, y, g, a, c, frames, eps)
-
-
-def a_dtype(args) -> torch.dtype:
-    """The modulation tensor's dtype among launcher args (the output h takes it)."""
-    tensors = [t for t in args if isinstance(t, torch.Tensor)]
-    return tensors[-2].dtype  # a is the second-to-last tensor (before c) in both launchers
+        _jit(lambda *t: _adaln.add_adaln(*t, t[3].dtype), outputs, stream, x, y, g, a, c, frames, eps)
