@@ -41,22 +41,38 @@ def reference_window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: to
 
 
 @triton.jit
-def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d, qk_scale,
-                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online-softmax update of (acc, l, m) with keys/values [lo, hi) of one segment."""
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """Online-softmax update of (acc, l, m) with keys/values [start_n, start_n + BLOCK_N) (cut at hi if MASKED)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
         in_range = offs_n < hi
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        qk = tl.where(in_range[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
         v = tl.load(v_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+    else:
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
+        v = tl.load(v_base + offs_n[:, None] * stride_kn + offs_d[None, :])
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if MASKED:
+        qk = tl.where(in_range[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
+    alpha = tl.math.exp2(m_i - m_new)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
+def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d, qk_scale,
+                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Keys/values [lo, hi) of one segment: whole blocks without masks, then one masked tail block."""
+    full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    for start_n in range(lo, full_end, BLOCK_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                                      BLOCK_N, DOT_PRECISION, False)
+    if full_end < hi:
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, full_end, hi, offs_d, qk_scale,
+                                      BLOCK_N, DOT_PRECISION, True)
     return acc, l_i, m_i
 
 
@@ -98,8 +114,8 @@ def _configs():
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 2),
-                                 (64, 64, 4, 3), (64, 128, 4, 2))]
+            for bm, bn, w, s in ((256, 64, 16, 4), (256, 64, 16, 3), (128, 128, 8, 3), (128, 64, 8, 3),
+                                 (64, 64, 4, 3))]
 
 
 window_attention_kernel = triton.autotune(_configs(), key=["Lq", "n_prev", "n_cur", "HEAD_DIM"])(
@@ -130,18 +146,21 @@ def check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames) -> Non
 
 def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor, k_cur: torch.Tensor,
                      v_cur: torch.Tensor, valid_frames: torch.Tensor, prev_frames: int, units: int,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1)."""
+                     out: torch.Tensor | None = None, config: triton.Config | None = None) -> torch.Tensor:
+    """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1); autotuned
+    unless ``config`` (one of :func:`_configs`) fixes the tiling."""
     check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames)
     b, lq, h, d = q.shape
     out = torch.empty_like(q) if out is None else out
     grid = lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)  # noqa: E731
-    wrap_triton(window_attention_kernel)[grid](
+    fixed = {} if config is None else dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+    kernel = window_attention_kernel if config is None else _window_attention_kernel
+    wrap_triton(kernel)[grid](
         q, k_prev, v_prev, k_cur, v_cur, valid_frames,
         q.stride(0), q.stride(1), q.stride(2),
         k_prev.stride(0), k_prev.stride(1), k_prev.stride(2),
         k_cur.stride(0), k_cur.stride(1), k_cur.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         lq, k_prev.shape[1], k_cur.shape[1], h, prev_frames, units, out,
-        qk_scale=LOG2E / math.sqrt(d), HEAD_DIM=d, DOT_PRECISION=dot_precision(q.dtype))
+        qk_scale=LOG2E / math.sqrt(d), HEAD_DIM=d, DOT_PRECISION=dot_precision(q.dtype), **fixed)
     return out
