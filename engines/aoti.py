@@ -6,6 +6,12 @@ export directory's manifest), loads in Python (:class:`AotiRunner`) and in C++
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -60,13 +66,45 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     with stage("AOTInductor compile + package"):
         engine.parent.mkdir(parents=True, exist_ok=True)
         partial = engine.with_name(engine.stem + ".partial.pt2")
-        torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+        try:
+            torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+        except Exception as exc:
+            partial.unlink(missing_ok=True)
+            if "CppCompileError" not in f"{type(exc).__name__} {exc}":
+                raise
+            lines = str(exc).splitlines()
+            first = next((line.strip() for line in lines if "error:" in line), lines[0] if lines else "")
+            raise WanTrtError(f"AOTInductor failed to compile the C++ wrapper of the {ops} package: {first[:400]}. "
+                              f"This is a PyTorch {torch.__version__} code-generation error, not a problem with "
+                              "the export; try --ops native or another torch version") from exc
         partial.rename(engine)
     EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, ops,
                    manifest.weights["sha256"], str(directory.resolve()),
                    time.perf_counter() - begin).write(engine)
     write_runtime_file(spec, engine)
     return engine
+
+
+@functools.cache
+def make_libstdcxx_global() -> str | None:
+    """Load the C++ compiler's libstdc++ into the process's global symbol scope (once).
+
+    A package's shared library may be linked without libstdc++ (Ubuntu's linker drops it under
+    its default --as-needed); in a Python process, where nothing has made libstdc++ global, the
+    library then crashed (SIGSEGV in std::regex inside AOTInductorModel's constructor) while
+    loading, for CPU and CUDA packages alike, with torch 2.11 on the GPU machine.
+    scripts/diagnose_aoti.py reproduces it. C++ executables (wan_stream) link libstdc++ themselves.
+    """
+    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    path = None
+    if compiler:
+        found = subprocess.run([compiler, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True)
+        path = found.stdout.strip() if found.returncode == 0 and os.path.isabs(found.stdout.strip()) else None
+    path = path or ctypes.util.find_library("stdc++")
+    if path:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        logger.debug("libstdc++ made global for AOTInductor packages: %s", path)
+    return path
 
 
 class AotiRunner(Runner):
@@ -82,6 +120,7 @@ class AotiRunner(Runner):
         self.compiled = None
 
     def activate(self) -> None:
+        make_libstdcxx_global()
         self.compiled = torch._inductor.aoti_load_package(str(self.engine), run_single_threaded=self.single_threaded)
 
     def deactivate(self) -> None:

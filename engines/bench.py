@@ -105,7 +105,7 @@ class Bench:
             provider = "cuda" if self.device == "cuda" else "cpu"
             if self.spec.precision != "fp32" and provider == "cpu":
                 raise WanTrtError("ONNX Runtime's CPU provider has no bf16/fp16 kernels")
-            return OnnxRuntimeRunner(self.directory / self.manifest.graph, self.spec, provider)
+            return OnnxRuntimeRunner(self.manifest.graph_path(self.directory), self.spec, provider)
         if backend.startswith("aoti"):
             kind = backend.split("+")[0]
             if self.engines.get(kind) is None:
@@ -172,6 +172,9 @@ def run_bench(directory: str | Path, backends: list[str], blocks: int = 6, devic
         except WanTrtError as exc:
             report["skipped"][backend] = str(exc)
             logger.info("%s skipped: %s", backend, exc)
+        except Exception as exc:  # a backend that breaks is reported; the others are still measured
+            report.setdefault("failed", {})[backend] = f"{type(exc).__name__}: {exc}"[:2000]
+            logger.error("%s failed: %s: %s", backend, type(exc).__name__, exc)
         save()
     for backend in profile or []:
         if backend in report["backends"]:

@@ -77,7 +77,7 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
         register_plugins()
     trt_logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(trt_logger)
-    network = _parse(trt, builder, trt_logger, directory / manifest.graph, weak_typing)
+    network = _parse(trt, builder, trt_logger, manifest.graph_path(directory), weak_typing)
     config = builder.create_builder_config()
     config.builder_optimization_level = opt_level
     if weak_typing:

@@ -46,7 +46,7 @@ class Manifest:
     ops: str
     opset: int
     weights: dict[str, Any]  # source, seed or checkpoint path, sha256 of the graph's weights
-    graph: str = GRAPH
+    graph: str | None = GRAPH  # None: exported with --no-onnx (enough for AOTInductor engines)
     external_data: str | None = None
     sample_inputs: str = SAMPLE_INPUTS
     op_counts: dict[str, int] = field(default_factory=dict)
@@ -63,6 +63,13 @@ class Manifest:
         path = Path(directory) / MANIFEST
         path.write_text(json.dumps(self.to_dict(), indent=2))
         return path
+
+    def graph_path(self, directory: str | Path) -> Path:
+        """The ONNX graph's path; a clear error for an export made without one."""
+        if self.graph is None:
+            raise WanTrtError(f"{directory} was exported with --no-onnx: it has no ONNX graph (ONNX Runtime and "
+                              "TensorRT need one); re-export without --no-onnx")
+        return Path(directory) / self.graph
 
     @classmethod
     def read(cls, directory: str | Path) -> "Manifest":

@@ -39,8 +39,12 @@ def prepare_out(out: Path, overwrite: bool) -> Path:
 
 
 def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16", weights: str | None = None,
-                       seed: int = 0, ops: str = "native", opset: int = 23, overwrite: bool = False) -> Manifest:
+                       seed: int = 0, ops: str = "native", opset: int = 23, overwrite: bool = False,
+                       onnx: bool = True) -> Manifest:
     """Export one pass of ``cfg`` to ``out/model.onnx`` with manifest and sample inputs.
+
+    ``onnx=False`` writes the manifest and sample inputs only (seconds instead of minutes at full
+    size): what `wan-trt build --backend aoti` needs, not ONNX Runtime or TensorRT.
 
     Raises:
         WanTrtError: bad flag value, existing output, checkpoint mismatch, or a graph that
@@ -65,33 +69,41 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
         table = translation_table()
     static = StaticPass(model, spec).eval()
     feeds = spec.sample_inputs(seed)
-    with stage("torch.export -> ONNX"), torch.no_grad():
-        program = torch.onnx.export(static, tuple(feeds[n] for n in spec.input_names), dynamo=True,
-                                    opset_version=opset, input_names=spec.input_names,
-                                    output_names=spec.output_names, custom_translation_table=table,
-                                    verbose=False)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    external = weight_bytes > PROTOBUF_LIMIT
-    with stage(f"save graph ({weight_bytes / 2 ** 30:.2f} GiB of weights{', external data' if external else ''})"):
-        program.save(str(staging / GRAPH), external_data=external)
-        del program
-    with stage("check graph against the spec"):
-        counts = check_graph(staging / GRAPH, spec)
-    if ops == "plugins":
-        from wan_trt.export.plugin_ops import plugin_node_counts
-        logger.info("plugin nodes: %s", plugin_node_counts(counts))
+    graph, external, counts = (_write_graph(static, feeds, spec, staging, opset, table) if onnx else (None, False, {}))
     from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in feeds.items()}, str(staging / SAMPLE_INPUTS))
     with stage("hash weights"):
         provenance = {"source": "checkpoint", "path": str(Path(weights).resolve())} if weights else \
             {"source": "random", "seed": seed}
         provenance["sha256"] = weights_fingerprint(model)
-    manifest = Manifest(spec=spec, ops=ops, opset=opset, weights=provenance,
+    manifest = Manifest(spec=spec, ops=ops, opset=opset, weights=provenance, graph=graph,
                         external_data=GRAPH + ".data" if external else None, op_counts=counts,
                         export_seconds=time.perf_counter() - begin)
     manifest.write(staging)
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)
-    logger.info("exported %s (%s, %s, opset %d) to %s", cfg.name, precision, ops, opset, out)
+    logger.info("exported %s (%s, %s, opset %d%s) to %s", cfg.name, precision, ops, opset,
+                "" if onnx else ", no ONNX graph", out)
     return manifest
+
+
+def _write_graph(static: StaticPass, feeds: dict, spec: PassSpec, staging: Path, opset: int,
+                 table) -> tuple[str, bool, dict[str, int]]:
+    """torch.export -> ONNX into ``staging``; checked against the spec. Returns (name, external data?, op counts)."""
+    with stage("torch.export -> ONNX"), torch.no_grad():
+        program = torch.onnx.export(static, tuple(feeds[n] for n in spec.input_names), dynamo=True,
+                                    opset_version=opset, input_names=spec.input_names,
+                                    output_names=spec.output_names, custom_translation_table=table,
+                                    verbose=False)
+    weight_bytes = sum(t.numel() * t.element_size() for t in static.parameters())
+    external = weight_bytes > PROTOBUF_LIMIT
+    with stage(f"save graph ({weight_bytes / 2 ** 30:.2f} GiB of weights{', external data' if external else ''})"):
+        program.save(str(staging / GRAPH), external_data=external)
+        del program
+    with stage("check graph against the spec"):
+        counts = check_graph(staging / GRAPH, spec)
+    if table is not None:
+        from wan_trt.export.plugin_ops import plugin_node_counts
+        logger.info("plugin nodes: %s", plugin_node_counts(counts))
+    return GRAPH, external, counts

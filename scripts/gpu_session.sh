@@ -6,6 +6,7 @@
 #   scripts/gpu_session.sh wait-export      block until that export finished
 #   scripts/gpu_session.sh aoti-bg          build the universal AOTInductor engines (native, plugins) in the background
 #   scripts/gpu_session.sh wait-aoti        block until both are built
+#   scripts/gpu_session.sh engine-bench DIR universal bf16 AOTI engine (fused kernels): build, check, bench
 # Results for bench/results/ are written by the python scripts to the paths they are given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +71,19 @@ PY
       echo "check $ops rc=$rc"
     done
     tail -5 out/gpu/probe.log
+    ;;
+  engine-bench)
+    # universal bf16 AOTInductor engine with the fused kernels: build (no ONNX needed), multi-block
+    # check against the fp32 reference, then one bench run beside eager and torch.compile.
+    # Each step logs to DIR/<step>.log; the tail is shown when it fails.
+    out=${2:?out dir}; exp=out/universal_bf16_aoti; engine=$exp/engine_aoti_plugins_cuda.pt2
+    step() { local name=$1; shift; if "$@" > "$out/$name.log" 2>&1; then grep "\[wan-trt\]" "$out/$name.log" | tail -4;
+             else echo "$name failed:"; tail -25 "$out/$name.log"; return 1; fi; }
+    step export wan-trt export --config universal --precision bf16 --no-onnx --out $exp --overwrite
+    step build wan-trt build $exp --backend aoti --ops plugins --device cuda
+    step check wan-trt check $engine --blocks 2 --json || true
+    step bench wan-trt bench $exp --blocks 4 --aoti-plugins-engine $engine --profile aoti-plugins \
+      --backends aoti-plugins+cudagraph,aoti-plugins,torch-eager,torch-compile --out "$out/bench.json" --chart "$out/bench.png"
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

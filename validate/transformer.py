@@ -190,7 +190,7 @@ def check_export(directory: str | Path, provider: str = "cpu", blocks: int = 8, 
 
     directory = Path(directory)
     manifest = Manifest.read(directory)
-    backend = OnnxRuntimeRunner(directory / manifest.graph, manifest.spec, provider)
+    backend = OnnxRuntimeRunner(manifest.graph_path(directory), manifest.spec, provider)
     return check_runner(directory, manifest, backend, None, blocks, seed, stream)
 
 

@@ -121,16 +121,19 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output directory. Defaults to out/<config>_<precision>_<ops>.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--no-onnx", is_flag=True,
+              help="Manifest and sample inputs only, no ONNX graph: enough for `build --backend aoti`.")
 @user_errors
-def export(config_name, weights, precision, seed, ops, opset, out, overwrite) -> None:
+def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no_onnx) -> None:
     """ONNX of one denoising pass, KV caches as static-shaped inputs and outputs."""
     from wan_trt.config import load_config
     from wan_trt.export.transformer import export_transformer
 
     cfg = load_config(config_name)
     out = Path(out or f"out/{cfg.name}_{precision}_{ops}")
-    manifest = export_transformer(cfg, out, precision, weights, seed, ops, int(opset), overwrite)
-    click.echo(f"{out}: {sum(manifest.op_counts.values())} nodes, spec {manifest.spec.fingerprint()}")
+    manifest = export_transformer(cfg, out, precision, weights, seed, ops, int(opset), overwrite, onnx=not no_onnx)
+    graph = f"{sum(manifest.op_counts.values())} nodes" if manifest.graph else "no ONNX graph"
+    click.echo(f"{out}: {graph}, spec {manifest.spec.fingerprint()}")
 
 
 @main.command()

@@ -1,6 +1,7 @@
 """AOTInductor engine on the CPU: build, check, Python and C++ runtimes, bench, bad input."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from click.testing import CliRunner
 
 from wan_trt.cli import main
 from wan_trt.config import load_config
-from wan_trt.engines.aoti import AotiRunner, build_aoti
+from wan_trt.engines.aoti import AotiRunner, build_aoti, make_libstdcxx_global
 from wan_trt.engines.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model
@@ -22,9 +23,10 @@ BLOCKS = 8
 
 @pytest.fixture(scope="module")
 def aoti(tmp_path_factory):
-    """universal-small fp32 export and its CPU AOTInductor package (built once: ~1 min)."""
+    """universal-small fp32 export (no ONNX graph: the package does not need one) and its CPU
+    AOTInductor package (built once: ~1 min)."""
     root = tmp_path_factory.mktemp("aoti")
-    export_transformer(load_config("universal-small"), root / "export", "fp32", seed=2)
+    export_transformer(load_config("universal-small"), root / "export", "fp32", seed=2, onnx=False)
     return root / "export", build_aoti(root / "export", device="cpu")
 
 
@@ -52,6 +54,29 @@ def test_check_engine_passes(aoti):
     res = CliRunner().invoke(main, ["check", str(aoti[1]), "--blocks", "8"])
     assert res.exit_code == 0, res.output
     assert "block 7" in res.output
+
+
+def test_export_without_onnx_refuses_onnx_backends_clearly(aoti):
+    manifest = Manifest.read(aoti[0])
+    assert manifest.graph is None and not (aoti[0] / "model.onnx").exists()
+    res = CliRunner().invoke(main, ["check", str(aoti[0]), "--blocks", "2"])
+    assert res.exit_code != 0 and "--no-onnx" in res.output, res.output
+
+
+def test_libstdcxx_is_made_global_for_packages():
+    path = make_libstdcxx_global()
+    assert path and Path(path).is_file() and "libstdc++" in Path(path).name
+
+
+def test_wrapper_compile_error_is_reported_clearly(aoti, tmp_path, monkeypatch):
+    from torch._inductor.exc import CppCompileError
+
+    def failing_compile(program, package_path):
+        raise CppCompileError(["g++", "wrapper.cpp"], "wrapper.cpp:1:2: error: 'int_array_3' was not declared")
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", failing_compile)
+    with pytest.raises(WanTrtError, match="int_array_3.*not a problem with the export"):
+        build_aoti(aoti[0], tmp_path / "engine.pt2", device="cpu")
+    assert not list(tmp_path.iterdir())  # nothing half-written
 
 
 def test_rebuild_is_skipped_when_up_to_date(aoti):
@@ -89,7 +114,8 @@ def test_inspect_and_bench_on_cpu(aoti, tmp_path):
                                     "--out", str(out)])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
-    assert set(report["backends"]) == {"upstream-eager", "torch-eager", "onnxruntime", "aoti"}
+    assert set(report["backends"]) == {"upstream-eager", "torch-eager", "aoti"}
+    assert "--no-onnx" in report["skipped"]["onnxruntime"]  # the fixture's export has no graph
     assert all(r["block_ms"]["mean"] > 0 for r in report["backends"].values())
     assert "tensorrt" in report["skipped"] or "tensorrt" in report["backends"]
 
