@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from wan_trt.engines.artifact import EngineMetadata, engine_key
+from wan_trt.engines.inductor_fixes import apply_inductor_fixes
 from wan_trt.engines.runner import Runner
 from wan_trt.engines.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
@@ -64,6 +65,7 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     with stage("torch.export"), torch.no_grad():
         program = torch.export.export(static, tuple(feeds[n] for n in spec.input_names), strict=False)
     with stage("AOTInductor compile + package"):
+        apply_inductor_fixes()
         engine.parent.mkdir(parents=True, exist_ok=True)
         partial = engine.with_name(engine.stem + ".partial.pt2")
         try:

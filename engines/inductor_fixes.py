@@ -1,0 +1,56 @@
+"""Work-arounds for PyTorch Inductor bugs that break the AOTInductor build, applied at build time.
+
+Each fix checks that the installed torch still has the bug and does nothing otherwise.
+
+int array cache (torch 2.11 and earlier): the C++ wrapper declares each size/stride array once
+(``int_array_N``) and caches the name under ``id(writeline)``. ``writeline`` is a bound method, a
+new object at every call, so its id is an address that other, short-lived bound methods reuse:
+a declaration written into one code buffer (e.g. the discarded first memory-planning pass) can
+be handed out for another, and the C++ compile fails with "'int_array_300' was not declared in
+this scope; did you mean 'int_array_400'" (seen on the H100 building the full universal package
+with the fused kernels, bench/results/aoti_plugins_build_universal_h100.log). The fix keys the
+cache on the buffer the method is bound to, and keeps every such buffer alive for the wrapper's
+lifetime so that no two buffers ever share an id.
+"""
+from __future__ import annotations
+
+import inspect
+
+from wan_trt.log import logger
+
+
+def int_array_var_keyed_by_buffer(self, int_array: str, writeline, known_statically: bool = False, graph=None) -> str:
+    """``CppWrapperCpu.codegen_int_array_var`` with a stable cache key (see the module text)."""
+    owner = getattr(writeline, "__self__", writeline)
+    owners = self.__dict__.setdefault("_wan_trt_writeline_owners", {})
+    owners.setdefault(id(owner), owner)  # held: its id cannot be reused by another buffer
+    if graph is not None:
+        owners.setdefault(id(graph), graph)
+    cache = self.__dict__.setdefault("_wan_trt_int_array_vars", {})
+    key = (int_array, id(owner), known_statically, id(graph) if graph is not None else None)
+    if key not in cache:
+        cache[key] = self._codegen_int_array_var_impl(int_array, writeline, known_statically)
+    return cache[key]
+
+
+def has_transient_int_array_key(method) -> bool:
+    """Whether ``method`` (the installed codegen_int_array_var) caches on ``id(writeline)``."""
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):
+        return False
+    return "id(writeline)" in source and "__self__" not in source
+
+
+def apply_inductor_fixes() -> list[str]:
+    """Install the fixes this torch needs; returns their names."""
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+    applied = []
+    if CppWrapperCpu.codegen_int_array_var is not int_array_var_keyed_by_buffer and \
+            has_transient_int_array_key(CppWrapperCpu.codegen_int_array_var):
+        CppWrapperCpu.codegen_int_array_var = int_array_var_keyed_by_buffer
+        applied.append("int_array_cache_key")
+    if applied:
+        logger.info("Inductor work-arounds applied: %s", ", ".join(applied))
+    return applied
