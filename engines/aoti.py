@@ -10,7 +10,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
-import shutil
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -70,16 +70,19 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
         partial = engine.with_name(engine.stem + ".partial.pt2")
         try:
             torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+            partial.rename(engine)
         except Exception as exc:
-            partial.unlink(missing_ok=True)
-            if "CppCompileError" not in f"{type(exc).__name__} {exc}":
+            compile_error = _cpp_compile_error(exc)
+            if compile_error is None:
                 raise
-            lines = str(exc).splitlines()
+            lines = str(compile_error).splitlines()
             first = next((line.strip() for line in lines if "error:" in line), lines[0] if lines else "")
-            raise WanTrtError(f"AOTInductor failed to compile the C++ wrapper of the {ops} package: {first[:400]}. "
-                              f"This is a PyTorch {torch.__version__} code-generation error, not a problem with "
-                              "the export; try --ops native or another torch version") from exc
-        partial.rename(engine)
+            raise WanTrtError(f"AOTInductor failed to compile the C++ code of the {ops} package: {first[:400]}. "
+                              f"With a working compiler this is likely a PyTorch {torch.__version__} code-generation "
+                              "error rather than a problem with the export; try --ops native or another torch "
+                              "version") from exc
+        finally:
+            partial.unlink(missing_ok=True)  # a failed or interrupted build leaves nothing half-written
     EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, ops,
                    manifest.weights["sha256"], str(directory.resolve()),
                    time.perf_counter() - begin).write(engine)
@@ -87,26 +90,56 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     return engine
 
 
+def _cpp_compile_error(exc: BaseException) -> BaseException | None:
+    """The CppCompileError in ``exc``'s chain (Inductor wraps it in InductorError), if any."""
+    from torch._inductor.exc import CppCompileError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CppCompileError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _libstdcxx() -> str | None:
+    """The libstdc++ of the compiler Inductor builds packages with (a path), else a name the
+    dynamic loader resolves, else None."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        argv = shlex.split(get_cpp_compiler())
+    except Exception:  # an older/newer torch without it: the same default as Inductor's
+        argv = shlex.split(os.environ.get("CXX", "g++"))
+    try:
+        found = subprocess.run([*argv, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True,
+                               timeout=60)
+        path = found.stdout.strip()
+        if found.returncode == 0 and os.path.isabs(path) and os.path.isfile(path):
+            return path
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return ctypes.util.find_library("stdc++")
+
+
 @functools.cache
 def make_libstdcxx_global() -> str | None:
-    """Load the C++ compiler's libstdc++ into the process's global symbol scope (once).
+    """Load libstdc++ into the process's global symbol scope (once), before loading a package.
 
-    A package's shared library may be linked without libstdc++ (Ubuntu's linker drops it under
-    its default --as-needed); in a Python process, where nothing has made libstdc++ global, the
-    library then crashed (SIGSEGV in std::regex inside AOTInductorModel's constructor) while
-    loading, for CPU and CUDA packages alike, with torch 2.11 on the GPU machine.
-    scripts/diagnose_aoti.py reproduces it. C++ executables (wan_stream) link libstdc++ themselves.
+    Observed on the GPU machine (torch 2.11, Ubuntu g++ 13.3): the package's shared library had no
+    NEEDED entry for libstdc++, and loading it in a Python process crashed (SIGSEGV in std::regex
+    inside AOTInductorModel's constructor) for CPU and CUDA packages alike; with the compiler's
+    libstdc++ loaded RTLD_GLOBAL first they load and run (bench/results/aoti_diagnosis*_h100.json,
+    scripts/diagnose_aoti.py). C++ executables (wan_stream) link libstdc++ themselves.
     """
-    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    path = None
-    if compiler:
-        found = subprocess.run([compiler, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True)
-        path = found.stdout.strip() if found.returncode == 0 and os.path.isabs(found.stdout.strip()) else None
-    path = path or ctypes.util.find_library("stdc++")
-    if path:
-        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-        logger.debug("libstdc++ made global for AOTInductor packages: %s", path)
-    return path
+    lib = _libstdcxx()
+    if lib is None:
+        logger.warning("no libstdc++ found to make global: AOTInductor packages may crash while loading "
+                       "(see scripts/diagnose_aoti.py)")
+        return None
+    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    logger.debug("libstdc++ made global for AOTInductor packages: %s", lib)
+    return lib
 
 
 class AotiRunner(Runner):

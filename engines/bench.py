@@ -172,9 +172,9 @@ def run_bench(directory: str | Path, backends: list[str], blocks: int = 6, devic
         except WanTrtError as exc:
             report["skipped"][backend] = str(exc)
             logger.info("%s skipped: %s", backend, exc)
-        except Exception as exc:  # a backend that breaks is reported; the others are still measured
+        except Exception as exc:  # a backend that breaks is reported (and fails the command); the others still run
             report.setdefault("failed", {})[backend] = f"{type(exc).__name__}: {exc}"[:2000]
-            logger.error("%s failed: %s: %s", backend, type(exc).__name__, exc)
+            logger.exception("%s failed", backend)
         save()
     for backend in profile or []:
         if backend in report["backends"]:

@@ -2,7 +2,7 @@
 
 Each fix checks that the installed torch still has the bug and does nothing otherwise.
 
-int array cache (torch 2.11 and earlier): the C++ wrapper declares each size/stride array once
+int array cache (torch 2.11; torch 2.13's source keys it on the bound object): the C++ wrapper declares each size/stride array once
 (``int_array_N``) and caches the name under ``id(writeline)``. ``writeline`` is a bound method, a
 new object at every call, so its id is an address that other, short-lived bound methods reuse:
 a declaration written into one code buffer (e.g. the discarded first memory-planning pass) can
@@ -10,7 +10,8 @@ be handed out for another, and the C++ compile fails with "'int_array_300' was n
 this scope; did you mean 'int_array_400'" (seen on the H100 building the full universal package
 with the fused kernels, bench/results/aoti_plugins_build_universal_h100.log). The fix keys the
 cache on the buffer the method is bound to, and keeps every such buffer alive for the wrapper's
-lifetime so that no two buffers ever share an id.
+lifetime so that no two buffers ever share an id (the graph is keyed by id only, as upstream
+does: holding it would tie the weights it owns into a reference cycle).
 """
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ def int_array_var_keyed_by_buffer(self, int_array: str, writeline, known_statica
     owner = getattr(writeline, "__self__", writeline)
     owners = self.__dict__.setdefault("_wan_trt_writeline_owners", {})
     owners.setdefault(id(owner), owner)  # held: its id cannot be reused by another buffer
-    if graph is not None:
-        owners.setdefault(id(graph), graph)
     cache = self.__dict__.setdefault("_wan_trt_int_array_vars", {})
     key = (int_array, id(owner), known_statically, id(graph) if graph is not None else None)
     if key not in cache:
@@ -38,6 +37,7 @@ def has_transient_int_array_key(method) -> bool:
     try:
         source = inspect.getsource(method)
     except (OSError, TypeError):
+        logger.warning("cannot read Inductor's source: the int-array cache work-around is not applied")
         return False
     return "id(writeline)" in source and "__self__" not in source
 

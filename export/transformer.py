@@ -64,9 +64,10 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
         model.sinusoid_dtype = torch.float32  # graphs keep fp32 islands; TensorRT has no float64
     table = None
     if ops == "plugins":
-        from wan_trt.export.plugin_ops import translation_table
         model.use_plugins()
-        table = translation_table()
+        if onnx:
+            from wan_trt.export.plugin_ops import translation_table
+            table = translation_table()
     static = StaticPass(model, spec).eval()
     feeds = spec.sample_inputs(seed)
     graph, external, counts = (_write_graph(static, feeds, spec, staging, opset, table) if onnx else (None, False, {}))

@@ -98,7 +98,7 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if n_prev > 0:
-        first_valid = (prev_frames - tl.load(Valid)) * units
+        first_valid = tl.minimum(tl.maximum((prev_frames - tl.load(Valid)) * units, 0), n_prev)
         acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
                                         VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
                                         offs_d, qk_scale, BLOCK_N, DOT_PRECISION)
@@ -110,7 +110,7 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
 
 
-def _configs():
+def autotune_configs():
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
@@ -118,7 +118,7 @@ def _configs():
                                  (64, 64, 4, 3))]
 
 
-window_attention_kernel = triton.autotune(_configs(), key=["Lq", "n_prev", "n_cur", "HEAD_DIM"])(
+window_attention_kernel = triton.autotune(autotune_configs(), key=["Lq", "n_prev", "n_cur", "HEAD_DIM"])(
     _window_attention_kernel)
 
 
@@ -148,7 +148,7 @@ def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor
                      v_cur: torch.Tensor, valid_frames: torch.Tensor, prev_frames: int, units: int,
                      out: torch.Tensor | None = None, config: triton.Config | None = None) -> torch.Tensor:
     """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1); autotuned
-    unless ``config`` (one of :func:`_configs`) fixes the tiling."""
+    unless ``config`` (e.g. one of :func:`autotune_configs`) fixes the tiling."""
     check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames)
     b, lq, h, d = q.shape
     out = torch.empty_like(q) if out is None else out

@@ -77,6 +77,7 @@ PY
     # check against the fp32 reference, then one bench run beside eager and torch.compile.
     # Each step logs to DIR/<step>.log; the tail is shown when it fails.
     out=${2:?out dir}; exp=out/universal_bf16_aoti; engine=$exp/engine_aoti_plugins_cuda.pt2
+    mkdir -p "$out"
     step() { local name=$1; shift; if "$@" > "$out/$name.log" 2>&1; then grep "\[wan-trt\]" "$out/$name.log" | tail -4;
              else echo "$name failed:"; tail -25 "$out/$name.log"; return 1; fi; }
     step export wan-trt export --config universal --precision bf16 --no-onnx --out $exp --overwrite

@@ -236,6 +236,11 @@ def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine,
                    f"{r['video_fps']:6.1f} fps")
     for name, why in report["skipped"].items():
         click.echo(f"{name:16} skipped: {why}")
+    for name, why in report.get("failed", {}).items():
+        click.echo(f"{name:16} FAILED: {why}")
+    if report.get("failed"):
+        raise WanTrtError(f"{len(report['failed'])} backend(s) failed (tracebacks above); the others' results are "
+                          f"in {out or 'the report'}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,12 @@ from itertools import count
 
 from torch._inductor.utils import IndentedBuffer
 
-from wan_trt.engines.inductor_fixes import has_transient_int_array_key, int_array_var_keyed_by_buffer
+import inspect
+
+from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+from wan_trt.engines.inductor_fixes import (apply_inductor_fixes, has_transient_int_array_key,
+                                            int_array_var_keyed_by_buffer)
 
 
 class Wrapper:
@@ -44,3 +49,13 @@ def test_the_bug_is_recognised_by_its_cache_key():
 
     assert has_transient_int_array_key(buggy)
     assert not has_transient_int_array_key(int_array_var_keyed_by_buffer)
+
+
+def test_replacement_fits_the_installed_method_and_is_applied_only_where_needed():
+    installed = CppWrapperCpu.codegen_int_array_var
+    assert list(inspect.signature(int_array_var_keyed_by_buffer).parameters) == \
+        list(inspect.signature(installed).parameters)
+    needed = installed is not int_array_var_keyed_by_buffer and has_transient_int_array_key(installed)
+    assert apply_inductor_fixes() == (["int_array_cache_key"] if needed else [])
+    if needed:
+        assert CppWrapperCpu.codegen_int_array_var is int_array_var_keyed_by_buffer

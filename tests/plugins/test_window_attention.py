@@ -17,6 +17,9 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
     (50, 1, 17, 3, 64, 1),   # gta-like P = 1, odd lengths
     (33, 3, 11, 1, 16, 2),   # partially valid window, tiny head
     (40, 2, 9, 2, 128, 1),   # head_dim 128 (the real one)
+    (64, 3, 40, 2, 32, 2),   # whole key blocks from an unaligned first valid key, then a tail
+    (96, 2, 32, 1, 32, 1),   # segments of whole blocks only: no masked tail
+    (18, 3, 6, 1, 32, 5),    # valid count beyond the window: every previous key, no out-of-range load
 ])
 def test_matches_reference(dtype, lq, prev_frames, units, heads, head_dim, valid):
     gen = torch.Generator().manual_seed(lq + valid)
