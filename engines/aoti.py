@@ -7,11 +7,7 @@ export directory's manifest), loads in Python (:class:`AotiRunner`) and in C++
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
-import os
-import shlex
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,6 +21,8 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.model.static_pass import StaticPass
+
+LIBSTDCXX = "libstdc++.so.6"
 
 
 def default_engine_path(directory: Path, backend: str, device: str) -> Path:
@@ -103,43 +101,25 @@ def _cpp_compile_error(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _libstdcxx() -> str | None:
-    """The libstdc++ of the compiler Inductor builds packages with (a path), else a name the
-    dynamic loader resolves, else None."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-        argv = shlex.split(get_cpp_compiler())
-    except Exception:  # an older/newer torch without it: the same default as Inductor's
-        argv = shlex.split(os.environ.get("CXX", "g++"))
-    try:
-        found = subprocess.run([*argv, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True,
-                               timeout=60)
-        path = found.stdout.strip()
-        if found.returncode == 0 and os.path.isabs(path) and os.path.isfile(path):
-            return path
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return ctypes.util.find_library("stdc++")
-
-
 @functools.cache
-def make_libstdcxx_global() -> str | None:
-    """Load libstdc++ into the process's global symbol scope (once), before loading a package.
+def make_libstdcxx_global() -> bool:
+    """Make libstdc++ part of the process's global symbol scope (once), before loading a package.
 
     Observed on the GPU machine (torch 2.11, Ubuntu g++ 13.3): the package's shared library had no
     NEEDED entry for libstdc++, and loading it in a Python process crashed (SIGSEGV in std::regex
-    inside AOTInductorModel's constructor) for CPU and CUDA packages alike; with the compiler's
+    inside AOTInductorModel's constructor) for CPU and CUDA packages alike; with the system
     libstdc++ loaded RTLD_GLOBAL first they load and run (bench/results/aoti_diagnosis*_h100.json,
-    scripts/diagnose_aoti.py). C++ executables (wan_stream) link libstdc++ themselves.
+    scripts/diagnose_aoti.py). Opened by its soname, so the copy torch already loaded is the one
+    promoted (no second copy). C++ executables (wan_stream) link libstdc++ themselves.
     """
-    lib = _libstdcxx()
-    if lib is None:
-        logger.warning("no libstdc++ found to make global: AOTInductor packages may crash while loading "
-                       "(see scripts/diagnose_aoti.py)")
-        return None
-    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-    logger.debug("libstdc++ made global for AOTInductor packages: %s", lib)
-    return lib
+    try:
+        ctypes.CDLL(LIBSTDCXX, mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        logger.warning("could not make %s global (%s): AOTInductor packages may crash while loading "
+                       "(see scripts/diagnose_aoti.py)", LIBSTDCXX, exc)
+        return False
+    logger.debug("%s made global for AOTInductor packages", LIBSTDCXX)
+    return True
 
 
 class AotiRunner(Runner):
