@@ -45,13 +45,14 @@ def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs
                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
     """Online-softmax update of (acc, l, m) with keys/values [start_n, start_n + BLOCK_N) (cut at hi if MASKED)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs = offs_n[:, None] * stride_kn + offs_d[None, :]
     if MASKED:
         in_range = offs_n < hi
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0)
+        k = tl.load(k_base + offs, mask=in_range[:, None], other=0.0)
+        v = tl.load(v_base + offs, mask=in_range[:, None], other=0.0)
     else:
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
-        v = tl.load(v_base + offs_n[:, None] * stride_kn + offs_d[None, :])
+        k = tl.load(k_base + offs)
+        v = tl.load(v_base + offs)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         qk = tl.where(in_range[None, :], qk, float("-inf"))
