@@ -7,6 +7,11 @@
 #   scripts/gpu_session.sh aoti-bg          build the universal AOTInductor engines (native, plugins) in the background
 #   scripts/gpu_session.sh wait-aoti        block until both are built
 #   scripts/gpu_session.sh engine-bench DIR universal bf16 AOTI engine (fused kernels): build, check, bench
+#   scripts/gpu_session.sh full-bg          in the background, side by side: (a) export without ONNX ->
+#                                           AOTI --ops plugins build -> 4-block engine check; (b) the ONNX export
+#   scripts/gpu_session.sh wait-full SECS   wait for both (at most SECS), print their progress
+#   scripts/gpu_session.sh bench-all DIR    one wan-trt bench: eager, torch.compile, ONNX Runtime CUDA,
+#                                           the AOTI engine with and without CUDA graphs; copies logs to DIR
 # Results for bench/results/ are written by the python scripts to the paths they are given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +90,38 @@ PY
     step check wan-trt check $engine --blocks 2 --json || true
     step bench wan-trt bench $exp --blocks 4 --aoti-plugins-engine $engine --profile aoti-plugins \
       --backends aoti-plugins+cudagraph,aoti-plugins,torch-eager,torch-compile --out "$out/bench.json" --chart "$out/bench.png"
+    ;;
+  full-bg)
+    aexp=out/universal_bf16_aoti
+    for job in engine onnx; do rm -f out/gpu/$job.rc; done
+    setsid nohup bash -c "set -o pipefail; { wan-trt export --config universal --precision bf16 --no-onnx --out $aexp --overwrite \
+        && wan-trt build $aexp --backend aoti --ops plugins --device cuda \
+        && wan-trt check $aexp/engine_aoti_plugins_cuda.pt2 --blocks 4 --json > out/gpu/check_aoti_plugins.json; } \
+        > out/gpu/engine.log 2>&1; echo \$? > out/gpu/engine.rc" < /dev/null > /dev/null 2>&1 &
+    setsid nohup bash -c "wan-trt export --config universal --precision bf16 --out $EXPORT --overwrite \
+        > out/gpu/onnx.log 2>&1; echo \$? > out/gpu/onnx.rc" < /dev/null > /dev/null 2>&1 &
+    echo "engine chain and ONNX export started"
+    ;;
+  wait-full)
+    deadline=$(( $(date +%s) + ${2:?seconds} ))
+    while [ ! -f out/gpu/engine.rc ] || [ ! -f out/gpu/onnx.rc ]; do
+      [ "$(date +%s)" -lt "$deadline" ] || break
+      sleep 5
+    done
+    for job in engine onnx; do
+      echo "== $job: rc=$(cat out/gpu/$job.rc 2>/dev/null || echo running)"
+      grep "\[wan-trt\]" out/gpu/$job.log | tail -6 || true
+      if [ -f out/gpu/$job.rc ] && [ "$(cat out/gpu/$job.rc)" != 0 ]; then tail -25 out/gpu/$job.log; fi
+    done
+    ;;
+  bench-all)
+    out=${2:?out dir}; mkdir -p "$out"
+    cp out/gpu/engine.log out/gpu/onnx.log out/gpu/check_aoti_plugins.json "$out/" 2>/dev/null || true
+    wan-trt bench $EXPORT --blocks 4 --aoti-plugins-engine out/universal_bf16_aoti/engine_aoti_plugins_cuda.pt2 \
+      --backends aoti-plugins+cudagraph,aoti-plugins,onnxruntime,torch-compile,torch-eager \
+      --profile aoti-plugins,torch-compile --out "$out/bench.json" --chart "$out/bench.png" > "$out/bench.log" 2>&1 \
+      || { echo "bench failed:"; tail -25 "$out/bench.log"; }
+    grep "\[wan-trt\]" "$out/bench.log" | tail -12 || true
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

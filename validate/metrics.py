@@ -26,10 +26,10 @@ class ErrorStats:
         return asdict(self)
 
 
-def error_stats(actual: torch.Tensor, reference: torch.Tensor) -> ErrorStats:
-    """Statistics of ``actual - reference`` computed in float64 on the CPU."""
-    a = actual.detach().to("cpu", torch.float64).flatten()
-    r = reference.detach().to("cpu", torch.float64).flatten()
+def error_stats(actual, reference) -> ErrorStats:
+    """Statistics of ``actual - reference`` (tensors or NumPy arrays) computed in float64 on the CPU."""
+    a = torch.as_tensor(actual).detach().to("cpu", torch.float64).flatten()
+    r = torch.as_tensor(reference).detach().to("cpu", torch.float64).flatten()
     if a.shape != r.shape:
         raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(reference.shape)}")
     non_finite = int((~torch.isfinite(a)).sum())

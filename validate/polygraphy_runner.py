@@ -2,13 +2,16 @@
 
 All runners of one comparison receive the same feed dict (the graph's sample inputs in
 the graph's precision); each adapter casts them to its own runner's spec, and hands back
-fp32 CPU tensors so every output is compared on the same footing.
+fp32 NumPy arrays so every output is compared on the same footing. NumPy rather than torch CPU
+tensors: Polygraphy's statistics (median, quantiles) are about 3x faster on NumPy arrays, which
+matters at full size (1.2 GB of outputs per runner).
 """
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
 
+import numpy as np
 import torch
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
@@ -43,11 +46,11 @@ class PolygraphyAdapter(BaseRunner):
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
         self.inference_time = time.perf_counter() - start
-        return OrderedDict((name, outputs[name].detach().float().cpu().clone()) for name in spec.output_names)
+        return OrderedDict((name, _float_array(outputs[name])) for name in spec.output_names)
 
 
 class FloatOutputs(BaseRunner):
-    """Wraps a native Polygraphy runner (e.g. ``TrtRunner``) so its outputs come back as fp32 CPU tensors."""
+    """Wraps a native Polygraphy runner (e.g. ``TrtRunner``) so its outputs come back as fp32 NumPy arrays."""
 
     def __init__(self, inner: BaseRunner):
         super().__init__(name=inner.name)
@@ -65,4 +68,9 @@ class FloatOutputs(BaseRunner):
     def infer_impl(self, feed_dict):
         outputs = self.inner.infer(feed_dict)
         self.inference_time = self.inner.last_inference_time()
-        return OrderedDict((k, torch.as_tensor(v).detach().float().cpu().clone()) for k, v in outputs.items())
+        return OrderedDict((k, _float_array(torch.as_tensor(v))) for k, v in outputs.items())
+
+
+def _float_array(t: torch.Tensor) -> np.ndarray:
+    """An fp32 host copy of ``t`` (owned: the runner may reuse its output buffers)."""
+    return t.detach().to("cpu", torch.float32, copy=True).numpy()

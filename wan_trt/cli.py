@@ -4,6 +4,7 @@ User errors (:class:`WanTrtError`) print one message and exit 1; bugs keep their
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -155,11 +156,18 @@ def check(target, provider, blocks, stream, seed, as_json) -> None:
     """
     from wan_trt.validate.transformer import check_engine, check_export
 
-    if Path(target).is_dir():
-        report = check_export(target, provider, blocks, seed, stream)
+    # with --json stdout carries the report only: library chatter (Polygraphy prints) goes to stderr
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        if Path(target).is_dir():
+            report = check_export(target, provider, blocks, seed, stream)
+        else:
+            report = check_engine(target, blocks, seed, stream)
+    if as_json:
+        from wan_trt.profiling import environment
+        click.echo(json.dumps({"command": " ".join(["wan-trt"] + sys.argv[1:]), "environment": environment(),
+                               **report.as_dict()}, indent=2))
     else:
-        report = check_engine(target, blocks, seed, stream)
-    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.table())
+        click.echo(report.table())
     if not report.ok:
         raise WanTrtError("accuracy check failed:\n  " + "\n  ".join(report.problems()))
 

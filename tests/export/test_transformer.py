@@ -130,6 +130,10 @@ def test_cli_export_and_check(tmp_path):
     res = runner.invoke(main, ["check", str(out), "--blocks", "8"])
     assert res.exit_code == 0, res.output
     assert "block 7" in res.output
+    res = runner.invoke(main, ["check", str(out), "--blocks", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)  # stdout holds the report alone (Polygraphy's chatter goes to stderr)
+    assert report["ok"] and len(report["stream"]) == 2 and report["single_pass"][0]["output"] == "flow"
     res = runner.invoke(main, ["export", "--config", "nope", "--out", str(tmp_path / "x")])
     assert res.exit_code == 1 and "neither a preset" in res.output
 
