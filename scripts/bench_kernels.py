@@ -30,18 +30,16 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 from wan_trt.plugins.adaln import adaln, add_adaln, reference_adaln, reference_add_adaln
 from wan_trt.plugins.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
-from wan_trt.plugins.window_attention import (autotune_configs, reference_window_attention, window_attention,
-                                              window_attention_kernel)
+from wan_trt.plugins.window_attention import (autotune_configs, reference_window_attention, tiling_config,
+                                              window_attention, window_attention_kernel)
 from wan_trt.profiling import environment, op_class_profile
 from wan_trt.validate.metrics import error_stats
 
 DEV = "cuda"
 # tilings tried beside the autotuned set, to see whether the set should change (those measured in
 # kernels_universal_bf16_h100_sweep.json and found slower are not repeated)
-CANDIDATE_ATTENTION_CONFIGS = [
-    triton.Config({"BLOCK_M": 256, "BLOCK_N": 64}, num_warps=16, num_stages=5),
-    triton.Config({"BLOCK_M": 256, "BLOCK_N": 64}, num_warps=8, num_stages=3),
-]
+CANDIDATE_ATTENTION_CONFIGS = [tiling_config(256, 64, 16, 5, True), tiling_config(256, 64, 16, 2, True),
+                               tiling_config(256, 128, 16, 2, True)]
 BF16 = torch.bfloat16
 
 
