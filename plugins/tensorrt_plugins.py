@@ -23,7 +23,7 @@ from wan_trt.plugins import window_attention as _wa
 
 NAMESPACE = "wan_trt"
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
-# window attention tactics: the kernel's autotuned GPU tilings (BLOCK_M, BLOCK_N, warps, stages, lazy rescale)
+# window attention tactics: the kernel's autotuned GPU tilings (BLOCK_M, BLOCK_N, warps, stages)
 ATTENTION_TACTICS = _wa.GPU_TILINGS
 _REGISTERED = False
 
@@ -56,7 +56,7 @@ def compile_ptx(kernel, pointers: dict[str, torch.dtype], scalars: list[str], ou
 def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, units: int, tactic: int):
     """(Compiled, grid, scalars) of the window attention kernel for contiguous [B, L, H, D] tensors."""
     b, lq, h, d = q_shape
-    bm, bn, warps, stages, lazy = ATTENTION_TACTICS[tactic]
+    bm, bn, warps, stages = ATTENTION_TACTICS[tactic]
     names = ["Q", "KP", "VP", "KC", "VC"]
     pointers = {n: dtype for n in names} | {"Valid": torch.int32}
     row = h * d
@@ -66,7 +66,7 @@ def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, u
                "H": h, "prev_frames": prev_frames, "units": units}
     compiled = compile_ptx(_wa._window_attention_kernel, pointers, list(scalars), {"Out": dtype},
                            {"qk_scale": _wa.LOG2E / math.sqrt(d), "HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn,
-                            "DOT_PRECISION": _wa.dot_precision(dtype), "LAZY_RESCALE": lazy},
+                            "DOT_PRECISION": _wa.dot_precision(dtype)},
                            warps, stages)
     return compiled, ((lq + bm - 1) // bm, b * h), list(scalars.values())
 

@@ -23,7 +23,6 @@ from torch.library import wrap_triton
 from wan_trt.errors import WanTrtError
 
 LOG2E = 1.4426950408889634
-RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)  # lazy rescaling threshold: probabilities stay <= 2**8
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -43,14 +42,8 @@ def reference_window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: to
 
 @triton.jit
 def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
-                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
-                  LAZY_RESCALE: tl.constexpr):
-    """Online-softmax update of (acc, l, m) with keys/values [start_n, start_n + BLOCK_N) (cut at hi if MASKED).
-
-    LAZY_RESCALE: keep the running max (and skip rescaling acc and l) unless some row's max grew by
-    more than RESCALE_LOG2 (log2 units); the probabilities are then at most 2**RESCALE_LOG2, which
-    fp32 accumulators and bf16/fp16 P hold without loss. The result is the same softmax.
-    """
+                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """Online-softmax update of (acc, l, m) with keys/values [start_n, start_n + BLOCK_N) (cut at hi if MASKED)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs = offs_n[:, None] * stride_kn + offs_d[None, :]
     if MASKED:
@@ -64,15 +57,6 @@ def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs
     if MASKED:
         qk = tl.where(in_range[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    if LAZY_RESCALE:
-        if tl.max(m_new - m_i, 0) > RESCALE_LOG2:  # one decision for the whole tile (m_i = -inf at first)
-            alpha = tl.math.exp2(m_i - m_new)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_new
-        p = tl.math.exp2(qk * qk_scale - m_i[:, None])
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        return acc, l_i + tl.sum(p, 1), m_i
     p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
     alpha = tl.math.exp2(m_i - m_new)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
@@ -81,15 +65,15 @@ def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs
 
 @triton.jit
 def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d, qk_scale,
-                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, LAZY_RESCALE: tl.constexpr):
+                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Keys/values [lo, hi) of one segment: whole blocks without masks, then one masked tail block."""
     full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
     for start_n in range(lo, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
-                                      BLOCK_N, DOT_PRECISION, False, LAZY_RESCALE)
+                                      BLOCK_N, DOT_PRECISION, False)
     if full_end < hi:
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, full_end, hi, offs_d, qk_scale,
-                                      BLOCK_N, DOT_PRECISION, True, LAZY_RESCALE)
+                                      BLOCK_N, DOT_PRECISION, True)
     return acc, l_i, m_i
 
 
@@ -102,7 +86,7 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
                              Lq, n_prev, n_cur, H, prev_frames, units,
                              Out,
                              qk_scale: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, LAZY_RESCALE: tl.constexpr):
+                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -118,28 +102,27 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
         first_valid = tl.minimum(tl.maximum((prev_frames - tl.load(Valid)) * units, 0), n_prev)
         acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
                                         VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
-                                        offs_d, qk_scale, BLOCK_N, DOT_PRECISION, LAZY_RESCALE)
+                                        offs_d, qk_scale, BLOCK_N, DOT_PRECISION)
     acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KC + b * stride_cb + h * stride_ch,
                                     VC + b * stride_cb + h * stride_ch, stride_cn, 0, n_cur, offs_d, qk_scale,
-                                    BLOCK_N, DOT_PRECISION, LAZY_RESCALE)
+                                    BLOCK_N, DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
 
 
-# GPU tilings, autotuned: (BLOCK_M, BLOCK_N, num_warps, num_stages, LAZY_RESCALE); also the TensorRT tactics
-GPU_TILINGS = ((256, 64, 16, 4, True), (256, 64, 16, 3, True), (128, 128, 8, 3, True),
-               (256, 64, 16, 4, False), (256, 64, 16, 3, False), (128, 128, 8, 3, False),
-               (128, 64, 8, 3, False), (64, 64, 4, 3, False))
+# GPU tilings, autotuned: (BLOCK_M, BLOCK_N, num_warps, num_stages); also the TensorRT tactics. Measured on
+# the H100 (bench/results/kernels_universal_bf16_h100_*.json): 256x64 with 16 warps is fastest there.
+GPU_TILINGS = ((256, 64, 16, 4), (256, 64, 16, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3))
 
 
-def tiling_config(bm: int, bn: int, warps: int, stages: int, lazy: bool) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY_RESCALE": lazy}, num_warps=warps, num_stages=stages)
+def tiling_config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
 
 
 def autotune_configs():
-    if INTERPRET:  # one small tiling: the interpreter is slow; tests pass the other paths explicitly
-        return [tiling_config(32, 32, 4, 1, True)]
+    if INTERPRET:  # one small tiling: the interpreter is slow
+        return [tiling_config(32, 32, 4, 1)]
     return [tiling_config(*t) for t in GPU_TILINGS]
 
 
