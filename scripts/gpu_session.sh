@@ -34,7 +34,9 @@ case "$stage" in
     ;;
   smoke)
     out=${2:?out dir}
-    python3 -m pytest -q tests/plugins -p no:cacheprovider 2>&1 | tail -5
+    mkdir -p "$out"
+    python3 -m pytest -q -rfs tests/plugins -p no:cacheprovider > "$out/pytest_plugins.log" 2>&1 || true
+    tail -8 "$out/pytest_plugins.log"
     rm -rf out/smoke && wan-trt export --config universal-small --precision bf16 --out out/smoke
     wan-trt build out/smoke --backend aoti --ops plugins --device cuda
     wan-trt check out/smoke/engine_aoti_plugins_cuda.pt2 --blocks 8 --json > "$out/smoke_check_aoti_plugins.json" || echo "check failed"
