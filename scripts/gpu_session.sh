@@ -31,6 +31,8 @@ case "$stage" in
   setup)
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "root user" || true
     python3 -c "import wan_trt.engines.session, torch; print('wan-trt ok, torch', torch.__version__, torch.cuda.get_device_name())"
+    python3 -c "import importlib.util as u; missing = [m for m in ('polygraphy', 'onnxruntime') if not u.find_spec(m)]; \
+print('missing (carry the gpu-wheels parts for check/onnxruntime):', missing) if missing else None"
     ;;
   smoke)
     out=${2:?out dir}

@@ -24,6 +24,7 @@ import torch
 
 from wan_trt.engines.runner import Runner
 from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.spec import PassSpec
@@ -97,12 +98,22 @@ def _sample_feeds(directory: Path, manifest: Manifest) -> dict[str, torch.Tensor
     return load_file(str(directory / manifest.sample_inputs))
 
 
+def require_polygraphy() -> None:
+    """The single-pass check runs Polygraphy's Comparator: a clear error where it is missing."""
+    try:
+        import polygraphy  # noqa: F401
+    except ImportError as exc:
+        raise WanTrtError("the accuracy check compares through Polygraphy, which is not installed: "
+                          "pip install 'polygraphy>=0.49'") from exc
+
+
 def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict[str, torch.Tensor],
                       feed_spec: PassSpec, save_to: Path | None = None) -> list[OutputCheck]:
     """Polygraphy Comparator over the three runners on one feed dict.
 
     ``backend`` is a wan-trt Runner or a native Polygraphy runner (e.g. TensorRT's ``TrtRunner``).
     """
+    require_polygraphy()
     from polygraphy.backend.base import BaseRunner
     from polygraphy.comparator import Comparator
     from polygraphy.logger import G_LOGGER
@@ -164,6 +175,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, single_pa
     ``single_pass_backend`` replaces ``backend`` in the Polygraphy comparison (TensorRT's own
     ``TrtRunner``); the stream always runs ``backend`` in the static-cache session.
     """
+    require_polygraphy()  # before minutes of reference building
     spec = manifest.spec
     device = str(backend.device)
     with stage("rebuild the PyTorch references"):

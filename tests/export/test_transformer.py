@@ -1,5 +1,6 @@
 """Export of the small configs (all three shapes): structure, manifest, ONNX Runtime accuracy, bad input."""
 import json
+import sys
 
 import numpy as np
 import onnx
@@ -136,6 +137,12 @@ def test_cli_export_and_check(tmp_path):
     assert report["ok"] and len(report["stream"]) == 2 and report["single_pass"][0]["output"] == "flow"
     res = runner.invoke(main, ["export", "--config", "nope", "--out", str(tmp_path / "x")])
     assert res.exit_code == 1 and "neither a preset" in res.output
+
+
+def test_check_without_polygraphy_is_a_clear_error(exports, monkeypatch):
+    monkeypatch.setitem(sys.modules, "polygraphy", None)  # what an install without the dependency looks like
+    with pytest.raises(WanTrtError, match="pip install 'polygraphy"):
+        check_export(exports["universal-small"], "cpu", blocks=1)
 
 
 def test_fp16_graph_passes_the_same_check(tmp_path):
