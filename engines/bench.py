@@ -12,10 +12,7 @@ Backends (each skipped with a reason when it cannot run here):
     tensorrt          the TensorRT engine (``--trt-engine``), when TensorRT imports
 
 Per backend: ms per pass, ms per block (steady state: blocks after the first), P50/P95,
-video frames per second (12 per steady block), the caching allocator's peak (``peak_torch_mem_gib``)
-and the device memory each session backend holds beyond what was in use before it started
-(``device_mem_added_gib``, from the driver: it also sees engine-owned memory such as AOTInductor
-constants, which the allocator's peak misses).
+video frames per second (12 per steady block) and peak device memory.
 """
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
 from wan_trt.pipeline import ReferencePipeline
-from wan_trt.profiling import (device_memory_used_gib, environment, op_class_profile, peak_memory_gib,
-                               reset_peak_memory, summarize_ms, synchronize)
+from wan_trt.profiling import environment, op_class_profile, peak_memory_gib, reset_peak_memory, summarize_ms, synchronize
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 ALL_BACKENDS = ("upstream-eager", "torch-eager", "torch-compile", "torch-compile-plugins", "onnxruntime", "aoti",
@@ -53,18 +49,10 @@ def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: i
 
 def bench_session(runner: Runner, inputs, blocks: int) -> dict[str, Any]:
     """Stream ``blocks`` blocks through the static-cache session over ``runner``, synchronised per pass."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # blocks cached from an earlier backend would hide what this one allocates
-    before = device_memory_used_gib()
     with runner:
         results = stream_blocks(StreamingSession(runner, noise=NoiseSource(0)), inputs, blocks)
-        after = device_memory_used_gib()
     passes = [s for r in results[1:] for s in r.pass_seconds]
-    stats = block_stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block)
-    # what the backend holds on the device while streaming beyond what was there before it started
-    # (its own weights, buffers, arenas; a PyTorch model shared with the reference is not counted)
-    stats["device_mem_added_gib"] = None if before is None else after - before
-    return stats
+    return block_stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block)
 
 
 def bench_upstream(model, inputs, blocks: int) -> dict[str, Any]:

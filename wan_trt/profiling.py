@@ -111,18 +111,6 @@ def peak_memory_gib() -> float | None:
     return torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None
 
 
-def device_memory_used_gib() -> float | None:
-    """Memory in use on the current CUDA device, whoever allocated it (None without CUDA).
-
-    Unlike the caching allocator's counters this also sees memory that engines allocate themselves
-    (AOTInductor constants, ONNX Runtime's arena, TensorRT's weights and workspace).
-    """
-    if not torch.cuda.is_available():
-        return None
-    free, total = torch.cuda.mem_get_info()
-    return (total - free) / 2 ** 30
-
-
 def synchronize() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
