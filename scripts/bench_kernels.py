@@ -192,9 +192,9 @@ def full_pass() -> dict:
 
 
 def aot_ptx() -> dict:
-    from wan_trt.plugins.tensorrt_plugins import adaln_plan, attention_plan, qk_norm_rope_plan
+    from wan_trt.plugins.tensorrt_plugins import ATTENTION_TACTICS, adaln_plan, attention_plan, qk_norm_rope_plan
     out = {}
-    for tactic in range(4):
+    for tactic in range(len(ATTENTION_TACTICS)):
         compiled, grid, scalars = attention_plan((1, 2640, 12, 128), 2640, BF16, 3, 880, tactic)
         out[f"attention_tactic{tactic}"] = {"ptx_bytes": len(compiled.ptx), "grid": grid, "shared": compiled.shared}
     out["qk_norm_rope"] = {"ptx_bytes": len(qk_norm_rope_plan((1, 2640, 1536), BF16, 64, 1e-6)[0].ptx)}

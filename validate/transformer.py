@@ -221,6 +221,7 @@ def check_engine(engine: str | Path, blocks: int = 8, seed: int = 0, stream: boo
     if meta.backend == "aoti":
         from wan_trt.engines.aoti import AotiRunner
         return check_runner(directory, manifest, AotiRunner(engine, manifest), None, blocks, seed, stream)
+    require_polygraphy()
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 

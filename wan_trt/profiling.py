@@ -13,7 +13,7 @@ import torch
 OP_CLASSES = [
     ("attention", r"flash|fmha|attention|sdpa|cudnn.*(mha|attn)|efficient_attention"),
     ("gemm", r"gemm|sm90_xmma|cutlass|matmul|nvjet|ampere_bf16|wgmma|splitk"),
-    ("norm", r"layer_norm|layernorm|rms|norm_"),
+    ("norm", r"layer_norm|layernorm|rms|norm_|adaln"),
     ("copy/cat", r"copy|cat|concat|transpose|permute|gather|index|elementwise_kernel_with_index"),
     ("elementwise", r"elementwise|vectorized|unrolled|reduce|triton|fused|mul|add|gelu|silu|exp"),
 ]
