@@ -169,7 +169,7 @@ def check_stream(backend: Runner, reference_model, yardstick: Runner, blocks: in
 
 
 def check_runner(directory: Path, manifest: Manifest, backend: Runner, single_pass_backend=None,
-                 blocks: int = 8, seed: int = 0, stream: bool = True) -> CheckReport:
+                 blocks: int = 8, seed: int = 0, stream: bool = True, save_results: bool = True) -> CheckReport:
     """Single pass (Polygraphy) and stream checks of ``backend`` against the PyTorch references.
 
     ``single_pass_backend`` replaces ``backend`` in the Polygraphy comparison (TensorRT's own
@@ -189,7 +189,8 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, single_pa
     yardstick.name = f"torch-{spec.precision}"
     with stage("single pass (Polygraphy Comparator)"):
         report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
-                                           _sample_feeds(directory, manifest), spec, directory / RESULTS_DIR)
+                                           _sample_feeds(directory, manifest), spec,
+                                           directory / RESULTS_DIR if save_results else None)
     if stream:
         with stage(f"stream of {blocks} blocks vs the upstream-semantics pipeline"):
             report.stream = check_stream(backend, fp32, yardstick, blocks, seed)
@@ -200,17 +201,18 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, single_pa
 
 
 def check_export(directory: str | Path, provider: str = "cpu", blocks: int = 8, seed: int = 0,
-                 stream: bool = True) -> CheckReport:
+                 stream: bool = True, save_results: bool = True) -> CheckReport:
     """Check an export directory's graph with ONNX Runtime (``provider``) against PyTorch."""
     from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner
 
     directory = Path(directory)
     manifest = Manifest.read(directory)
     backend = OnnxRuntimeRunner(manifest.graph_path(directory), manifest.spec, provider)
-    return check_runner(directory, manifest, backend, None, blocks, seed, stream)
+    return check_runner(directory, manifest, backend, None, blocks, seed, stream, save_results)
 
 
-def check_engine(engine: str | Path, blocks: int = 8, seed: int = 0, stream: bool = True) -> CheckReport:
+def check_engine(engine: str | Path, blocks: int = 8, seed: int = 0, stream: bool = True,
+                 save_results: bool = True) -> CheckReport:
     """Check a built engine (AOTInductor package or TensorRT plan) against PyTorch."""
     from wan_trt.engines.artifact import EngineMetadata
 
@@ -220,7 +222,8 @@ def check_engine(engine: str | Path, blocks: int = 8, seed: int = 0, stream: boo
     manifest = Manifest.read(directory)
     if meta.backend == "aoti":
         from wan_trt.engines.aoti import AotiRunner
-        return check_runner(directory, manifest, AotiRunner(engine, manifest), None, blocks, seed, stream)
+        return check_runner(directory, manifest, AotiRunner(engine, manifest), None, blocks, seed, stream,
+                            save_results)
     require_polygraphy()
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
@@ -231,4 +234,4 @@ def check_engine(engine: str | Path, blocks: int = 8, seed: int = 0, stream: boo
         from wan_trt.plugins.tensorrt_plugins import register_plugins
         register_plugins()
     polygraphy_trt = TrtRunner(EngineFromBytes(BytesFromPath(str(engine))), name="tensorrt")
-    return check_runner(directory, manifest, backend, polygraphy_trt, blocks, seed, stream)
+    return check_runner(directory, manifest, backend, polygraphy_trt, blocks, seed, stream, save_results)

@@ -146,9 +146,12 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
               help="Blocks of the multi-block stream check.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Run the multi-block stream check.")
 @seed_option
+@click.option("--save-results/--no-save-results", default=True, show_default=True,
+              help="Save Polygraphy's RunResults (every output of the three runners) under check/; at full "
+                   "size that is about 3.7 GB.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @user_errors
-def check(target, provider, blocks, stream, seed, as_json) -> None:
+def check(target, provider, blocks, stream, seed, save_results, as_json) -> None:
     """Accuracy against PyTorch (Polygraphy), single pass and stream.
 
     TARGET is an export directory (checked with ONNX Runtime) or an engine file built by
@@ -159,9 +162,9 @@ def check(target, provider, blocks, stream, seed, as_json) -> None:
     # with --json stdout carries the report only: library chatter (Polygraphy prints) goes to stderr
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         if Path(target).is_dir():
-            report = check_export(target, provider, blocks, seed, stream)
+            report = check_export(target, provider, blocks, seed, stream, save_results)
         else:
-            report = check_engine(target, blocks, seed, stream)
+            report = check_engine(target, blocks, seed, stream, save_results)
     if as_json:
         from wan_trt.profiling import environment
         click.echo(json.dumps({"command": " ".join(["wan-trt"] + sys.argv[1:]), "environment": environment(),

@@ -1,5 +1,6 @@
 """Export of the small configs (all three shapes): structure, manifest, ONNX Runtime accuracy, bad input."""
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -60,7 +61,6 @@ def test_manifest_alone_allocates_every_buffer(exports):
 
 
 def test_check_fails_when_a_graph_weight_is_perturbed(exports, tmp_path):
-    import shutil
     src = exports["universal-small"]
     bad = tmp_path / "bad"
     shutil.copytree(src, bad, ignore=shutil.ignore_patterns("check"))
@@ -103,7 +103,6 @@ def test_mismatched_checkpoint_writes_nothing(tmp_path):
 
 
 def test_incomplete_export_is_refused(tmp_path, exports):
-    import shutil
     partial = tmp_path / "partial"
     shutil.copytree(exports["gta_drive-small"], partial)
     (partial / "sample_inputs.safetensors").unlink()
@@ -131,10 +130,12 @@ def test_cli_export_and_check(tmp_path):
     res = runner.invoke(main, ["check", str(out), "--blocks", "8"])
     assert res.exit_code == 0, res.output
     assert "block 7" in res.output
-    res = runner.invoke(main, ["check", str(out), "--blocks", "2", "--json"])
+    shutil.rmtree(out / "check")
+    res = runner.invoke(main, ["check", str(out), "--blocks", "2", "--json", "--no-save-results"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)  # stdout holds the report alone (Polygraphy's chatter goes to stderr)
     assert report["ok"] and len(report["stream"]) == 2 and report["single_pass"][0]["output"] == "flow"
+    assert not list((out / "check").glob("run_results_*.json"))  # --no-save-results: only the report
     res = runner.invoke(main, ["export", "--config", "nope", "--out", str(tmp_path / "x")])
     assert res.exit_code == 1 and "neither a preset" in res.output
 
