@@ -17,7 +17,6 @@ video frames per second (12 per steady block) and peak device memory.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,8 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
 from wan_trt.pipeline import ReferencePipeline
-from wan_trt.profiling import environment, op_class_profile, peak_memory_gib, reset_peak_memory, summarize_ms, synchronize
+from wan_trt.profiling import (op_class_profile, peak_memory_gib, provenance, reset_peak_memory, summarize_ms,
+                               synchronize)
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 ALL_BACKENDS = ("upstream-eager", "torch-eager", "torch-compile", "torch-compile-plugins", "onnxruntime", "aoti",
@@ -154,7 +154,7 @@ def run_bench(directory: str | Path, backends: list[str], blocks: int = 6, devic
     path = (lambda p: Path(p) if p else None)
     bench = Bench(Path(directory), device, path(aoti_engine), path(trt_engine), path(aoti_plugins_engine))
     cfg = bench.spec.config
-    report: dict[str, Any] = {"command": " ".join(["wan-trt"] + sys.argv[1:]), "environment": environment(),
+    report: dict[str, Any] = {**provenance("wan-trt"),
                               "config": cfg.name, "precision": bench.spec.precision, "blocks": blocks,
                               "passes_per_block": cfg.passes_per_block, "weights": bench.manifest.weights,
                               "backends": {}, "skipped": {}, "profiles": {}}

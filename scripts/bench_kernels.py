@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
@@ -32,7 +30,7 @@ from wan_trt.plugins.adaln import adaln, add_adaln, reference_adaln, reference_a
 from wan_trt.plugins.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
 from wan_trt.plugins.window_attention import (autotune_configs, reference_window_attention, tiling_config,
                                               window_attention, window_attention_kernel)
-from wan_trt.profiling import environment, op_class_profile
+from wan_trt.profiling import op_class_profile, provenance
 from wan_trt.validate.metrics import error_stats
 
 DEV = "cuda"
@@ -209,7 +207,7 @@ def main() -> None:
     p.add_argument("--full-pass", action="store_true")
     p.add_argument("--aot", action="store_true")
     args = p.parse_args()
-    result = {"command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "environment": environment()}
+    result = provenance()
 
     def save():
         args.out.parent.mkdir(parents=True, exist_ok=True)

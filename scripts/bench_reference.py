@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -25,8 +24,7 @@ from wan_trt.engines.bench import bench_session, bench_upstream
 from wan_trt.engines.torch_runner import TorchRunner
 from wan_trt.model import build_model
 from wan_trt.model.static_pass import StaticPass
-from wan_trt.profiling import (environment, op_class_profile, peak_memory_gib, reset_peak_memory,
-                               time_fn)
+from wan_trt.profiling import op_class_profile, peak_memory_gib, provenance, reset_peak_memory, time_fn
 from wan_trt.spec import PassSpec, precision_dtype
 from wan_trt.stream import synthetic_stream
 from wan_trt.validate.metrics import error_stats
@@ -61,7 +59,7 @@ def main() -> None:
     args = parse_args()
     cfg = load_config(args.config)
     dtype = precision_dtype(args.precision)
-    result = {"command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "environment": environment(),
+    result = {**provenance(),
               "config": cfg.name, "precision": args.precision, "blocks": args.blocks, "weights": "random (seed 0)"}
 
     def save():

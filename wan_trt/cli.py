@@ -166,9 +166,8 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
         else:
             report = check_engine(target, blocks, seed, stream, save_results)
     if as_json:
-        from wan_trt.profiling import environment
-        click.echo(json.dumps({"command": " ".join(["wan-trt"] + sys.argv[1:]), "environment": environment(),
-                               **report.as_dict()}, indent=2))
+        from wan_trt.profiling import provenance
+        click.echo(json.dumps({**provenance("wan-trt"), **report.as_dict()}, indent=2))
     else:
         click.echo(report.table())
     if not report.ok:

@@ -4,7 +4,9 @@ from __future__ import annotations
 import platform
 import re
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -43,6 +45,13 @@ def environment() -> dict[str, Any]:
     except ImportError:
         pass
     return env
+
+
+def provenance(program: str | None = None) -> dict[str, Any]:
+    """The ``command`` (``program``, default this script's name, and its arguments) and ``environment``
+    fields every result file starts with."""
+    program = program or Path(sys.argv[0]).name
+    return {"command": " ".join([program] + sys.argv[1:]), "environment": environment()}
 
 
 def time_fn(fn: Callable[[], Any], warmup: int = 3, iters: int = 10, device: str = "cuda") -> dict[str, float]:
