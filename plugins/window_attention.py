@@ -40,80 +40,63 @@ def reference_window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: to
     return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).to(q.dtype)
 
 
-_INTERPRETED = tl.constexpr(INTERPRET)
-
-
 @triton.jit
-def _exp2_packed(x, DTYPE: tl.constexpr):
-    """2^x (x <= 0) in DTYPE (bf16 or fp16), two values per instruction (ex2.approx.ftz.bf16x2 /
-    ex2.approx.f16x2: half the special-function work of fp32 exp2). x is rounded to DTYPE first: a
-    relative error of up to |x| ln2 2^-9 (bf16) or 2^-12 (fp16) on the result, beside its rounding."""
-    if _INTERPRETED:  # no inline PTX in the interpreter: the same roundings, exp2 in fp32
-        y = tl.math.exp2(x.to(DTYPE).to(tl.float32)).to(DTYPE)
-    elif DTYPE == tl.bfloat16:
-        y = tl.inline_asm_elementwise("{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $2, $1; ex2.approx.ftz.bf16x2 $0, t; }",
-                                      "=r,r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
-    else:
-        y = tl.inline_asm_elementwise("{ .reg .b32 t; cvt.rn.f16x2.f32 t, $2, $1; ex2.approx.f16x2 $0, t; }",
-                                      "=r,r,r", [x], dtype=tl.float16, is_pure=True, pack=2)
-    return y
-
-
-@triton.jit
-def _attend_block(acc, l_i, m_i, q, k_src, v_src, stride_kn, start_n, hi, offs_d, qk_scale,
-                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
-                  PACKED_EXP2: tl.constexpr):
-    """Online-softmax update of (acc, l, m) with keys/values [start_n, start_n + BLOCK_N) (cut at hi if MASKED).
-    k_src/v_src: base pointers, or with USE_TMA tensor descriptors of the segment (rows past hi read as 0)."""
+def _scores(q, k_base, stride_kn, start_n, hi, offs_d, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            MASKED: tl.constexpr):
+    """q . k for keys [start_n, start_n + BLOCK_N) (unscaled; -inf past hi if MASKED)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    in_range = offs_n < hi
-    if USE_TMA:
-        k = k_src.load([start_n, 0])
-        v = v_src.load([start_n, 0])
-    else:
-        offs = offs_n[:, None] * stride_kn + offs_d[None, :]
-        if MASKED:
-            k = tl.load(k_src + offs, mask=in_range[:, None], other=0.0)
-            v = tl.load(v_src + offs, mask=in_range[:, None], other=0.0)
-        else:
-            k = tl.load(k_src + offs)
-            v = tl.load(v_src + offs)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    offs = offs_n[:, None] * stride_kn + offs_d[None, :]
     if MASKED:
-        qk = tl.where(in_range[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    alpha = tl.math.exp2(m_i - m_new)
-    if PACKED_EXP2 and v.dtype != tl.float32:
-        p = _exp2_packed(qk * qk_scale - m_new[:, None], v.dtype)  # one FMA per score, then 2 exps at once
-        l_i = l_i * alpha + tl.sum(p.to(tl.float32), 1)
+        k = tl.load(k_base + offs, mask=(offs_n < hi)[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        qk = tl.where((offs_n < hi)[None, :], qk, float("-inf"))
     else:
-        p32 = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p32, 1)
-        p = p32.to(v.dtype)
-    acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
+        qk = tl.dot(q, tl.trans(tl.load(k_base + offs)), input_precision=DOT_PRECISION)
+    return qk
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, start_n, hi, offs_d, qk_scale, BLOCK_N: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """Online-softmax update of (acc, l, m) with the scores qk of keys [start_n, start_n + BLOCK_N)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs = offs_n[:, None] * stride_kn + offs_d[None, :]
+    if MASKED:
+        v = tl.load(v_base + offs, mask=(offs_n < hi)[:, None], other=0.0)
+    else:
+        v = tl.load(v_base + offs)
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
+    alpha = tl.math.exp2(m_i - m_new)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, l_i * alpha + tl.sum(p, 1), m_new
 
 
 @triton.jit
 def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d, qk_scale,
-                    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PACKED_EXP2: tl.constexpr):
-    """Keys/values [lo, hi) of one segment: whole blocks without masks, then one masked tail block."""
-    if USE_TMA:  # TMA loads of [BLOCK_N, HEAD_DIM] tiles
-        k_src = tl.make_tensor_descriptor(k_base, shape=[hi, HEAD_DIM], strides=[stride_kn, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM])
-        v_src = tl.make_tensor_descriptor(v_base, shape=[hi, HEAD_DIM], strides=[stride_kn, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM])
-    else:
-        k_src = k_base
-        v_src = v_base
+                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PIPELINED: tl.constexpr):
+    """Keys/values [lo, hi) of one segment: whole blocks without masks, then one masked tail block.
+    PIPELINED: the next block's scores are issued before this block's softmax (they overlap)."""
     full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
-    for start_n in tl.range(lo, full_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_src, v_src, stride_kn, start_n, hi, offs_d, qk_scale,
-                                      BLOCK_N, DOT_PRECISION, False, USE_TMA, PACKED_EXP2)
+    if PIPELINED:
+        if full_end > lo:
+            qk = _scores(q, k_base, stride_kn, lo, hi, offs_d, BLOCK_N, DOT_PRECISION, False)
+            for start_n in range(lo, full_end - BLOCK_N, BLOCK_N):
+                qk_next = _scores(q, k_base, stride_kn, start_n + BLOCK_N, hi, offs_d, BLOCK_N, DOT_PRECISION, False)
+                acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                                            BLOCK_N, DOT_PRECISION, False)
+                qk = qk_next
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, full_end - BLOCK_N, hi, offs_d,
+                                        qk_scale, BLOCK_N, DOT_PRECISION, False)
+    else:
+        for start_n in range(lo, full_end, BLOCK_N):
+            qk = _scores(q, k_base, stride_kn, start_n, hi, offs_d, BLOCK_N, DOT_PRECISION, False)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                                        BLOCK_N, DOT_PRECISION, False)
     if full_end < hi:
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_src, v_src, stride_kn, full_end, hi, offs_d, qk_scale,
-                                      BLOCK_N, DOT_PRECISION, True, USE_TMA, PACKED_EXP2)
+        qk = _scores(q, k_base, stride_kn, full_end, hi, offs_d, BLOCK_N, DOT_PRECISION, True)
+        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, full_end, hi, offs_d, qk_scale,
+                                    BLOCK_N, DOT_PRECISION, True)
     return acc, l_i, m_i
 
 
@@ -126,8 +109,7 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
                              Lq, n_prev, n_cur, H, prev_frames, units,
                              Out,
                              qk_scale: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr = False,
-                             WARP_SPECIALIZE: tl.constexpr = False, PACKED_EXP2: tl.constexpr = False):
+                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PIPELINED: tl.constexpr = False):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -143,11 +125,10 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
         first_valid = tl.minimum(tl.maximum((prev_frames - tl.load(Valid)) * units, 0), n_prev)
         acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
                                         VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
-                                        offs_d, qk_scale, BLOCK_N, HEAD_DIM, DOT_PRECISION, USE_TMA,
-                                        WARP_SPECIALIZE, PACKED_EXP2)
+                                        offs_d, qk_scale, BLOCK_N, DOT_PRECISION, PIPELINED)
     acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KC + b * stride_cb + h * stride_ch,
                                     VC + b * stride_cb + h * stride_ch, stride_cn, 0, n_cur, offs_d, qk_scale,
-                                    BLOCK_N, HEAD_DIM, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE, PACKED_EXP2)
+                                    BLOCK_N, DOT_PRECISION, PIPELINED)
     out = acc / l_i[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
@@ -158,19 +139,10 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
 GPU_TILINGS = ((256, 64, 16, 4), (256, 64, 16, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3))
 
 
-def tiling_config(bm: int, bn: int, warps: int, stages: int, tma: bool = False, ws: bool = False,
-                  packed_exp2: bool = False) -> triton.Config:
-    """``tma``: K/V tiles through TMA descriptors made on the device (needs Triton's global-scratch
-    allocator, :func:`ensure_allocator`); ``ws``: Triton's warp specialization of the key loop;
-    ``packed_exp2``: softmax exponentials two at a time in the input's 16-bit type."""
-    extra = ({"USE_TMA": True} if tma else {}) | ({"WARP_SPECIALIZE": True} if ws else {})
-    extra |= {"PACKED_EXP2": True} if packed_exp2 else {}
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, **extra}, num_warps=warps, num_stages=stages)
-
-
-def ensure_allocator() -> None:
-    """Device-made TMA descriptors live in a global scratch buffer that Triton asks the host for."""
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+def tiling_config(bm: int, bn: int, warps: int, stages: int, pipelined: bool = False) -> triton.Config:
+    """``pipelined``: software-pipelined key loop (scores of block j+1 issued before block j's softmax)."""
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn} | ({"PIPELINED": True} if pipelined else {}),
+                         num_warps=warps, num_stages=stages)
 
 
 def autotune_configs():
@@ -216,8 +188,6 @@ def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor
     grid = lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)  # noqa: E731
     fixed = {} if config is None else dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     kernel = window_attention_kernel if config is None else _window_attention_kernel
-    if config is not None and config.kwargs.get("USE_TMA"):
-        ensure_allocator()
     wrap_triton(kernel)[grid](
         q, k_prev, v_prev, k_cur, v_cur, valid_frames,
         q.stride(0), q.stride(1), q.stride(2),

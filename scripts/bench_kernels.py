@@ -35,10 +35,10 @@ from wan_trt.validate.metrics import error_stats
 
 DEV = "cuda"
 # tilings tried beside the autotuned set, to see whether the set should change (those measured in
-# kernels_universal_bf16_h100_sweep.json and found slower are not repeated)
-CANDIDATE_ATTENTION_CONFIGS = [tiling_config(bm, bn, w, s, tma=tma, packed_exp2=True) for bm, bn, w, s, tma in (
-    (256, 64, 16, 3, False), (256, 64, 16, 4, False), (256, 64, 16, 2, False), (128, 128, 8, 3, False),
-    (128, 64, 8, 3, False), (64, 64, 4, 3, False), (256, 64, 16, 3, True), (128, 128, 8, 2, True))]
+# kernels_universal_bf16_h100_{sweep,lazy,tma,packed_exp2}.json and found slower are not repeated)
+CANDIDATE_ATTENTION_CONFIGS = [tiling_config(*t, pipelined=True) for t in (
+    (256, 64, 16, 3), (256, 64, 16, 4), (256, 32, 16, 3), (256, 32, 16, 4), (128, 128, 8, 2), (128, 64, 8, 3),
+    (128, 64, 8, 2), (64, 128, 4, 2), (64, 64, 4, 3))]
 BF16 = torch.bfloat16
 
 
