@@ -41,30 +41,21 @@ def reference_window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: to
 
 
 @triton.jit
-def _scores(q, k_base, stride_kn, start_n, hi, offs_d, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            MASKED: tl.constexpr):
-    """q . k for keys [start_n, start_n + BLOCK_N) (unscaled; -inf past hi if MASKED)."""
+def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """Online-softmax update of (acc, l, m) with keys/values [start_n, start_n + BLOCK_N) (cut at hi if MASKED)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs = offs_n[:, None] * stride_kn + offs_d[None, :]
     if MASKED:
-        k = tl.load(k_base + offs, mask=(offs_n < hi)[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        qk = tl.where((offs_n < hi)[None, :], qk, float("-inf"))
+        in_range = offs_n < hi
+        k = tl.load(k_base + offs, mask=in_range[:, None], other=0.0)
+        v = tl.load(v_base + offs, mask=in_range[:, None], other=0.0)
     else:
-        qk = tl.dot(q, tl.trans(tl.load(k_base + offs)), input_precision=DOT_PRECISION)
-    return qk
-
-
-@triton.jit
-def _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, start_n, hi, offs_d, qk_scale, BLOCK_N: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
-    """Online-softmax update of (acc, l, m) with the scores qk of keys [start_n, start_n + BLOCK_N)."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs = offs_n[:, None] * stride_kn + offs_d[None, :]
-    if MASKED:
-        v = tl.load(v_base + offs, mask=(offs_n < hi)[:, None], other=0.0)
-    else:
+        k = tl.load(k_base + offs)
         v = tl.load(v_base + offs)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if MASKED:
+        qk = tl.where(in_range[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
     alpha = tl.math.exp2(m_i - m_new)
@@ -74,29 +65,15 @@ def _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, start_n, hi, offs_d, qk_sc
 
 @triton.jit
 def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d, qk_scale,
-                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PIPELINED: tl.constexpr):
-    """Keys/values [lo, hi) of one segment: whole blocks without masks, then one masked tail block.
-    PIPELINED: the next block's scores are issued before this block's softmax (they overlap)."""
+                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Keys/values [lo, hi) of one segment: whole blocks without masks, then one masked tail block."""
     full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
-    if PIPELINED:
-        if full_end > lo:
-            qk = _scores(q, k_base, stride_kn, lo, hi, offs_d, BLOCK_N, DOT_PRECISION, False)
-            for start_n in range(lo, full_end - BLOCK_N, BLOCK_N):
-                qk_next = _scores(q, k_base, stride_kn, start_n + BLOCK_N, hi, offs_d, BLOCK_N, DOT_PRECISION, False)
-                acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
-                                            BLOCK_N, DOT_PRECISION, False)
-                qk = qk_next
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, full_end - BLOCK_N, hi, offs_d,
-                                        qk_scale, BLOCK_N, DOT_PRECISION, False)
-    else:
-        for start_n in range(lo, full_end, BLOCK_N):
-            qk = _scores(q, k_base, stride_kn, start_n, hi, offs_d, BLOCK_N, DOT_PRECISION, False)
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
-                                        BLOCK_N, DOT_PRECISION, False)
+    for start_n in range(lo, full_end, BLOCK_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                                      BLOCK_N, DOT_PRECISION, False)
     if full_end < hi:
-        qk = _scores(q, k_base, stride_kn, full_end, hi, offs_d, BLOCK_N, DOT_PRECISION, True)
-        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, v_base, stride_kn, full_end, hi, offs_d, qk_scale,
-                                    BLOCK_N, DOT_PRECISION, True)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, full_end, hi, offs_d, qk_scale,
+                                      BLOCK_N, DOT_PRECISION, True)
     return acc, l_i, m_i
 
 
@@ -109,7 +86,7 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
                              Lq, n_prev, n_cur, H, prev_frames, units,
                              Out,
                              qk_scale: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PIPELINED: tl.constexpr = False):
+                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -125,10 +102,10 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
         first_valid = tl.minimum(tl.maximum((prev_frames - tl.load(Valid)) * units, 0), n_prev)
         acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
                                         VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
-                                        offs_d, qk_scale, BLOCK_N, DOT_PRECISION, PIPELINED)
+                                        offs_d, qk_scale, BLOCK_N, DOT_PRECISION)
     acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KC + b * stride_cb + h * stride_ch,
                                     VC + b * stride_cb + h * stride_ch, stride_cn, 0, n_cur, offs_d, qk_scale,
-                                    BLOCK_N, DOT_PRECISION, PIPELINED)
+                                    BLOCK_N, DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
@@ -139,10 +116,9 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
 GPU_TILINGS = ((256, 64, 16, 4), (256, 64, 16, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3))
 
 
-def tiling_config(bm: int, bn: int, warps: int, stages: int, pipelined: bool = False) -> triton.Config:
-    """``pipelined``: software-pipelined key loop (scores of block j+1 issued before block j's softmax)."""
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn} | ({"PIPELINED": True} if pipelined else {}),
-                         num_warps=warps, num_stages=stages)
+def tiling_config(bm: int, bn: int, warps: int, stages: int, maxnreg: int | None = None) -> triton.Config:
+    """``maxnreg`` caps registers per thread, so that several CTAs fit on one SM."""
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
 
 
 def autotune_configs():
@@ -186,7 +162,8 @@ def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor
     b, lq, h, d = q.shape
     out = torch.empty_like(q) if out is None else out
     grid = lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)  # noqa: E731
-    fixed = {} if config is None else dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+    fixed = {} if config is None else dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages,
+                                           **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
     kernel = window_attention_kernel if config is None else _window_attention_kernel
     wrap_triton(kernel)[grid](
         q, k_prev, v_prev, k_cur, v_cur, valid_frames,

@@ -36,9 +36,9 @@ from wan_trt.validate.metrics import error_stats
 DEV = "cuda"
 # tilings tried beside the autotuned set, to see whether the set should change (those measured in
 # kernels_universal_bf16_h100_{sweep,lazy,tma,packed_exp2}.json and found slower are not repeated)
-CANDIDATE_ATTENTION_CONFIGS = [tiling_config(*t, pipelined=True) for t in (
-    (256, 64, 16, 3), (256, 64, 16, 4), (256, 32, 16, 3), (256, 32, 16, 4), (128, 128, 8, 2), (128, 64, 8, 3),
-    (128, 64, 8, 2), (64, 128, 4, 2), (64, 64, 4, 3))]
+CANDIDATE_ATTENTION_CONFIGS = [tiling_config(*t) for t in (  # several CTAs per SM, each running free
+    (128, 64, 8, 2, 128), (128, 64, 8, 2), (128, 32, 8, 3, 128), (128, 32, 8, 4, 128), (64, 32, 4, 2, 128),
+    (64, 32, 4, 2), (64, 64, 4, 2, 128), (128, 128, 8, 2, 128))]
 BF16 = torch.bfloat16
 
 
