@@ -23,7 +23,7 @@ from wan_trt.plugins import window_attention as _wa
 
 NAMESPACE = "wan_trt"
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
-# window attention tactics: the kernel's autotuned GPU tilings (BLOCK_M, BLOCK_N, warps, stages)
+# window attention tactics: the kernel's autotuned GPU tilings (BLOCK_M, BLOCK_N, warps, stages, tail keys)
 ATTENTION_TACTICS = _wa.GPU_TILINGS
 _REGISTERED = False
 
@@ -36,27 +36,36 @@ class Compiled:
     num_warps: int
 
 
-def compile_ptx(kernel, pointers: dict[str, torch.dtype], scalars: list[str], outputs: dict[str, torch.dtype],
-                constexprs: dict[str, Any], num_warps: int, num_stages: int) -> Compiled:
-    """Compile a Triton kernel for the current GPU to PTX with the given argument types."""
+def compile_ptx(kernel, pointers: dict[str, torch.dtype], scalars: dict[str, int], outputs: dict[str, torch.dtype],
+                constexprs: dict[str, Any], num_warps: int, num_stages: int, arch: int | None = None) -> Compiled:
+    """Compile a Triton kernel to PTX with the given argument types, for the current GPU or for compute
+    capability ``arch`` (e.g. 90; no GPU needed then). Like Triton's launcher, it tells the compiler which
+    arguments are multiples of 16 (every pointer, and the scalars whose value is): without that, loads are
+    neither vectorized nor pipelined through cp.async."""
     import triton
+    from triton.backends.compiler import GPUTarget
 
     signature = {name: f"*{TRITON_TYPES[dt]}" for name, dt in pointers.items()}
     signature.update({name: "i32" for name in scalars})
     signature.update({name: f"*{TRITON_TYPES[dt]}" for name, dt in outputs.items()})
     signature.update({name: "constexpr" for name in constexprs})
+    aligned = set(pointers) | set(outputs) | {name for name, value in scalars.items() if value % 16 == 0}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
     fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel  # the JITFunction
-    compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+    target = None if arch is None else GPUTarget("cuda", arch, 32)
+    compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
+                                                        attrs=attrs),
+                              target=target, options={"num_warps": num_warps, "num_stages": num_stages})
     return Compiled(compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.shared, num_warps)
 
 
 # ---- per-op kernel plans: argument types, int32 scalars, grid ---------------------------------
 
-def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, units: int, tactic: int):
+def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, units: int, tactic: int,
+                   arch: int | None = None):
     """(Compiled, grid, scalars) of the window attention kernel for contiguous [B, L, H, D] tensors."""
     b, lq, h, d = q_shape
-    bm, bn, warps, stages = ATTENTION_TACTICS[tactic]
+    bm, bn, warps, stages, tail = ATTENTION_TACTICS[tactic]
     names = ["Q", "KP", "VP", "KC", "VC"]
     pointers = {n: dtype for n in names} | {"Valid": torch.int32}
     row = h * d
@@ -64,14 +73,14 @@ def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, u
                "stride_pn": row, "stride_ph": d, "stride_cb": lq * row, "stride_cn": row, "stride_ch": d,
                "stride_ob": lq * row, "stride_om": row, "stride_oh": d, "Lq": lq, "n_prev": n_prev, "n_cur": lq,
                "H": h, "prev_frames": prev_frames, "units": units}
-    compiled = compile_ptx(_wa._window_attention_kernel, pointers, list(scalars), {"Out": dtype},
+    compiled = compile_ptx(_wa._window_attention_kernel, pointers, scalars, {"Out": dtype},
                            {"qk_scale": _wa.LOG2E / math.sqrt(d), "HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn,
-                            "DOT_PRECISION": _wa.dot_precision(dtype)},
-                           warps, stages)
+                            "DOT_PRECISION": _wa.dot_precision(dtype), "TAIL_N": tail},
+                           warps, stages, arch)
     return compiled, ((lq + bm - 1) // bm, b * h), list(scalars.values())
 
 
-def qk_norm_rope_plan(q_shape, dtype: torch.dtype, half_d: int, eps: float):
+def qk_norm_rope_plan(q_shape, dtype: torch.dtype, half_d: int, eps: float, arch: int | None = None):
     import triton
     b, length, c = q_shape
     block = triton.next_power_of_2(c // 2)
@@ -79,12 +88,13 @@ def qk_norm_rope_plan(q_shape, dtype: torch.dtype, half_d: int, eps: float):
     scalars = {"L": length, "C": c, "HALF_D": half_d, "stride_row": c, "stride_out_row": c}
     compiled = compile_ptx(_qk._qk_norm_rope_kernel,
                            {"Q": dtype, "K": dtype, "WQ": dtype, "WK": dtype, "COS": torch.float32,
-                            "SIN": torch.float32}, list(scalars), {"QO": dtype, "KO": dtype},
-                           {"eps": eps, "BLOCK_PAIRS": block}, warps, 1)
+                            "SIN": torch.float32}, scalars, {"QO": dtype, "KO": dtype},
+                           {"eps": eps, "BLOCK_PAIRS": block}, warps, 1, arch)
     return compiled, (b * length, 2), list(scalars.values())
 
 
-def adaln_plan(x_shape, x_dtype, mod_dtype, mod_shape, frames: int, eps: float, fused: bool):
+def adaln_plan(x_shape, x_dtype, mod_dtype, mod_shape, frames: int, eps: float, fused: bool,
+               arch: int | None = None):
     """Adaln (x, a, c -> h) or AddAdaln (x, y, g, a, c -> x', h) with a/c/g of shape [B, F, 1, C] or [C]."""
     import triton
     b, length, c = x_shape
@@ -100,8 +110,8 @@ def adaln_plan(x_shape, x_dtype, mod_dtype, mod_shape, frames: int, eps: float, 
         outputs = {"HO": mod_dtype}
     scalars |= {"stride_ab": fb, "stride_af": ff, "stride_cb": fb, "stride_cf": ff}
     kernel = _adaln._add_adaln_kernel if fused else _adaln._adaln_kernel
-    compiled = compile_ptx(kernel, pointers, list(scalars), outputs, {"eps": eps, "BLOCK_C": block},
-                           4 if block <= 1024 else 8, 1)
+    compiled = compile_ptx(kernel, pointers, scalars, outputs, {"eps": eps, "BLOCK_C": block},
+                           4 if block <= 1024 else 8, 1, arch)
     return compiled, (b * length,), list(scalars.values())
 
 

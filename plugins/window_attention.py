@@ -65,15 +65,16 @@ def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs
 
 @triton.jit
 def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d, qk_scale,
-                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Keys/values [lo, hi) of one segment: whole blocks without masks, then one masked tail block."""
+                    BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Keys/values [lo, hi) of one segment: whole blocks without masks, then the rest in masked
+    blocks of TAIL_N keys (narrower than BLOCK_N: less work wasted on keys past hi)."""
     full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
     for start_n in range(lo, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
                                       BLOCK_N, DOT_PRECISION, False)
-    if full_end < hi:
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, full_end, hi, offs_d, qk_scale,
-                                      BLOCK_N, DOT_PRECISION, True)
+    for start_n in range(full_end, hi, TAIL_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                                      TAIL_N, DOT_PRECISION, True)
     return acc, l_i, m_i
 
 
@@ -86,7 +87,7 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
                              Lq, n_prev, n_cur, H, prev_frames, units,
                              Out,
                              qk_scale: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TAIL_N: tl.constexpr = 0):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -102,28 +103,30 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
         first_valid = tl.minimum(tl.maximum((prev_frames - tl.load(Valid)) * units, 0), n_prev)
         acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
                                         VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
-                                        offs_d, qk_scale, BLOCK_N, DOT_PRECISION)
+                                        offs_d, qk_scale, BLOCK_N, TAIL_N or BLOCK_N, DOT_PRECISION)
     acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KC + b * stride_cb + h * stride_ch,
                                     VC + b * stride_cb + h * stride_ch, stride_cn, 0, n_cur, offs_d, qk_scale,
-                                    BLOCK_N, DOT_PRECISION)
+                                    BLOCK_N, TAIL_N or BLOCK_N, DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
 
 
-# GPU tilings, autotuned: (BLOCK_M, BLOCK_N, num_warps, num_stages); also the TensorRT tactics. Measured on
-# the H100 (bench/results/kernels_universal_bf16_h100_*.json): 256x64 with 16 warps is fastest there.
-GPU_TILINGS = ((256, 64, 16, 4), (256, 64, 16, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3))
+# GPU tilings, autotuned: (BLOCK_M, BLOCK_N, num_warps, num_stages, TAIL_N); also the TensorRT tactics.
+# Measured on the H100 (bench/results/kernels_universal_bf16_h100_*.json): 256x64 with 16 warps is fastest
+# there, and narrower tail blocks take 1.5% off (the universal segments end 16 keys past a 64-key block).
+GPU_TILINGS = ((256, 64, 16, 3, 32), (256, 64, 16, 4, 16), (128, 128, 8, 3, 32), (64, 64, 4, 3, 16))
 
 
-def tiling_config(bm: int, bn: int, warps: int, stages: int, maxnreg: int | None = None) -> triton.Config:
-    """``maxnreg`` caps registers per thread, so that several CTAs fit on one SM."""
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+def tiling_config(bm: int, bn: int, warps: int, stages: int, tail: int = 0) -> triton.Config:
+    """``tail``: keys per masked block after the whole BLOCK_N blocks of a segment (0: BLOCK_N)."""
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn} | ({"TAIL_N": tail} if tail else {}), num_warps=warps,
+                         num_stages=stages)
 
 
 def autotune_configs():
     if INTERPRET:  # one small tiling: the interpreter is slow
-        return [tiling_config(32, 32, 4, 1)]
+        return [tiling_config(32, 32, 4, 1, 16)]
     return [tiling_config(*t) for t in GPU_TILINGS]
 
 
@@ -149,6 +152,9 @@ def check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames) -> Non
                               f"{tuple(q.shape)} {q.dtype} (or its last dim is strided)")
     if k_cur.shape[1] != v_cur.shape[1] or k_prev.shape[1] != v_prev.shape[1] or q.stride(-1) != 1:
         raise WanTrtError("window_attention: k/v lengths differ or q's last dim is strided")
+    if v_prev.stride() != k_prev.stride() or v_cur.stride() != k_cur.stride():  # the kernel reads both with k's
+        raise WanTrtError(f"window_attention: v strides {v_prev.stride()} / {v_cur.stride()} differ from k's "
+                          f"{k_prev.stride()} / {k_cur.stride()}")
     if valid_frames.numel() != 1 or valid_frames.dtype != torch.int32:
         raise WanTrtError("window_attention: valid_frames must be an int32 tensor of one element")
 
@@ -162,8 +168,7 @@ def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor
     b, lq, h, d = q.shape
     out = torch.empty_like(q) if out is None else out
     grid = lambda meta: (triton.cdiv(lq, meta["BLOCK_M"]), b * h)  # noqa: E731
-    fixed = {} if config is None else dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages,
-                                           **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
+    fixed = {} if config is None else dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     kernel = window_attention_kernel if config is None else _window_attention_kernel
     wrap_triton(kernel)[grid](
         q, k_prev, v_prev, k_cur, v_cur, valid_frames,

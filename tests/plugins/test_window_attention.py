@@ -20,6 +20,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
     (64, 3, 40, 2, 32, 2),   # whole key blocks from an unaligned first valid key, then a tail
     (96, 2, 32, 1, 32, 1),   # segments of whole blocks only: no masked tail
     (18, 3, 6, 1, 32, 5),    # valid count beyond the window: every previous key, no out-of-range load
+    (5, 2, 6, 1, 32, 2),     # current segment shorter than one key block
 ])
 def test_matches_reference(dtype, lq, prev_frames, units, heads, head_dim, valid):
     gen = torch.Generator().manual_seed(lq + valid)
@@ -55,3 +56,6 @@ def test_limits_are_clear_errors():
         window_attention(q, q.half(), q, q, q, valid, 1, 8)
     with pytest.raises(WanTrtError, match="valid_frames"):
         window_attention(q, q, q, q, q, valid.long(), 1, 8)
+    kv = torch.randn(1, 8, 2, 1, 32, device=DEVICE)  # k and v interleaved: strides unlike q's
+    with pytest.raises(WanTrtError, match="v strides"):
+        window_attention(q, q, q, q, kv[:, :, 1], valid, 1, 8)
