@@ -4,8 +4,7 @@
         prev keys [first_valid, P*S)  with first_valid = (P - valid_frames) * S
         cur keys  [0, F*S)
 
-without concatenating prev and cur (two key segments, one online softmax; the one key block
-where the valid previous keys end and the current ones begin takes rows from both), in the exp2
+without concatenating prev and cur (two key segments, one online softmax), in the exp2
 form: scores are multiplied by log2(e)/sqrt(D) and exponentiated with exp2. bf16/fp16
 in and out, fp32 accumulation. ``valid_frames`` is read on the device (no host sync).
 
@@ -42,19 +41,21 @@ def reference_window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: to
 
 
 @triton.jit
-def _attend_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, valid, qk_scale, DOT_PRECISION: tl.constexpr,
-                  MASKED: tl.constexpr):
-    """Online-softmax update of (acc, l, m) with the key/value rows at k_ptrs/v_ptrs [N, D]; if MASKED,
-    only the rows where ``valid`` holds."""
+def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """Online-softmax update of (acc, l, m) with keys/values [start_n, start_n + BLOCK_N) (cut at hi if MASKED)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs = offs_n[:, None] * stride_kn + offs_d[None, :]
     if MASKED:
-        k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+        in_range = offs_n < hi
+        k = tl.load(k_base + offs, mask=in_range[:, None], other=0.0)
+        v = tl.load(v_base + offs, mask=in_range[:, None], other=0.0)
     else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
+        k = tl.load(k_base + offs)
+        v = tl.load(v_base + offs)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
-        qk = tl.where(valid[None, :], qk, float("-inf"))
+        qk = tl.where(in_range[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
     alpha = tl.math.exp2(m_i - m_new)
@@ -69,14 +70,11 @@ def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d,
     blocks of TAIL_N keys (narrower than BLOCK_N: less work wasted on keys past hi)."""
     full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
     for start_n in range(lo, full_end, BLOCK_N):
-        offs = (start_n + tl.arange(0, BLOCK_N))[:, None] * stride_kn + offs_d[None, :]
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base + offs, v_base + offs, None, qk_scale,
-                                      DOT_PRECISION, False)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                                      BLOCK_N, DOT_PRECISION, False)
     for start_n in range(full_end, hi, TAIL_N):
-        offs_n = start_n + tl.arange(0, TAIL_N)
-        offs = offs_n[:, None] * stride_kn + offs_d[None, :]
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base + offs, v_base + offs, offs_n < hi, qk_scale,
-                                      DOT_PRECISION, True)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                                      TAIL_N, DOT_PRECISION, True)
     return acc, l_i, m_i
 
 
@@ -101,27 +99,13 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    kc = KC + b * stride_cb + h * stride_ch
-    vc = VC + b * stride_cb + h * stride_ch
-    cur_start = tl.full([], 0, tl.int32)
     if n_prev > 0:
         first_valid = tl.minimum(tl.maximum((prev_frames - tl.load(Valid)) * units, 0), n_prev)
-        prev_end = n_prev - (n_prev - first_valid) % BLOCK_N  # whole blocks of valid previous keys end here
-        kp = KP + b * stride_pb + h * stride_ph
-        vp = VP + b * stride_pb + h * stride_ph
-        acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, kp, vp, stride_pn, first_valid, prev_end, offs_d, qk_scale,
-                                        BLOCK_N, TAIL_N or BLOCK_N, DOT_PRECISION)
-        if prev_end < n_prev:  # one block bridges the segments: the last previous keys, then the first current
-            rest = n_prev - prev_end
-            offs_n = tl.arange(0, BLOCK_N)
-            from_prev = offs_n < rest
-            prev_offs = (prev_end + offs_n)[:, None] * stride_pn + offs_d[None, :]
-            cur_offs = (offs_n - rest)[:, None] * stride_cn + offs_d[None, :]
-            acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, tl.where(from_prev[:, None], kp + prev_offs, kc + cur_offs),
-                                          tl.where(from_prev[:, None], vp + prev_offs, vc + cur_offs),
-                                          from_prev | (offs_n - rest < n_cur), qk_scale, DOT_PRECISION, True)
-            cur_start = tl.minimum(BLOCK_N - rest, n_cur)
-    acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, kc, vc, stride_cn, cur_start, n_cur, offs_d, qk_scale,
+        acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
+                                        VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
+                                        offs_d, qk_scale, BLOCK_N, TAIL_N or BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KC + b * stride_cb + h * stride_ch,
+                                    VC + b * stride_cb + h * stride_ch, stride_cn, 0, n_cur, offs_d, qk_scale,
                                     BLOCK_N, TAIL_N or BLOCK_N, DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
