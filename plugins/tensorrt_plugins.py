@@ -23,7 +23,7 @@ from wan_trt.plugins import window_attention as _wa
 
 NAMESPACE = "wan_trt"
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
-# window attention tactics: the kernel's autotuned GPU tilings (BLOCK_M, BLOCK_N, warps, stages, tail keys)
+# window attention tactics: the kernel's autotuned GPU tilings (window_attention.Tiling)
 ATTENTION_TACTICS = _wa.GPU_TILINGS
 _REGISTERED = False
 
@@ -65,7 +65,7 @@ def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, u
                    arch: int | None = None):
     """(Compiled, grid, scalars) of the window attention kernel for contiguous [B, L, H, D] tensors."""
     b, lq, h, d = q_shape
-    bm, bn, warps, stages, tail = ATTENTION_TACTICS[tactic]
+    bm, bn, warps, stages, tail = ATTENTION_TACTICS[tactic]  # a window_attention.Tiling
     names = ["Q", "KP", "VP", "KC", "VC"]
     pointers = {n: dtype for n in names} | {"Valid": torch.int32}
     row = h * d

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -112,10 +113,19 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
 
 
-# GPU tilings, autotuned: (BLOCK_M, BLOCK_N, num_warps, num_stages, TAIL_N); also the TensorRT tactics.
-# Measured on the H100 (bench/results/kernels_universal_bf16_h100_*.json): 256x64 with 16 warps is fastest
-# there, and narrower tail blocks take 1.5% off (the universal segments end 16 keys past a 64-key block).
-GPU_TILINGS = ((256, 64, 16, 3, 32), (256, 64, 16, 4, 16), (128, 128, 8, 3, 32), (64, 64, 4, 3, 16))
+class Tiling(NamedTuple):
+    block_m: int  # query rows per program
+    block_n: int  # keys per whole block
+    warps: int
+    stages: int  # software-pipeline depth of the K/V loads
+    tail: int = 0  # keys per masked block after a segment's last whole block (0: block_n)
+
+
+# GPU tilings, autotuned; also the TensorRT tactics. Measured on the H100
+# (bench/results/kernels_universal_bf16_h100_*.json): 256x64 with 16 warps is fastest there, and
+# narrower tail blocks take 1.5 % off (the universal segments end 16 keys past a 64-key block).
+GPU_TILINGS = (Tiling(256, 64, 16, 3, 32), Tiling(256, 64, 16, 4, 16), Tiling(128, 128, 8, 3, 32),
+               Tiling(64, 64, 4, 3, 16))
 
 
 def tiling_config(bm: int, bn: int, warps: int, stages: int, tail: int = 0) -> triton.Config:

@@ -65,7 +65,8 @@ for tactic in range(len(ATTENTION_TACTICS)):
     facts[f"attention{tactic}"] = {"ptx": [s in compiled.ptx for s in (".entry", "cp.async", "wgmma.mma_async")],
                                    "grid": list(grid), "scalars": len(scalars)}
 qk = qk_norm_rope_plan((1, 2640, 1536), torch.bfloat16, 64, 1e-6, arch=90)[0].ptx
-fused = adaln_plan((1, 2640, 1536), torch.bfloat16, torch.bfloat16, (1, 3, 1, 1536), 3, 1e-6, fused=True, arch=90)[0].ptx
+fused = adaln_plan((1, 2640, 1536), torch.bfloat16, torch.bfloat16, (1, 3, 1, 1536), 3, 1e-6, fused=True,
+                   arch=90)[0].ptx
 facts["norms"] = [s in ptx for ptx in (qk, fused) for s in (".entry", "ld.global.v4")]
 print(json.dumps(facts))
 """
@@ -85,9 +86,9 @@ def test_aot_kernels_compile_to_ptx():
     run = subprocess.run([sys.executable, "-c", _PTX_FACTS], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     facts = json.loads(run.stdout.strip().splitlines()[-1])
-    for tactic, (block_m, *_) in enumerate(ATTENTION_TACTICS):
-        assert facts[f"attention{tactic}"] == {"ptx": [True, True, True], "grid": [(2640 + block_m - 1) // block_m, 12],
-                                               "scalars": 18}, f"tactic {tactic}"
+    for i, tiling in enumerate(ATTENTION_TACTICS):
+        grid = [(2640 + tiling.block_m - 1) // tiling.block_m, 12]
+        assert facts[f"attention{i}"] == {"ptx": [True, True, True], "grid": grid, "scalars": 18}, f"tactic {i}"
     assert all(facts["norms"]), facts["norms"]
 
 
