@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from wan_trt.errors import WanTrtError
 from wan_trt.plugins import adaln as _adaln
 from wan_trt.plugins import qk_norm_rope as _qk
 from wan_trt.plugins import window_attention as _wa
@@ -39,9 +40,12 @@ class Compiled:
 def compile_ptx(kernel, pointers: dict[str, torch.dtype], scalars: dict[str, int], outputs: dict[str, torch.dtype],
                 constexprs: dict[str, Any], num_warps: int, num_stages: int, arch: int | None = None) -> Compiled:
     """Compile a Triton kernel to PTX with the given argument types, for the current GPU or for compute
-    capability ``arch`` (e.g. 90; no GPU needed then). Like Triton's launcher, it tells the compiler which
-    arguments are multiples of 16 (every pointer, and the scalars whose value is): without that, loads are
-    neither vectorized nor pipelined through cp.async."""
+    capability ``arch`` (e.g. 90; no GPU needed then). The dicts must list the kernel's parameters in
+    order (TensorRT passes the scalars by position). Like Triton's launcher, it tells the compiler which
+    arguments are multiples of 16, without which loads are neither vectorized nor pipelined through
+    cp.async: the scalars whose value is, and every pointer. The launcher checks pointers on each call;
+    an engine cannot, so this assumes TensorRT hands plugins 16-byte-aligned buffers (its allocations
+    are 256-byte aligned in practice; not verifiable here)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -52,6 +56,9 @@ def compile_ptx(kernel, pointers: dict[str, torch.dtype], scalars: dict[str, int
     aligned = set(pointers) | set(outputs) | {name for name, value in scalars.items() if value % 16 == 0}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
     fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel  # the JITFunction
+    if list(signature) != fn.arg_names:
+        raise WanTrtError(f"compile_ptx: arguments {list(signature)} are not {fn.__name__}'s parameters "
+                          f"{fn.arg_names} in order")
     target = None if arch is None else GPUTarget("cuda", arch, 32)
     compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
                                                         attrs=attrs),
@@ -63,9 +70,10 @@ def compile_ptx(kernel, pointers: dict[str, torch.dtype], scalars: dict[str, int
 
 def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, units: int, tactic: int,
                    arch: int | None = None):
-    """(Compiled, grid, scalars) of the window attention kernel for contiguous [B, L, H, D] tensors."""
+    """(Compiled, grid, scalars) of the window attention kernel for contiguous [B, L, H, D] tensors, for the
+    current GPU or compute capability ``arch``."""
     b, lq, h, d = q_shape
-    bm, bn, warps, stages, tail = ATTENTION_TACTICS[tactic]  # a window_attention.Tiling
+    tiling = ATTENTION_TACTICS[tactic]
     names = ["Q", "KP", "VP", "KC", "VC"]
     pointers = {n: dtype for n in names} | {"Valid": torch.int32}
     row = h * d
@@ -74,10 +82,10 @@ def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, u
                "stride_ob": lq * row, "stride_om": row, "stride_oh": d, "Lq": lq, "n_prev": n_prev, "n_cur": lq,
                "H": h, "prev_frames": prev_frames, "units": units}
     compiled = compile_ptx(_wa._window_attention_kernel, pointers, scalars, {"Out": dtype},
-                           {"qk_scale": _wa.LOG2E / math.sqrt(d), "HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn,
-                            "DOT_PRECISION": _wa.dot_precision(dtype), "TAIL_N": tail},
-                           warps, stages, arch)
-    return compiled, ((lq + bm - 1) // bm, b * h), list(scalars.values())
+                           {"qk_scale": _wa.LOG2E / math.sqrt(d), "HEAD_DIM": d, "BLOCK_M": tiling.block_m,
+                            "BLOCK_N": tiling.block_n, "TAIL_N": tiling.tail, "DOT_PRECISION": _wa.dot_precision(dtype)},
+                           tiling.warps, tiling.stages, arch)
+    return compiled, ((lq + tiling.block_m - 1) // tiling.block_m, b * h), list(scalars.values())
 
 
 def qk_norm_rope_plan(q_shape, dtype: torch.dtype, half_d: int, eps: float, arch: int | None = None):

@@ -88,7 +88,7 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
                              Lq, n_prev, n_cur, H, prev_frames, units,
                              Out,
                              qk_scale: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, TAIL_N: tl.constexpr = 0):
+                             BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -104,10 +104,10 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
         first_valid = tl.minimum(tl.maximum((prev_frames - tl.load(Valid)) * units, 0), n_prev)
         acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
                                         VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
-                                        offs_d, qk_scale, BLOCK_N, TAIL_N or BLOCK_N, DOT_PRECISION)
+                                        offs_d, qk_scale, BLOCK_N, TAIL_N, DOT_PRECISION)
     acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KC + b * stride_cb + h * stride_ch,
                                     VC + b * stride_cb + h * stride_ch, stride_cn, 0, n_cur, offs_d, qk_scale,
-                                    BLOCK_N, TAIL_N or BLOCK_N, DOT_PRECISION)
+                                    BLOCK_N, TAIL_N, DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
@@ -118,26 +118,31 @@ class Tiling(NamedTuple):
     block_n: int  # keys per whole block
     warps: int
     stages: int  # software-pipeline depth of the K/V loads
-    tail: int = 0  # keys per masked block after a segment's last whole block (0: block_n)
+    tail: int  # keys per masked block after a segment's last whole block (<= block_n)
 
 
 # GPU tilings, autotuned; also the TensorRT tactics. Measured on the H100
 # (bench/results/kernels_universal_bf16_h100_*.json): 256x64 with 16 warps is fastest there, and
-# narrower tail blocks take 1.5 % off (the universal segments end 16 keys past a 64-key block).
+# narrower tail blocks take 1.5 % off with every previous frame valid (each segment then ends 16 keys
+# past a 64-key block).
 GPU_TILINGS = (Tiling(256, 64, 16, 3, 32), Tiling(256, 64, 16, 4, 16), Tiling(128, 128, 8, 3, 32),
                Tiling(64, 64, 4, 3, 16))
 
 
-def tiling_config(bm: int, bn: int, warps: int, stages: int, tail: int = 0) -> triton.Config:
-    """``tail``: keys per masked block after the whole BLOCK_N blocks of a segment (0: BLOCK_N)."""
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn} | ({"TAIL_N": tail} if tail else {}), num_warps=warps,
-                         num_stages=stages)
+def tiling_config(t: Tiling) -> triton.Config:
+    """The Triton config of a tiling; its sizes must be powers of two of at least 16 (tl.dot's limit)."""
+    sizes = (t.block_m, t.block_n, t.tail)
+    if any(n < 16 or n & (n - 1) for n in sizes) or t.tail > t.block_n:
+        raise WanTrtError(f"window_attention: tiling {t}: block_m, block_n and tail must be powers of two "
+                          f">= 16, with tail <= block_n")
+    return triton.Config({"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "TAIL_N": t.tail}, num_warps=t.warps,
+                         num_stages=t.stages)
 
 
 def autotune_configs():
     if INTERPRET:  # one small tiling: the interpreter is slow
-        return [tiling_config(32, 32, 4, 1, 16)]
-    return [tiling_config(*t) for t in GPU_TILINGS]
+        return [tiling_config(Tiling(32, 32, 4, 1, 16))]
+    return [tiling_config(t) for t in GPU_TILINGS]
 
 
 window_attention_kernel = triton.autotune(autotune_configs(), key=["Lq", "n_prev", "n_cur", "HEAD_DIM"])(
@@ -162,9 +167,10 @@ def check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames) -> Non
                               f"{tuple(q.shape)} {q.dtype} (or its last dim is strided)")
     if k_cur.shape[1] != v_cur.shape[1] or k_prev.shape[1] != v_prev.shape[1] or q.stride(-1) != 1:
         raise WanTrtError("window_attention: k/v lengths differ or q's last dim is strided")
-    if v_prev.stride() != k_prev.stride() or v_cur.stride() != k_cur.stride():  # the kernel reads both with k's
-        raise WanTrtError(f"window_attention: v strides {v_prev.stride()} / {v_cur.stride()} differ from k's "
-                          f"{k_prev.stride()} / {k_cur.stride()}")
+    for name, k, v in (("prev", k_prev, v_prev), ("cur", k_cur, v_cur)):  # the kernel reads v with k's strides
+        if v.numel() and any(n > 1 and sk != sv for n, sk, sv in zip(k.shape, k.stride(), v.stride())):
+            raise WanTrtError(f"window_attention: v_{name} strides {v.stride()} differ from k_{name}'s {k.stride()}; "
+                              f"give both the same layout (e.g. .contiguous() on each)")
     if valid_frames.numel() != 1 or valid_frames.dtype != torch.int32:
         raise WanTrtError("window_attention: valid_frames must be an int32 tensor of one element")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import torch
@@ -34,10 +35,10 @@ from wan_trt.profiling import op_class_profile, provenance
 from wan_trt.validate.metrics import error_stats
 
 DEV = "cuda"
-# tilings to try beside the autotuned set (window_attention.tiling_config(...)), to see whether the set
+# tilings to try beside the autotuned set (tiling_config(Tiling(...))), to see whether the set
 # should change; the sweeps so far: kernels_universal_bf16_h100_{sweep,lazy,tma,packed_exp2,pipelined,
 # occupancy,tail}.json (each commit that added one says what it tried)
-CANDIDATE_ATTENTION_CONFIGS = []
+CANDIDATE_ATTENTION_CONFIGS: list = []
 BF16 = torch.bfloat16
 SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
 
@@ -142,17 +143,23 @@ def attention_case() -> dict:
 
 
 def versus_fastest_sdpa(ms: dict, kernel, qt, kt, vt, rounds: int = 7) -> dict:
-    """The kernel's time over the fastest SDPA backend's, timed in alternation ``rounds`` times: the
-    ratio of one pair of runs moves by about a percent, so the target is judged on the median."""
+    """The kernel's time over the fastest SDPA backend's, timed in turn ``rounds`` times (the first of
+    each pair alternating): one pair's ratio moves by about a percent, so the target is judged on the median."""
     times = {k: v for k, v in ms.items() if k.startswith("sdpa_") and k.endswith("_attention")}
+    if not times:
+        return {"error": "no SDPA backend ran"}
     name = min(times, key=times.get)
     backend = {f"sdpa_{b.name.lower()}": b for b in SDPA_BACKENDS}[name]
 
     def sdpa():
         with sdpa_kernel([backend]):
             return F.scaled_dot_product_attention(qt, kt, vt)
-    ratios = [timed(kernel) / timed(sdpa) for _ in range(rounds)]
-    return {"backend": name, "ratios": ratios, "median_ratio": sorted(ratios)[rounds // 2]}
+    ratios = []
+    for i in range(rounds):
+        first, second = (kernel, sdpa) if i % 2 == 0 else (sdpa, kernel)
+        t_first, t_second = timed(first), timed(second)
+        ratios.append(t_first / t_second if i % 2 == 0 else t_second / t_first)
+    return {"backend": name, "ratios": ratios, "median_ratio": statistics.median(ratios)}
 
 
 def norm_cases() -> dict:

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from wan_trt.errors import WanTrtError
-from wan_trt.plugins.window_attention import INTERPRET, reference_window_attention, window_attention
+from wan_trt.plugins.window_attention import (GPU_TILINGS, INTERPRET, Tiling, autotune_configs,
+                                              reference_window_attention, tiling_config, window_attention)
 from tests.conftest import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -35,6 +36,28 @@ def test_matches_reference(dtype, lq, prev_frames, units, heads, head_dim, valid
     assert_close(out, ref, atol=TOL[dtype], what=f"window attention {dtype}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", autotune_configs(), ids=str)
+def test_every_tiling_matches_reference(dtype, config):
+    """Each autotuned tiling (on a GPU also a TensorRT tactic that an engine may pick), not only the
+    autotuner's winner: whole blocks, a previous segment starting mid-block and tail blocks."""
+    gen = torch.Generator().manual_seed(7)
+    def rand(n):
+        return torch.randn(1, n, 2, 64, generator=gen).to(DEVICE, dtype)
+    q, kc, vc, kp, vp = rand(300), rand(300), rand(300), rand(3 * 100), rand(3 * 100)
+    valid = torch.tensor([2], dtype=torch.int32, device=DEVICE)
+    out = window_attention(q, kp, vp, kc, vc, valid, 3, 100, config=config)
+    ref = reference_window_attention(q.float(), kp.float(), vp.float(), kc.float(), vc.float(), valid, 3, 100)
+    assert_close(out, ref, atol=TOL[dtype], what=f"window attention {config}")
+
+
+def test_tilings_are_checked():
+    assert all(tiling_config(t) for t in GPU_TILINGS)
+    for bad in (Tiling(256, 64, 16, 3, 8), Tiling(256, 64, 16, 3, 128), Tiling(96, 64, 8, 3, 32)):
+        with pytest.raises(WanTrtError, match="powers of two"):
+            tiling_config(bad)
+
+
 def test_invalid_previous_frames_do_not_leak():
     """With valid = 0 the previous keys must not matter at all."""
     q, kc, vc = (torch.randn(1, 12, 1, 16, device=DEVICE) for _ in range(3))
@@ -57,5 +80,18 @@ def test_limits_are_clear_errors():
     with pytest.raises(WanTrtError, match="valid_frames"):
         window_attention(q, q, q, q, q, valid.long(), 1, 8)
     kv = torch.randn(1, 8, 2, 1, 32, device=DEVICE)  # k and v interleaved: strides unlike q's
-    with pytest.raises(WanTrtError, match="v strides"):
+    with pytest.raises(WanTrtError, match="v_cur strides"):
         window_attention(q, q, q, q, kv[:, :, 1], valid, 1, 8)
+
+
+def test_layouts_that_differ_only_where_unused_are_accepted():
+    """Strides of size-1 dims and of empty segments are never used: a k from a longer cache is fine."""
+    q = torch.randn(1, 8, 1, 32, device=DEVICE)
+    valid = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    cache = torch.randn(1, 16, 1, 32, device=DEVICE)
+    k_prev, v_prev = cache[:, :8], torch.randn(1, 8, 1, 32, device=DEVICE)  # batch strides 512 vs 256
+    out = window_attention(q, k_prev, v_prev, q, q, valid, 1, 8)
+    ref = reference_window_attention(q, k_prev, v_prev, q, q, valid, 1, 8)
+    assert_close(out, ref, atol=1e-5, what="k from a longer cache")
+    empty = torch.randn(1, 0, 1, 32, device=DEVICE)
+    window_attention(q, empty, cache[:, :0], q, q, valid, 0, 8)
