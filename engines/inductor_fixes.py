@@ -2,9 +2,10 @@
 
 Each fix checks that the installed torch still has the bug and does nothing otherwise.
 
-int array cache (torch 2.11; torch 2.13's source keys it on the bound object): the C++ wrapper declares each size/stride array once
-(``int_array_N``) and caches the name under ``id(writeline)``. ``writeline`` is a bound method, a
-new object at every call, so its id is an address that other, short-lived bound methods reuse:
+int array cache (torch 2.11; torch 2.13's source keys it on the bound object): the C++ wrapper
+declares each size/stride array once (``int_array_N``) and caches the name under
+``id(writeline)``. ``writeline`` is a bound method, a new object at every call, so its id is an
+address that other, short-lived bound methods reuse:
 a declaration written into one code buffer (e.g. the discarded first memory-planning pass) can
 be handed out for another, and the C++ compile fails with "'int_array_300' was not declared in
 this scope; did you mean 'int_array_400'" (seen on the H100 building the full universal package

@@ -83,7 +83,8 @@ def attention_plan(q_shape, n_prev: int, dtype: torch.dtype, prev_frames: int, u
                "H": h, "prev_frames": prev_frames, "units": units}
     compiled = compile_ptx(_wa._window_attention_kernel, pointers, scalars, {"Out": dtype},
                            {"qk_scale": _wa.LOG2E / math.sqrt(d), "HEAD_DIM": d, "BLOCK_M": tiling.block_m,
-                            "BLOCK_N": tiling.block_n, "TAIL_N": tiling.tail, "DOT_PRECISION": _wa.dot_precision(dtype)},
+                            "BLOCK_N": tiling.block_n, "TAIL_N": tiling.tail,
+                            "DOT_PRECISION": _wa.dot_precision(dtype)},
                            tiling.warps, tiling.stages, arch)
     return compiled, ((lq + tiling.block_m - 1) // tiling.block_m, b * h), list(scalars.values())
 

@@ -102,8 +102,8 @@ def attention_case() -> dict:
     valid = torch.tensor([p], dtype=torch.int32, device=DEV)
     qt, kt, vt = q.transpose(1, 2), torch.cat([kp, kc], 1).transpose(1, 2), torch.cat([vp, vc], 1).transpose(1, 2)
     args = (q, kp, vp, kc, vc, valid, p, s)
-    expected = reference_window_attention(*(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                                            for t in args))  # fp32; every previous frame valid: plain attention
+    fp32_args = tuple(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args)
+    expected = reference_window_attention(*fp32_args)  # every previous frame valid: plain attention
     extra, sdpa_errors = {}, {}
     for backend in SDPA_BACKENDS:
         try:
@@ -118,9 +118,7 @@ def attention_case() -> dict:
         k, v = torch.cat([kp, kc], 1).transpose(1, 2), torch.cat([vp, vc], 1).transpose(1, 2)
         return F.scaled_dot_product_attention(qt, k, v)
     extra["sdpa_default_with_concat"] = timed(sdpa_with_concat)
-    result = bench_op("window_attention", window_attention, reference_window_attention, args,
-                      tuple(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args),
-                      extra)
+    result = bench_op("window_attention", window_attention, reference_window_attention, args, fp32_args, extra)
     flops = 4 * b * h * lq * (p * s + lq) * d
     result["errors_sdpa"] = sdpa_errors  # the baselines' own error against the same fp32 result
     result["tflops"] = {k: flops / (v * 1e-3) / 1e12 for k, v in result["ms"].items() if isinstance(v, float)}
@@ -129,9 +127,9 @@ def attention_case() -> dict:
     result["ms_per_config"], result["max_abs_error_per_config"], result["mean_abs_error_per_config"] = {}, {}, {}
     for config in autotune_configs() + CANDIDATE_ATTENTION_CONFIGS:
         try:
-            got = window_attention(*args, config=config)
-            result["max_abs_error_per_config"][str(config)] = float((got.float() - expected.float()).abs().max())
-            result["mean_abs_error_per_config"][str(config)] = float((got.float() - expected.float()).abs().mean())
+            error = errors(window_attention(*args, config=config), expected)
+            result["max_abs_error_per_config"][str(config)] = error["max_abs"]
+            result["mean_abs_error_per_config"][str(config)] = error["mean_abs"]
             result["ms_per_config"][str(config)] = timed(lambda: window_attention(*args, config=config))
         except Exception as exc:  # a candidate that does not compile here is recorded, not fatal
             result["ms_per_config"][str(config)] = f"{type(exc).__name__}: {exc}"[:300]

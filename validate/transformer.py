@@ -111,9 +111,9 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
                       feed_spec: PassSpec, save_to: Path | None = None) -> list[OutputCheck]:
     """Polygraphy Comparator over the three runners on one feed dict.
 
-    ``backend`` is a wan-trt Runner or a native Polygraphy runner (e.g. TensorRT's ``TrtRunner``).
+    ``backend`` is a wan-trt Runner or a native Polygraphy runner (e.g. TensorRT's ``TrtRunner``);
+    :func:`check_runner`, its caller, has made sure Polygraphy is installed.
     """
-    require_polygraphy()
     from polygraphy.backend.base import BaseRunner
     from polygraphy.comparator import Comparator
     from polygraphy.logger import G_LOGGER
