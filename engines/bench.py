@@ -1,15 +1,12 @@
 """``wan-trt bench``: every backend available here, side by side, streaming the same blocks.
 
-Backends (each skipped with a reason when it cannot run here):
-    upstream-eager    the upstream-semantics pipeline (rolling caches), PyTorch eager
-    torch-eager       the static-cache session over the PyTorch model
-    torch-compile     the same under torch.compile
-    onnxruntime       the exported graph (CUDA EP on a GPU, CPU EP otherwise), io-binding
-    torch-compile-plugins  torch.compile of the model with the fused wan_trt kernels
-    aoti              the AOTInductor package (``--aoti-engine``)
-    aoti+cudagraph    the same replayed as one CUDA graph per pass
-    aoti-plugins(+cudagraph)  the AOTInductor package built with --ops plugins (``--aoti-plugins-engine``)
-    tensorrt          the TensorRT engine (``--trt-engine``), when TensorRT imports
+Backends: see :mod:`wan_trt.engines.backends`.
+
+Without ``backends`` every backend runs, and those this machine cannot run (no CUDA device,
+no TensorRT, no engine file given, ...) are skipped with the reason. Backends named explicitly
+must run: an unknown name is refused before any work, and a named backend that cannot run is a
+failure (the command exits non-zero; the others' results are still written). A backend that
+raises is a failure with its traceback in the report.
 
 Per backend: ms per pass, ms per block (steady state: blocks after the first), P50/P95,
 video frames per second (12 per steady block) and peak device memory.
@@ -18,11 +15,13 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from wan_trt.engines.backends import ALL_BACKENDS
 from wan_trt.engines.runner import Runner
 from wan_trt.engines.session import StreamingSession, stream_blocks
 from wan_trt.engines.torch_runner import TorchRunner
@@ -34,8 +33,21 @@ from wan_trt.profiling import (op_class_profile, peak_memory_gib, provenance, re
                                synchronize)
 from wan_trt.stream import NoiseSource, synthetic_stream
 
-ALL_BACKENDS = ("upstream-eager", "torch-eager", "torch-compile", "torch-compile-plugins", "onnxruntime", "aoti",
-                "aoti+cudagraph", "aoti-plugins", "aoti-plugins+cudagraph", "tensorrt")
+
+class Unavailable(WanTrtError):
+    """This machine or these flags cannot run a backend: skipped in the default set, a failure when named."""
+
+
+def parse_backends(names: str | None) -> list[str] | None:
+    """``--backends`` as a list (None: the default set); unknown names are refused before any work."""
+    if names is None:
+        return None
+    backends = [b.strip() for b in names.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in ALL_BACKENDS]
+    if unknown or not backends:
+        raise WanTrtError(f"--backends: unknown backend(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
+                          f"valid: {', '.join(ALL_BACKENDS)}")
+    return backends
 
 
 def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: int) -> dict[str, Any]:
@@ -87,49 +99,71 @@ class Bench:
         return self._model
 
     def runner(self, backend: str) -> Runner:
-        """The runner of ``backend``; WanTrtError says why it cannot run here."""
+        """The runner of ``backend``; :class:`Unavailable` says why this machine cannot run it."""
         if backend == "torch-eager":
             return TorchRunner(self.model, self.spec)
         if backend == "torch-compile":
             return TorchRunner(self.model, self.spec, compile=True)
         if backend == "torch-compile-plugins":
-            if self.device != "cuda":
-                raise WanTrtError("the fused Triton kernels need a CUDA device")
-            if self._plugin_model is None:
-                self._plugin_model = reference_model(self.manifest, self.spec.dtype, self.device).use_plugins()
-            runner = TorchRunner(self._plugin_model, self.spec, compile=True)
-            runner.name = backend
-            return runner
+            return self._plugin_runner(backend)
         if backend == "onnxruntime":
-            from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner
-            provider = "cuda" if self.device == "cuda" else "cpu"
-            if self.spec.precision != "fp32" and provider == "cpu":
-                raise WanTrtError("ONNX Runtime's CPU provider has no bf16/fp16 kernels")
-            return OnnxRuntimeRunner(self.manifest.graph_path(self.directory), self.spec, provider)
+            return self._onnxruntime_runner()
         if backend.startswith("aoti"):
-            kind = backend.split("+")[0]
-            if self.engines.get(kind) is None:
-                flag = "--aoti-engine" if kind == "aoti" else "--aoti-plugins-engine"
-                raise WanTrtError(f"no {flag} given (build one with `wan-trt build DIR --backend aoti`)")
-            from wan_trt.engines.aoti import AotiRunner
-            runner = AotiRunner(self.engines[kind], self.manifest, single_threaded="+" in backend)
-            if "+" not in backend:
-                return runner
-            from wan_trt.engines.cuda_graph import CudaGraphRunner
-            return CudaGraphRunner(runner)
+            return self._aoti_runner(backend)
         if backend == "tensorrt":
-            from wan_trt.engines.tensorrt import import_tensorrt
-            import_tensorrt()
-            if self.trt_engine is None:
-                raise WanTrtError("no --trt-engine given (build one with `wan-trt build DIR`)")
-            from wan_trt.engines.tensorrt_runner import TensorRTRunner
-            return TensorRTRunner(self.trt_engine, self.manifest)
+            return self._tensorrt_runner()
         raise WanTrtError(f"unknown backend {backend!r}; expected one of {', '.join(ALL_BACKENDS)}")
+
+    def _plugin_runner(self, backend: str) -> Runner:
+        if self.device != "cuda":
+            raise Unavailable("the fused Triton kernels need a CUDA device (--device cuda)")
+        if self._plugin_model is None:
+            self._plugin_model = reference_model(self.manifest, self.spec.dtype, self.device).use_plugins()
+        runner = TorchRunner(self._plugin_model, self.spec, compile=True)
+        runner.name = backend
+        return runner
+
+    def _onnxruntime_runner(self) -> Runner:
+        from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner, available_providers
+        provider = "cuda" if self.device == "cuda" else "cpu"
+        if self.spec.precision != "fp32" and provider == "cpu":
+            raise Unavailable(f"ONNX Runtime's CPU provider has no {self.spec.precision} kernels (a --device cuda "
+                              "bench runs the CUDA provider; or export --precision fp32)")
+        if self.manifest.graph is None:
+            raise Unavailable(f"{self.directory} was exported with --no-onnx: it has no ONNX graph")
+        if provider == "cuda" and "CUDAExecutionProvider" not in available_providers():
+            raise Unavailable("this ONNX Runtime has no CUDA provider: pip install onnxruntime-gpu")
+        return OnnxRuntimeRunner(self.manifest.graph_path(self.directory), self.spec, provider)
+
+    def _aoti_runner(self, backend: str) -> Runner:
+        kind = backend.split("+")[0]
+        if self.engines.get(kind) is None:
+            flag = "--aoti-engine" if kind == "aoti" else "--aoti-plugins-engine"
+            raise Unavailable(f"no {flag} given (build one with `wan-trt build DIR --backend aoti`)")
+        if "+" in backend and self.device != "cuda":
+            raise Unavailable("CUDA graphs need a CUDA device (--device cuda)")
+        from wan_trt.engines.aoti import AotiRunner
+        runner = AotiRunner(self.engines[kind], self.manifest, single_threaded="+" in backend)
+        if "+" not in backend:
+            return runner
+        from wan_trt.engines.cuda_graph import CudaGraphRunner
+        return CudaGraphRunner(runner)
+
+    def _tensorrt_runner(self) -> Runner:
+        from wan_trt.engines.tensorrt import import_tensorrt
+        try:
+            import_tensorrt()
+        except WanTrtError as exc:
+            raise Unavailable(str(exc)) from None
+        if self.trt_engine is None:
+            raise Unavailable("no --trt-engine given (build one with `wan-trt build DIR`)")
+        from wan_trt.engines.tensorrt_runner import TensorRTRunner
+        return TensorRTRunner(self.trt_engine, self.manifest)
 
     def run(self, backend: str, blocks: int) -> dict[str, Any]:
         inputs = synthetic_stream(self.spec.config, blocks, seed=0)
         reset_peak_memory()
-        if backend == "upstream-eager":
+        if backend == "reference-eager":
             result = bench_upstream(self.model, inputs, blocks)
         else:
             result = bench_session(self.runner(backend), inputs, blocks)
@@ -146,35 +180,35 @@ class Bench:
             return op_class_profile(lambda: runner.infer(feeds))
 
 
-def run_bench(directory: str | Path, backends: list[str], blocks: int = 6, device: str = "cuda",
+def run_bench(directory: str | Path, backends: list[str] | None = None, blocks: int = 6, device: str = "cuda",
               aoti_engine: str | Path | None = None, trt_engine: str | Path | None = None,
               profile: list[str] | None = None, out: str | Path | None = None,
               chart: str | Path | None = None, aoti_plugins_engine: str | Path | None = None) -> dict[str, Any]:
-    """Run every backend in ``backends`` (skipping, with the reason, those that cannot run)."""
+    """Run ``backends`` (None: every backend, skipping with the reason those this machine cannot run).
+
+    Named backends must run: one that cannot, or that raises, lands in ``report["failed"]``.
+    """
+    named = backends is not None
+    backends = list(ALL_BACKENDS) if backends is None else parse_backends(",".join(backends))
+    not_benched = [p for p in profile or [] if p not in backends]
+    if not_benched:
+        raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends ({', '.join(backends)})")
     path = (lambda p: Path(p) if p else None)
     bench = Bench(Path(directory), device, path(aoti_engine), path(trt_engine), path(aoti_plugins_engine))
     cfg = bench.spec.config
     report: dict[str, Any] = {**provenance("wan-trt"),
                               "config": cfg.name, "precision": bench.spec.precision, "blocks": blocks,
                               "passes_per_block": cfg.passes_per_block, "weights": bench.manifest.weights,
-                              "backends": {}, "skipped": {}, "profiles": {}}
+                              "backends": {}, "skipped": {}, "failed": {}, "profiles": {}}
 
     def save() -> None:
         if out:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             Path(out).write_text(json.dumps(report, indent=2))
 
+    save()  # an unwritable --out fails now, not after minutes of benchmarking
     for backend in backends:
-        try:
-            with stage(f"bench {backend}"):
-                report["backends"][backend] = bench.run(backend, blocks)
-            logger.info("%s: %.1f ms/block", backend, report["backends"][backend]["block_ms"]["mean"])
-        except WanTrtError as exc:
-            report["skipped"][backend] = str(exc)
-            logger.info("%s skipped: %s", backend, exc)
-        except Exception as exc:  # a backend that breaks is reported (and fails the command); the others still run
-            report.setdefault("failed", {})[backend] = f"{type(exc).__name__}: {exc}"[:2000]
-            logger.exception("%s failed", backend)
+        _bench_one(bench, backend, blocks, report, named)
         save()
     for backend in profile or []:
         if backend in report["backends"]:
@@ -184,6 +218,27 @@ def run_bench(directory: str | Path, backends: list[str], blocks: int = 6, devic
     if chart and report["backends"]:
         write_chart(report, Path(chart))
     return report
+
+
+def _bench_one(bench: Bench, backend: str, blocks: int, report: dict[str, Any], named: bool) -> None:
+    """Bench one backend into ``report``: its numbers, why it was skipped, or why it failed."""
+    try:
+        with stage(f"bench {backend}"):
+            report["backends"][backend] = bench.run(backend, blocks)
+        logger.info("%s: %.1f ms/block", backend, report["backends"][backend]["block_ms"]["mean"])
+    except Unavailable as exc:
+        if named:
+            report["failed"][backend] = f"asked for, but cannot run on this machine: {exc}"
+            logger.error("%s cannot run: %s", backend, exc)
+        else:
+            report["skipped"][backend] = str(exc)
+            logger.info("%s skipped: %s", backend, exc)
+    except WanTrtError as exc:  # e.g. an engine built for another export
+        report["failed"][backend] = str(exc)
+        logger.error("%s failed: %s", backend, exc)
+    except Exception as exc:  # a backend that breaks is a failure with its traceback; the others still run
+        report["failed"][backend] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"[-8000:]
+        logger.exception("%s failed", backend)
 
 
 def write_chart(report: dict[str, Any], path: Path) -> Path | None:

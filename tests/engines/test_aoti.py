@@ -112,14 +112,23 @@ def test_inspect_and_bench_on_cpu(aoti, tmp_path):
     assert res.exit_code == 0 and json.loads(res.output)["summary"]["backend"] == "aoti"
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(main, ["bench", str(export_dir), "--device", "cpu", "--blocks", "3", "--aoti-engine",
-                                    str(engine), "--backends", "upstream-eager,torch-eager,onnxruntime,aoti,tensorrt",
-                                    "--out", str(out)])
+                                    str(engine), "--backends", "reference-eager,torch-eager,aoti", "--out", str(out)])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
-    assert set(report["backends"]) == {"upstream-eager", "torch-eager", "aoti"}
-    assert "--no-onnx" in report["skipped"]["onnxruntime"]  # the fixture's export has no graph
+    assert set(report["backends"]) == {"reference-eager", "torch-eager", "aoti"}
     assert all(r["block_ms"]["mean"] > 0 for r in report["backends"].values())
-    assert "tensorrt" in report["skipped"] or "tensorrt" in report["backends"]
+    assert not report["skipped"] and not report["failed"]
+
+
+def test_bench_refuses_an_engine_of_another_export(aoti, tmp_path):
+    other = tmp_path / "other"
+    export_transformer(load_config("universal-small"), other, "fp32", seed=99, onnx=False)  # other weights
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", str(other), "--device", "cpu", "--blocks", "2", "--aoti-engine",
+                                    str(aoti[1]), "--backends", "torch-eager,aoti", "--out", str(out)])
+    assert res.exit_code == 1 and "failed: aoti" in res.output, res.output
+    report = json.loads(out.read_text())
+    assert "weights differ" in report["failed"]["aoti"] and set(report["backends"]) == {"torch-eager"}
 
 
 def test_cuda_graph_runner_needs_cuda(aoti):
