@@ -26,6 +26,18 @@ def _import_ort():
     return onnxruntime
 
 
+def _load_errors() -> tuple[type[Exception], ...]:
+    """ONNX Runtime's exception types for a graph it cannot load (not a wan-trt bug)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+    names = ("Fail", "NotImplemented", "InvalidGraph", "InvalidProtobuf", "NoSuchFile", "InvalidArgument")
+    return tuple(getattr(state, n) for n in names if hasattr(state, n))
+
+
+def available_providers() -> list[str]:
+    """ONNX Runtime's execution providers on this machine."""
+    return _import_ort().get_available_providers()
+
+
 class OnnxRuntimeRunner(Runner):
     """Runs an exported graph with ONNX Runtime; ``provider`` is 'cpu' or 'cuda'."""
 
@@ -34,6 +46,10 @@ class OnnxRuntimeRunner(Runner):
     def __init__(self, graph: str | Path, spec: PassSpec, provider: str = "cpu"):
         if provider not in PROVIDERS:
             raise WanTrtError(f"--provider {provider!r}: expected one of {', '.join(PROVIDERS)}")
+        if provider == "cpu" and spec.precision == "bf16":
+            raise WanTrtError(f"{graph} is a bf16 graph, and ONNX Runtime's CPU provider has no bf16 kernels: "
+                              "check it with --provider cuda on a machine with a GPU (onnxruntime-gpu), or "
+                              "export with --precision fp32 to check the same graph structure on this CPU")
         super().__init__(spec, "cuda" if provider == "cuda" else "cpu")
         self.name = f"onnxruntime-{provider}"
         self.graph = Path(graph)
@@ -46,7 +62,7 @@ class OnnxRuntimeRunner(Runner):
         available = ort.get_available_providers()
         wanted = PROVIDERS[self.provider]
         if wanted not in available:
-            raise WanTrtError(f"ONNX Runtime here has no {wanted} (available: {', '.join(available)}); "
+            raise WanTrtError(f"this machine's ONNX Runtime has no {wanted} (available: {', '.join(available)}); "
                               "install onnxruntime-gpu for --provider cuda")
         options = ort.SessionOptions()
         options.log_severity_level = 3
@@ -55,7 +71,10 @@ class OnnxRuntimeRunner(Runner):
         if self.provider == "cuda":
             stream = torch.cuda.current_stream(self.device).cuda_stream
             provider = (wanted, {"device_id": self.device.index or 0, "user_compute_stream": str(stream)})
-        self.session = ort.InferenceSession(str(graph), options, providers=[provider])
+        try:
+            self.session = ort.InferenceSession(str(graph), options, providers=[provider])
+        except _load_errors() as exc:  # ONNX Runtime's own verdict on the graph names the cause
+            raise WanTrtError(f"ONNX Runtime ({wanted}) cannot load {self.graph}: {exc}") from exc
         if self.session.get_providers()[0] != wanted:
             raise WanTrtError(f"ONNX Runtime fell back to {self.session.get_providers()} for {self.graph}")
         self.outputs = self.spec.allocate("outputs", self.device)

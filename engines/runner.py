@@ -16,6 +16,7 @@ import abc
 
 import torch
 
+from wan_trt.errors import WanTrtError
 from wan_trt.spec import PassSpec
 
 
@@ -29,6 +30,9 @@ class Runner(abc.ABC):
     def __init__(self, spec: PassSpec, device: str | torch.device):
         self.spec = spec
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise WanTrtError(f"{type(self).__name__} runs on {self.device}, and this machine has no CUDA device "
+                              "that PyTorch can use; run on cpu (--device cpu / --provider cpu)")
         if self.device.type == "cuda" and self.device.index is None:  # "cuda" -> "cuda:N": comparable to tensors'
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.is_active = False

@@ -5,6 +5,7 @@ User errors (:class:`WanTrtError`) print one message and exit 1; bugs keep their
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import sys
@@ -13,8 +14,9 @@ from typing import Callable
 
 import click
 
+from wan_trt.engines.backends import ALL_BACKENDS
 from wan_trt.errors import WanTrtError
-from wan_trt.log import setup_logging
+from wan_trt.log import logger, setup_logging
 
 
 # ---- reusable option groups ------------------------------------------------------------------
@@ -48,16 +50,35 @@ def pick_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# What the file system says about a user's path (full disk, no permission, a file where a folder
+# should be ...): the user's to fix, so one line, not a traceback.
+USER_OS_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ENOTDIR,
+                  errno.EISDIR, errno.EEXIST, errno.ENOENT, errno.ENAMETOOLONG, errno.ENOTEMPTY, errno.EXDEV}
+
+
 def user_errors(fn: Callable) -> Callable:
-    """Turn WanTrtError into 'error: ...' on stderr and exit status 1."""
+    """Turn WanTrtError (and file-system errors on the user's paths) into one 'error: ...' line on
+    stderr and exit status 1; with -v the traceback is logged too. Anything else is a bug and keeps
+    its traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except WanTrtError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            _fail(str(exc))
+        except OSError as exc:
+            if exc.errno not in USER_OS_ERRORS:
+                raise
+            where = exc.filename if exc.filename is not None else "a file"
+            _fail(f"{where}: {exc.strerror or exc} (errno {errno.errorcode.get(exc.errno, exc.errno)}); "
+                  "check the path, its permissions and the free space")
     return wrapper
+
+
+def _fail(message: str) -> None:
+    logger.debug("traceback of the error below", exc_info=True)
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -219,10 +240,10 @@ def inspect(engine, as_json) -> None:
 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--backends", default=",".join(["upstream-eager", "torch-eager", "torch-compile", "onnxruntime", "aoti",
-                                               "aoti+cudagraph", "aoti-plugins", "aoti-plugins+cudagraph",
-                                               "tensorrt"]), show_default=True,
-              help="Comma-separated backends; those that cannot run here are skipped with the reason.")
+@click.option("--backends", default=None,
+              help="Comma-separated backends, each of which must run (an error otherwise). Default: every "
+                   "backend, skipping with the reason those this machine cannot run. Choices: "
+                   + ", ".join(ALL_BACKENDS) + ".")
 @click.option("--blocks", type=click.IntRange(2), default=6, show_default=True)
 @device_option
 @click.option("--aoti-engine", type=click.Path(exists=True, dir_okay=False), default=None)
@@ -236,9 +257,10 @@ def inspect(engine, as_json) -> None:
 def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine, trt_engine, profile, out,
           chart) -> None:
     """ms per pass / block, FPS, P50/P95 and memory for every backend available, side by side."""
-    from wan_trt.engines.bench import run_bench
+    from wan_trt.engines.bench import parse_backends, run_bench
 
-    report = run_bench(directory, [b for b in backends.split(",") if b], blocks, pick_device(device), aoti_engine,
+    names = parse_backends(backends)  # unknown names are refused before any work
+    report = run_bench(directory, names, blocks, pick_device(device), aoti_engine,
                        trt_engine, [b for b in profile.split(",") if b], out, chart, aoti_plugins_engine)
     for name, r in report["backends"].items():
         click.echo(f"{name:16} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
@@ -246,11 +268,13 @@ def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine,
                    f"{r['video_fps']:6.1f} fps")
     for name, why in report["skipped"].items():
         click.echo(f"{name:16} skipped: {why}")
-    for name, why in report.get("failed", {}).items():
-        click.echo(f"{name:16} FAILED: {why}")
-    if report.get("failed"):
-        raise WanTrtError(f"{len(report['failed'])} backend(s) failed (tracebacks above); the others' results are "
-                          f"in {out or 'the report'}")
+    for name, why in report["failed"].items():
+        click.echo(f"{name:16} FAILED: {why.splitlines()[0]}")
+    where = f"; the results are in {out}" if out else ""
+    if report["failed"]:
+        raise WanTrtError(f"{len(report['failed'])} backend(s) failed: {', '.join(report['failed'])}{where}")
+    if not report["backends"]:
+        raise WanTrtError(f"no backend ran on this machine (every one was skipped, reasons above){where}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def test_bad_build_flags_fail_before_tensorrt(small_export, tmp_path):
 
 
 @pytest.mark.tensorrt
-@pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed (it cannot be installed in this workplace)")
+@pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
 def test_build_inspect_and_check_tensorrt(small_export):
     from wan_trt.engines.tensorrt import build_tensorrt, inspect_tensorrt
     from wan_trt.validate.transformer import check_engine

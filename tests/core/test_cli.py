@@ -1,0 +1,46 @@
+"""The CLI's contract: user errors are one `error:` line and exit 1 (traceback only with -v)."""
+import pytest
+import torch
+from click.testing import CliRunner
+
+from wan_trt.cli import main
+from wan_trt.config import load_config
+from wan_trt.export.transformer import export_transformer
+
+NO_GPU = not torch.cuda.is_available()
+
+
+def _run(args):
+    return CliRunner().invoke(main, args)
+
+
+def _one_error_line(res, *phrases):
+    assert res.exit_code == 1, res.output
+    assert isinstance(res.exception, SystemExit), res.exception  # no escaped exception: not a crash
+    lines = [line for line in res.output.splitlines() if not line.startswith("[wan-trt]")]
+    assert lines and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
+    for phrase in phrases:
+        assert phrase in res.output, (phrase, res.output)
+
+
+@pytest.fixture(scope="module")
+def bf16_export(tmp_path_factory):
+    """What a default `wan-trt export` writes (bf16 graph), on the small config."""
+    out = tmp_path_factory.mktemp("cli") / "bf16"
+    export_transformer(load_config("universal-small"), out, "bf16", seed=0)
+    return out
+
+
+def test_default_check_of_a_default_export_on_cpu_says_what_to_do(bf16_export):
+    _one_error_line(_run(["check", str(bf16_export)]), "bf16", "--provider cuda", "--precision fp32")
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a CUDA device: the no-GPU message is not reachable")
+def test_check_with_cuda_provider_without_a_gpu(bf16_export):
+    _one_error_line(_run(["check", str(bf16_export), "--provider", "cuda"]), "no CUDA device")
+
+
+def test_verbose_shows_the_traceback_of_a_user_error():
+    res = _run(["-v", "info", "--config", "no-such-preset"])
+    assert res.exit_code == 1 and "error: --config 'no-such-preset'" in res.output
+    assert "Traceback" in res.output
