@@ -28,7 +28,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.spec import PassSpec
-from wan_trt.validate.metrics import REL_L2_FLOOR, ErrorStats, error_stats, passes, tolerance
+from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
 
 RESULTS_DIR = "check"
 
@@ -133,15 +133,16 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
     (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
     names = feed_spec.output_names
     yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
-    # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (1e-3 of the mean |reference|)
-    atol = {n: 2 * max(yard[n].mean_abs, REL_L2_FLOOR * float(np.abs(ref_out[n]).mean())) for n in names}
+    # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (floor x the mean |reference|)
+    floor = rel_l2_floor(feed_spec.precision)
+    atol = {n: 2 * max(yard[n].mean_abs, floor * float(np.abs(ref_out[n]).mean())) for n in names}
     compare = _simple_compare(atol=atol, rtol={n: 0.0 for n in names}, check_error_stat="mean")
     with G_LOGGER.verbosity(G_LOGGER.ERROR):
         accuracy = Comparator.compare_accuracy(results, comparisons=[(0, 2)], compare_func=compare)
     (pair_results,) = accuracy[0].values()  # one comparison function, one runner pair
     poly = pair_results[0]  # first (only) iteration
-    return [OutputCheck(n, error_stats(back_out[n], ref_out[n]), yard[n], tolerance(yard[n].rel_l2), bool(poly[n]))
-            for n in names]
+    allowed = {n: tolerance(yard[n].rel_l2, feed_spec.precision) for n in names}
+    return [OutputCheck(n, error_stats(back_out[n], ref_out[n]), yard[n], allowed[n], bool(poly[n])) for n in names]
 
 
 def _simple_compare(**kwargs):
@@ -162,7 +163,7 @@ def check_stream(backend: Runner, reference_model, yardstick: Runner, blocks: in
     got = compare_stream(reference_model, backend, blocks, seed)
     rows = []
     for i, (b, y) in enumerate(zip(got.blocks, base.blocks)):
-        allowed = tolerance(y.rel_l2)
+        allowed = tolerance(y.rel_l2, backend.spec.precision)
         rows.append({"block": i, **b.as_dict(), "yardstick_rel_l2": y.rel_l2, "allowed_rel_l2": allowed,
                      "seconds": got.block_seconds[i], "ok": passes(b, allowed)})
     return rows

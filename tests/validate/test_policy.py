@@ -1,0 +1,49 @@
+"""The accuracy policy is precision-aware: an fp32 graph must match fp32 PyTorch to fp32 rounding."""
+import pytest
+import torch
+
+from wan_trt.config import load_config
+from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.export.manifest import Manifest, reference_model
+from wan_trt.export.transformer import export_transformer
+from wan_trt.validate.metrics import rel_l2_floor, tolerance
+from wan_trt.validate.transformer import check_runner
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("policy") / "export"
+    export_transformer(load_config("universal-small"), out, "fp32", seed=5, onnx=False)
+    return out
+
+
+def _backend(export_dir, scale_row: float | None):
+    """The export's own fp32 model as a backend, with one FFN weight row scaled by ``scale_row``."""
+    manifest = Manifest.read(export_dir)
+    model = reference_model(manifest, torch.float32, "cpu")
+    if scale_row is not None:
+        with torch.no_grad():
+            model.blocks[1].ffn[0].weight[3] *= scale_row
+    return manifest, TorchRunner(model, manifest.spec)
+
+
+def test_floors_by_precision():
+    assert rel_l2_floor("fp32") == 1e-5 and rel_l2_floor("bf16") == 1e-3
+    assert tolerance(0.0, "fp32") == 1e-5 and tolerance(0.02, "bf16") == 0.04
+    with pytest.raises(ValueError, match="fp8"):
+        rel_l2_floor("fp8")
+
+
+def test_an_exact_fp32_backend_passes(export_dir):
+    manifest, backend = _backend(export_dir, None)
+    report = check_runner(export_dir, manifest, backend, blocks=2, seed=1, save_results=False)
+    assert report.ok, report.table()
+
+
+def test_one_slightly_wrong_weight_row_fails_an_fp32_check(export_dir):
+    """0.5 % off in one of 256 rows of one FFN weight: far below the old 1e-3 floor, far above fp32 rounding."""
+    manifest, backend = _backend(export_dir, 1.005)
+    report = check_runner(export_dir, manifest, backend, blocks=2, seed=1, save_results=False)
+    flow = next(o for o in report.outputs if o.name == "flow")
+    assert 1e-5 < flow.stats.rel_l2 < 1e-3, flow.stats  # what the old floor let through
+    assert not report.ok and any("flow" in p for p in report.problems())
