@@ -1,1 +1,1 @@
-"""Accuracy checks: every backend against the PyTorch reference, per the policy of DESIGN.md section 4."""
+"""Accuracy checks: every backend against the PyTorch reference, per the policy of docs/DESIGN.md section 4."""

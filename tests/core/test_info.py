@@ -17,7 +17,7 @@ def test_full_size_facts(name, params):
 
 def test_universal_flops_match_the_design_budget():
     f = flops_per_pass(load_config("universal"))
-    # DESIGN.md section 2: ~6.6 T linear, 0.8 action, 2.6 self-attention, 0.1 cross-attention
+    # docs/DESIGN.md section 2: ~6.6 T linear, 0.8 action, 2.6 self-attention, 0.1 cross-attention
     assert f["linear"] == pytest.approx(6.6e12, rel=0.03)
     assert f["action"] == pytest.approx(0.83e12, rel=0.05)
     assert f["self_attention"] == pytest.approx(2 * 2 * 2640 * 5280 * 1536 * 30)

@@ -8,7 +8,7 @@ cache for the keys/values to attend over, given the current block's post-RoPE K/
 * :class:`RollingCaches` - upstream semantics: per layer a buffer of
   ``local_attn_size`` frames, rolled and evicted in place with global/local end
   indices, attention over its last ``local_attn_size`` frames.
-* :class:`StaticCaches` - the engine form (DESIGN.md section 3): the previous
+* :class:`StaticCaches` - the engine form (docs/DESIGN.md section 3): the previous
   ``P = local_attn_size - block`` frames come in as fixed-size tensors with a count of
   valid frames (right-aligned), the current K/V is appended, invalid keys are masked,
   and the current K/V is collected as the pass's output. No state, no host sync.
