@@ -2,7 +2,7 @@
 
 Inputs per block of F latent frames: ``mouse_window`` [B, F, 12, mouse_dim] and
 ``keyboard_window`` [B, F, 12, kb_dim], the raw action frames each latent frame sees
-(see :mod:`wan_trt.actions`).
+(see :mod:`wan_trt.stream`, ``ActionHistory``).
 
 Mouse path, per spatial token s (batch B*S, sequence = frames):
     h = mouse_mlp(cat(x[s, f], mouse_window[f].flatten()))          # [B*S, F, c]
