@@ -138,3 +138,13 @@ def test_weights_that_overflow_float16_fail_at_load(tmp_path):
     build_model(cfg, torch.bfloat16, weights=path)  # bf16 holds 1e6
     with pytest.raises(WanTrtError, match=r"overflow float16.*model\.blocks\.0\.ffn\.2\.weight \(max \|w\| 1e\+06\)"):
         build_model(cfg, torch.float16, weights=path)
+
+
+def test_ambiguous_or_foreign_wrappers_are_refused(tmp_path):
+    state = dict(build_model(load_config("universal-small")).state_dict())
+    torch.save({"generator": state, "generator_ema": state, "step": 5}, tmp_path / "sf.pt")
+    with pytest.raises(WanTrtError, match=r"several state dicts \(generator, generator_ema\).*ckpt\['generator'\]"):
+        read_state_dict(tmp_path / "sf.pt")
+    torch.save({"weights": state, "step": 5}, tmp_path / "other.pt")
+    with pytest.raises(WanTrtError, match=r"expected a state dict of tensors.*found weights \(dict\), step \(int\)"):
+        read_state_dict(tmp_path / "other.pt")
