@@ -14,7 +14,6 @@ preset with the same action signature).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
