@@ -14,19 +14,17 @@ preset with the same action signature).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from wan_trt.config_json import build, field_error, read_json_object
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger
+from wan_trt.sizes import check_sizes
 
 PRESET_DIR = Path(__file__).parent / "configs"
 FULL_PRESETS = ("universal", "gta_drive", "templerun")
-
-# Keys of upstream config.json files that carry no information for wan-trt.
-_IGNORED_KEYS = {"_class_name", "_diffusers_version", "_name_or_path", "inject_sample_info"}
 
 
 @dataclass(frozen=True)
@@ -184,32 +182,36 @@ def _plain(obj: Any) -> Any:
 
 # ---- building from dicts -----------------------------------------------------------------
 
-def _build(cls: type, data: Mapping[str, Any], where: str, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``, coercing lists to tuples; unknown keys fail."""
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in _IGNORED_KEYS or key.startswith("_"):
-            continue
-        if key not in known:
-            raise WanTrtError(
-                f"config field '{prefix}{key}' is not a known field (in {where}); "
-                f"known fields: {', '.join(sorted(known))}")
-        if key == "action_config":
-            value = _build(ActionConfig, value or {}, where, prefix="action_config.")
-        elif isinstance(value, list):
-            value = tuple(value)
-        kwargs[key] = value
-    return cls(**kwargs)
+# Fields every upstream config.json sets (Matrix-Game-2/configs/distilled_model/*/config.json):
+# required, so a missing num_layers is an error, not a silent 30. The others (patch_size,
+# qk_norm, cross_attn_norm; the mouse fields of a keyboard-only model) keep upstream's
+# constructor defaults, which the dataclass defaults equal.
+UPSTREAM_REQUIRED = {
+    "ModelConfig": ("action_config", "dim", "eps", "ffn_dim", "freq_dim", "in_dim", "local_attn_size",
+                    "model_type", "num_heads", "num_layers", "out_dim", "sink_size", "text_len"),
+    "ActionConfig": ("blocks", "enable_keyboard", "enable_mouse", "heads_num", "hidden_size",
+                     "img_hidden_size", "keyboard_dim_in", "keyboard_hidden_dim", "patch_size", "qk_norm",
+                     "qkv_bias", "rope_dim_list", "rope_theta", "vae_time_compression_ratio", "windows_size"),
+}
+MOUSE_REQUIRED = ("mouse_dim_in", "mouse_hidden_dim", "mouse_qk_dim_list")  # when enable_mouse is true
+
+
+def _required(cls: type, data: Mapping[str, Any]) -> tuple[str, ...]:
+    """Fields ``data`` must hold to build ``cls`` (an empty action_config means no action module)."""
+    if cls is ActionConfig and not data:
+        return ()
+    names = UPSTREAM_REQUIRED.get(cls.__name__, ())
+    return names + MOUSE_REQUIRED if cls is ActionConfig and data.get("enable_mouse") is True else names
 
 
 def config_from_dict(data: Mapping[str, Any], name: str, where: str = "<dict>") -> WanConfig:
     """A checked :class:`WanConfig` from ``{"model": ..., "inference": ...}`` or an upstream config.json dict."""
     if "model" in data:
-        model = _build(ModelConfig, data["model"], where, "model.")
-        inference = _build(InferenceConfig, data.get("inference", {}), where, "inference.")
+        model = build(ModelConfig, data["model"], where, "model.", _required)
+        inference = (build(InferenceConfig, data["inference"], where, "inference.", _required)
+                     if "inference" in data else _inference_for(model, where))
     else:
-        model = _build(ModelConfig, data, where)
+        model = build(ModelConfig, data, where, "", _required)
         inference = _inference_for(model, where)
     cfg = WanConfig(name=str(data.get("name", name)), model=model, inference=inference)
     validate(cfg, where)
@@ -220,20 +222,13 @@ def _inference_for(model: ModelConfig, where: str) -> InferenceConfig:
     """Streaming settings for an upstream config.json: those of the preset with its action signature."""
     signature = (model.action_config.keyboard_dim_in, model.action_config.enable_mouse)
     for preset in FULL_PRESETS:
-        candidate = _read_json(PRESET_DIR / f"{preset}.json")
+        candidate = read_json_object(PRESET_DIR / f"{preset}.json")
         action = candidate["model"]["action_config"]
         if (action["keyboard_dim_in"], action["enable_mouse"]) == signature:
             logger.info("%s has no inference settings: using those of preset '%s'", where, preset)
-            return _build(InferenceConfig, candidate["inference"], preset, "inference.")
+            return build(InferenceConfig, candidate["inference"], preset, "inference.", _required)
     logger.info("%s has no inference settings: using the defaults (3 steps, shift 5)", where)
     return InferenceConfig()
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise WanTrtError(f"config file {path} is not valid JSON: {exc}") from None
 
 
 def preset_names() -> list[str]:
@@ -251,7 +246,7 @@ def load_config(name_or_path: str | Path) -> WanConfig:
     text = str(name_or_path)
     preset = PRESET_DIR / f"{text}.json"
     if preset.is_file():
-        return config_from_dict(_read_json(preset), text, f"preset '{text}'")
+        return config_from_dict(read_json_object(preset), text, f"preset '{text}'")
     path = Path(text)
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
@@ -259,14 +254,14 @@ def load_config(name_or_path: str | Path) -> WanConfig:
         raise WanTrtError(
             f"--config '{text}' is neither a preset nor a file; presets: {', '.join(preset_names())}")
     name = path.parent.name if path.name == "config.json" else path.stem
-    return config_from_dict(_read_json(path), name, str(path))
+    return config_from_dict(read_json_object(path), name, str(path))
 
 
 # ---- validation --------------------------------------------------------------------------
 
 def _check(ok: bool, fieldname: str, expected: str, got: Any, where: str) -> None:
     if not ok:
-        raise WanTrtError(f"config field '{fieldname}': expected {expected}, got {got!r} (in {where})")
+        raise field_error(fieldname, expected, got, where)
 
 
 def _positive_ints(obj: Any, names: list[str], prefix: str, where: str) -> None:
@@ -313,6 +308,7 @@ def validate(cfg: WanConfig, where: str = "config") -> None:
            "at least local_attn_size", inf.rope_max_frames, where)
     if a.blocks:
         _validate_action(cfg, where)
+    check_sizes(cfg, where)
 
 
 def _validate_action(cfg: WanConfig, where: str) -> None:

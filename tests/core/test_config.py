@@ -53,6 +53,9 @@ def _write(tmp_path, change):
     (lambda d: d["model"]["action_config"].update(mouse_qk_dim_list=[4, 6, 8]), "mouse_qk_dim_list"),
     (lambda d: d["inference"].update(denoising_step_list=[333, 666]), "denoising_step_list"),
     (lambda d: d["inference"].update(latent_height=5), "latent_height"),
+    (lambda d: d["model"].update(num_layers=2000), "'num_layers': expected at most 1024 layers"),
+    (lambda d: d["inference"].update(latent_height=1024, latent_width=1024), "at most 65536 patches"),
+    (lambda d: d["inference"].update(rope_max_frames=1 << 17), "'inference.rope_max_frames': expected at most"),
 ])
 def test_bad_field_is_named(tmp_path, change, field):
     with pytest.raises(WanTrtError, match=field):
@@ -73,3 +76,118 @@ def test_round_trip_through_dict():
     for name in FULL + SMALL:
         cfg = load_config(name)
         assert config_from_dict(json.loads(json.dumps(cfg.to_dict())), name) == cfg
+
+
+# ---- JSON types, completeness and sizes ----------------------------------------------------
+
+def _upstream(tmp_path, change, preset="universal"):
+    """An upstream-format config.json (model fields at the top level), edited by ``change``."""
+    data = json.loads((load_config.__globals__["PRESET_DIR"] / f"{preset}.json").read_text())["model"]
+    data.pop("clip_dim", None), data.pop("clip_tokens", None)
+    change(data)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda d: d["model"]["action_config"].update(enable_mouse="false"), "action_config.enable_mouse"),
+    (lambda d: d["model"]["action_config"].update(enable_keyboard=0), "action_config.enable_keyboard"),
+    (lambda d: d["inference"].update(timestep_shift="5"), "inference.timestep_shift"),
+    (lambda d: d["inference"].update(timestep_shift=float("nan")), "inference.timestep_shift"),
+    (lambda d: d["model"].update(patch_size=2), "model.patch_size"),
+    (lambda d: d["model"].update(patch_size=[1, 2.5, 2]), "model.patch_size"),
+    (lambda d: d["model"].update(action_config="none"), "model.action_config"),
+    (lambda d: d["model"].update(num_layers=4.0), "model.num_layers"),
+    (lambda d: d["model"].update(num_layers=True), "model.num_layers"),
+    (lambda d: d["model"].update(eps="1e-6"), "model.eps"),
+    (lambda d: d["model"].update(model_type=2), "model.model_type"),
+    (lambda d: d["model"]["action_config"].update(blocks=[0, "1"]), "action_config.blocks"),
+    (lambda d: d["inference"].update(warp_denoising_step="yes"), "inference.warp_denoising_step"),
+    (lambda d: d.update(inference=[]), "inference"),
+])
+def test_wrong_json_type_is_named(tmp_path, change, field):
+    with pytest.raises(WanTrtError, match=rf"{field}': expected .*got .*cfg\.json") as err:
+        load_config(_write(tmp_path, change))
+    assert "fix it in" in str(err.value)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda d: d.pop("num_layers"), "num_layers"),
+    (lambda d: d.pop("action_config"), "action_config"),
+    (lambda d: d["action_config"].pop("enable_mouse"), "action_config.enable_mouse"),
+    (lambda d: d["action_config"].pop("keyboard_dim_in"), "action_config.keyboard_dim_in"),
+    (lambda d: d["action_config"].pop("mouse_dim_in"), "action_config.mouse_dim_in"),  # mouse is on
+])
+def test_upstream_config_json_must_be_complete(tmp_path, change, field):
+    with pytest.raises(WanTrtError, match=rf"missing field '{field}'.*config\.json"):
+        load_config(_upstream(tmp_path, change))
+
+
+def test_upstream_fields_the_constructor_defaults_may_be_left_out(tmp_path):
+    """Upstream's config.json files omit patch_size, qk_norm, cross_attn_norm (and the mouse fields
+    of a keyboard-only model): the constructor's defaults apply, as upstream."""
+    path = _upstream(tmp_path, lambda d: [d.pop(k, None) for k in ("patch_size", "qk_norm", "cross_attn_norm")],
+                     preset="templerun")
+    cfg = load_config(path)
+    assert cfg.model == load_config("templerun").model
+    assert not cfg.has_mouse
+
+
+def test_absurd_sizes_are_refused_before_any_allocation(tmp_path):
+    import time
+    start = time.perf_counter()
+    with pytest.raises(WanTrtError, match=r"'num_layers': expected .*at most \d+"):
+        load_config(_upstream(tmp_path, lambda d: d.update(num_layers=1_000_000_000)))
+    assert time.perf_counter() - start < 1.0
+
+    def huge(d):  # every field within its own bound, together ~1e12 parameters
+        d.update(dim=65536, num_heads=512, ffn_dim=262144)
+        d["action_config"]["img_hidden_size"] = 65536
+    with pytest.raises(WanTrtError, match=r"parameters.*dim, ffn_dim, num_layers"):
+        load_config(_upstream(tmp_path, huge))
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00binary", "not a UTF-8 text file"),
+    (b"[1, 2]", "expected a JSON object"),
+    (b'"universal"', "expected a JSON object"),
+])
+def test_file_that_is_not_a_json_object(tmp_path, content, match):
+    path = tmp_path / "weird.json"
+    path.write_bytes(content)
+    with pytest.raises(WanTrtError, match=rf"{match}.*weird\.json|weird\.json.*{match}"):
+        load_config(path)
+
+
+def test_analytic_parameter_count_matches_the_model():
+    from wan_trt.sizes import parameter_count
+    from wan_trt.model import count_parameters
+    for name in FULL + SMALL:
+        cfg = load_config(name)
+        assert parameter_count(cfg) == count_parameters(cfg), name
+
+
+@pytest.mark.parametrize("content, field", [
+    (lambda d: d["action_config"].update(enable_mouse="false"), "action_config.enable_mouse"),
+    (lambda d: d.pop("num_layers"), "num_layers"),
+    (lambda d: d.update(patch_size=2), "patch_size"),
+    (lambda d: d.update(num_layers=1_000_000_000), "num_layers"),
+])
+def test_cli_prints_one_error_line(tmp_path, content, field):
+    from click.testing import CliRunner
+    from wan_trt.cli import main
+    result = CliRunner().invoke(main, ["info", "--config", str(_upstream(tmp_path, content))])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and field in errors[0] and "Traceback" not in result.output
+
+
+def test_cli_binary_config_file(tmp_path):
+    from click.testing import CliRunner
+    from wan_trt.cli import main
+    path = tmp_path / "config.json"
+    path.write_bytes(bytes(range(256)))
+    result = CliRunner().invoke(main, ["info", "--config", str(path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert f"error: --config {path}" in result.output

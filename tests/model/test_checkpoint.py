@@ -66,3 +66,85 @@ def test_unreadable_files(tmp_path):
     (tmp_path / "w.onnx").write_bytes(b"")
     with pytest.raises(WanTrtError, match="expected a .safetensors"):
         read_state_dict(tmp_path / "w.onnx")
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+    from wan_trt.cli import main
+    return CliRunner().invoke(main, list(args))
+
+
+def _stream(weights, out):
+    """`wan-trt stream` of one small block; returns the latents it wrote."""
+    args = ["stream", "--config", "universal-small", "--blocks", "1", "--device", "cpu", "--out", str(out)]
+    result = _cli(*args, *(["--weights", str(weights)] if weights else []))
+    assert result.exit_code == 0, result.output
+    return torch.load(out / "latents.pt")
+
+
+def test_training_checkpoint_wrapped_in_state_dict_loads_through_the_cli(tmp_path):
+    """{'state_dict': ...} beside optimizer state and counters, as training scripts write them."""
+    src = build_model(load_config("universal-small"), seed=7)
+    plain = save_checkpoint(src, tmp_path / "plain.safetensors")
+    state = {f"model.{k}": v for k, v in src.state_dict().items()}
+    torch.save({"state_dict": state, "optimizer_states": [{"state": {}, "param_groups": [{"lr": 1e-5}]}],
+                "epoch": 3, "global_step": 1200, "pytorch-lightning_version": "2.4.0"}, tmp_path / "train.ckpt")
+    wrapped = _stream(tmp_path / "train.ckpt", tmp_path / "a")
+    assert torch.equal(wrapped, _stream(plain, tmp_path / "b"))
+    assert not torch.equal(wrapped, _stream(None, tmp_path / "c"))  # the weights were really used
+
+
+def _saved(tmp_path, small_cfg, edit, name="bad.safetensors"):
+    state = {f"model.{k}": v.clone() for k, v in build_model(small_cfg).state_dict().items()}
+    edit(state)
+    path = tmp_path / name
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+        save_file(state, str(path))
+    else:
+        torch.save(state, path)
+    return path
+
+
+def test_integer_tensors_where_float_weights_are_expected(tmp_path):
+    cfg = load_config("universal-small")
+    path = _saved(tmp_path, cfg, lambda s: s.update({k: (v * 100).to(torch.int32) for k, v in s.items()}), "w.pt")
+    with pytest.raises(WanTrtError, match=r"w\.pt.*int32.*model\.blocks\.0\.ffn\.0\.weight|"
+                                          r"w\.pt.*model\.[\w.]+ \(int32\)"):
+        build_model(cfg, weights=path)
+    result = _cli("stream", "--config", "universal-small", "--weights", str(path), "--blocks", "1", "--device", "cpu")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "int32" in result.output and "Traceback" not in result.output
+
+
+def test_nan_and_inf_weights_fail_at_load_naming_key_and_file(tmp_path):
+    cfg = load_config("universal-small")
+
+    def edit(state):
+        state["model.blocks.1.ffn.0.weight"][3, 5] = float("nan")
+        state["model.head.head.bias"][0] = float("inf")
+    path = _saved(tmp_path, cfg, edit)
+    with pytest.raises(WanTrtError) as err:
+        build_model(cfg, weights=path)
+    msg = str(err.value)
+    assert str(path) in msg and msg.count("\n") < 8
+    assert "model.blocks.1.ffn.0.weight (1 NaN)" in msg and "model.head.head.bias (1 Inf)" in msg
+
+
+def test_weights_that_overflow_float16_fail_at_load(tmp_path):
+    cfg = load_config("universal-small")
+    path = _saved(tmp_path, cfg, lambda s: s["model.blocks.0.ffn.2.weight"].__setitem__((0, 0), 1e6))
+    build_model(cfg, torch.bfloat16, weights=path)  # bf16 holds 1e6
+    with pytest.raises(WanTrtError, match=r"overflow float16.*model\.blocks\.0\.ffn\.2\.weight \(max \|w\| 1e\+06\)"):
+        build_model(cfg, torch.float16, weights=path)
+
+
+def test_ambiguous_or_foreign_wrappers_are_refused(tmp_path):
+    state = dict(build_model(load_config("universal-small")).state_dict())
+    torch.save({"generator": state, "generator_ema": state, "step": 5}, tmp_path / "sf.pt")
+    with pytest.raises(WanTrtError, match=r"several state dicts \(generator, generator_ema\).*ckpt\['generator'\]"):
+        read_state_dict(tmp_path / "sf.pt")
+    torch.save({"weights": state, "step": 5}, tmp_path / "other.pt")
+    with pytest.raises(WanTrtError, match=r"expected a state dict of tensors.*found weights \(dict\), step \(int\)"):
+        read_state_dict(tmp_path / "other.pt")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from wan_trt.config import WanConfig
+from wan_trt.config import WanConfig, validate
 from wan_trt.model.transformer import CausalWanModel
 
 
@@ -14,8 +14,10 @@ def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str 
     """The model in eval mode on ``device``/``dtype``: loaded from ``weights`` or seeded random.
 
     Raises:
-        WanTrtError: the checkpoint is unreadable or its keys/shapes do not match ``cfg``.
+        WanTrtError: ``cfg`` is invalid or too large to allocate (checked before any allocation),
+            or the checkpoint is unreadable, does not match ``cfg`` or holds NaN/Inf.
     """
+    validate(cfg, f"config '{cfg.name}'")
     from wan_trt.model.checkpoint import load_checkpoint
     from wan_trt.model.init import random_init
     from wan_trt.model.rope import RopeTables

@@ -2,9 +2,12 @@
 
 Upstream files (``base_distill.safetensors`` ...) hold the CausalWanModel state dict
 with keys prefixed ``model.`` (the diffusion wrapper's attribute). Accepted here:
-``.safetensors`` and ``.pt``/``.pth`` (optionally wrapped in ``{"state_dict": ...}``),
-with or without the ``model.`` (or ``_orig_mod.``) prefix. Loading is strict: any
-missing, unexpected or wrongly shaped key fails with the list of them.
+``.safetensors`` and ``.pt``/``.pth``/``.ckpt``, the state dict alone or wrapped as training
+scripts save it (``{"state_dict": ..., "epoch": 3, "optimizer_states": ...}``; also under
+``model``/``generator``/``generator_ema``/``module``), with or without the ``model.`` (or
+``_orig_mod.``) prefix. Loading is strict and checked once, at ``--weights``: missing,
+unexpected or wrongly shaped keys, integer tensors, NaN/Inf values and values that overflow
+the load dtype (fp16) each fail with the keys as stored in the file.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from wan_trt.log import logger
 
 UPSTREAM_PREFIX = "model."
 _STRIPPABLE = ("model.", "_orig_mod.", "module.")
-_WRAPPERS = ("state_dict", "model", "generator", "module")
+_WRAPPERS = ("state_dict", "model", "generator", "generator_ema", "module")
 _SHOW = 12
 
 
@@ -45,15 +48,23 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _unwrap(state: object, path: Path) -> dict[str, torch.Tensor]:
-    if isinstance(state, Mapping):
-        for key in _WRAPPERS:
-            inner = state.get(key)
-            if isinstance(inner, Mapping) and len(state) <= 3:
-                state = inner
-                break
-    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise WanTrtError(f"--weights {path}: expected a state dict of tensors")
+    """The state dict itself, or the one a training checkpoint wraps (``{"state_dict": ..., "epoch": 3}``)."""
+    if isinstance(state, Mapping) and not _all_tensors(state):
+        inner = [key for key in _WRAPPERS if isinstance(state.get(key), Mapping)]
+        if len(inner) > 1:
+            raise WanTrtError(f"--weights {path}: holds several state dicts ({', '.join(inner)}); expected "
+                              f"one: save the one to use on its own (torch.save(ckpt['{inner[0]}'], ...))")
+        state = state[inner[0]] if inner else state
+    if not isinstance(state, Mapping) or not _all_tensors(state):
+        found = ", ".join(f"{k} ({type(v).__name__})" for k, v in list(state.items())[:_SHOW]) \
+            if isinstance(state, Mapping) else type(state).__name__
+        raise WanTrtError(f"--weights {path}: expected a state dict of tensors (optionally under "
+                          f"'{_WRAPPERS[0]}'), found {found}")
     return dict(state)
+
+
+def _all_tensors(state: Mapping) -> bool:
+    return all(isinstance(v, torch.Tensor) for v in state.values())
 
 
 def strip_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -87,12 +98,61 @@ def check_keys(model: nn.Module, state: Mapping[str, torch.Tensor], source: str)
     raise WanTrtError("\n".join(lines))
 
 
+def _listed(items: list[str]) -> str:
+    more = f", ... ({len(items) - _SHOW} more)" if len(items) > _SHOW else ""
+    return ", ".join(items[:_SHOW]) + more
+
+
+def check_values(state: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype) -> None:
+    """Raise WanTrtError naming (keys as stored) tensors that are not float, hold NaN/Inf, or overflow ``dtype``."""
+    not_float = [f"{k} ({_name(v.dtype)})" for k, v in state.items()
+                 if not v.is_floating_point()]
+    if not_float:
+        raise WanTrtError(f"--weights {source}: {len(not_float)} tensor(s) hold integers where float weights "
+                          f"are expected: {_listed(not_float)}; pass the float (bf16/fp32) checkpoint")
+    nonfinite = [f"{k} ({counts})" for k, v in state.items() if (counts := _nonfinite(v))]
+    limit = torch.finfo(dtype).max
+    overflow = [f"{k} (max |w| {peak:.3g})" for k, v in state.items() if (peak := _peak(v, dtype)) > limit]
+    problems = []
+    if nonfinite:
+        problems.append(f"{len(nonfinite)} tensor(s) hold NaN/Inf: {_listed(nonfinite)}; the file is damaged: "
+                        "download or export it again")
+    if overflow:
+        problems.append(f"{len(overflow)} tensor(s) overflow {_name(dtype)} (max {limit:.5g}): "
+                        f"{_listed(overflow)}; pass --precision bf16 or fp32")
+    if problems:
+        raise WanTrtError(f"--weights {source}: " + "\n  ".join(problems))
+
+
+def _nonfinite(value: torch.Tensor) -> str:
+    """'' for a finite tensor, else '2 NaN, 1 Inf'."""
+    if torch.isfinite(value).all():
+        return ""
+    counts = ((int(torch.isnan(value).sum()), "NaN"), (int(torch.isinf(value).sum()), "Inf"))
+    return ", ".join(f"{n} {what}" for n, what in counts if n)
+
+
+def _peak(value: torch.Tensor, dtype: torch.dtype) -> float:
+    """max |value| when ``dtype`` is narrower than the stored dtype (fp32 -> fp16), else 0."""
+    narrower = torch.finfo(value.dtype).max > torch.finfo(dtype).max
+    return float(value.abs().max()) if narrower and value.numel() else 0.0
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def load_checkpoint(model: nn.Module, path: str | Path, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> nn.Module:
-    """Load ``path`` strictly into ``model`` (may live on the meta device), converted to ``dtype``."""
-    state = strip_prefix(read_state_dict(path))
+    """Load ``path`` strictly into ``model`` (may live on the meta device), converted to ``dtype``.
+
+    Keys, shapes, dtypes and values (NaN/Inf, ``dtype`` overflow) are checked once, here.
+    """
+    raw = read_state_dict(path)
+    state = strip_prefix(raw)
     check_keys(model, state, str(path))
-    state = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in state.items()}
+    check_values(raw, str(path), dtype)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     logger.debug("loaded %d tensors from %s", len(state), path)
     return model
