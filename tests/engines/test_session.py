@@ -137,3 +137,72 @@ def test_other_window_sizes(local):
     assert ("self_k_prev" in spec.input_names) == (local > 3)
     report = compare_stream(model, TorchRunner(model, spec), 6, seed=2)
     assert max(s.rel_l2 for s in report.blocks) < 1e-5
+
+
+# ---- an atomic, honest session -------------------------------------------------------------------
+
+def _state(session):
+    """Everything a step may change: block counter, valid frames, every feed, the action histories."""
+    return {"block": session.block, "valid_frames": session.valid_frames,
+            "feeds": {k: v.clone() for k, v in session.feeds.items()},
+            "histories": {k: (h.base, None if h.frames is None else h.frames.clone())
+                          for k, h in session.histories.items()}}
+
+
+def _assert_same_state(a, b):
+    assert (a["block"], a["valid_frames"]) == (b["block"], b["valid_frames"])
+    assert a["feeds"].keys() == b["feeds"].keys()
+    for k in a["feeds"]:
+        assert torch.equal(a["feeds"][k], b["feeds"][k]), k
+    assert a["histories"].keys() == b["histories"].keys()
+    for k, (base, frames) in a["histories"].items():
+        assert base == b["histories"][k][0] and torch.equal(frames, b["histories"][k][1]), k
+
+
+@pytest.fixture(scope="module")
+def universal_small():
+    cfg = load_config("universal-small")
+    return cfg, build_model(cfg, seed=3), synthetic_stream(cfg, 4, seed=5)
+
+
+def _session(cfg, model, inputs):
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(5))
+    session.start(inputs.visual_context)
+    return session
+
+
+def _bad_steps(cfg, inputs, block):
+    """(inputs of a step that must be refused, what the message must say) for ``block``."""
+    cond = inputs.block_cond(cfg, block)
+    mouse, keyboard = inputs.block_actions(cfg, block)
+    nan_cond, inf_mouse, nan_keyboard = cond.clone(), mouse.clone(), keyboard.clone()
+    nan_cond[0, 5, 1, 2, 3] = float("nan")
+    inf_mouse[0, -1, 0] = float("inf")
+    nan_keyboard[0, 0, 1] = float("nan")
+    return [((cond, mouse, keyboard[:, :3]), r"keyboard: expected shape \[1, 12, 4\]"),  # after a good mouse
+            ((cond, mouse, None), "needs keyboard actions"),
+            ((cond[:, :, :2], mouse, keyboard), "cond_concat: expected shape"),
+            ((nan_cond, mouse, keyboard), f"cond_concat of block {block}.*non-finite"),
+            ((cond, inf_mouse, keyboard), f"mouse of block {block}.*non-finite"),
+            ((cond, mouse, nan_keyboard), f"keyboard of block {block}.*non-finite"),
+            ((cond, mouse, keyboard.to(torch.complex64)), "keyboard: expected a real tensor"),
+            ((cond, mouse.tolist(), keyboard), "mouse: expected a torch.Tensor")]
+
+
+def test_a_rejected_step_leaves_the_session_exactly_as_before(universal_small):
+    """Session B gets every kind of bad step before block 1, then the same good inputs as A: same latents."""
+    cfg, model, inputs = universal_small
+    a, b = _session(cfg, model, inputs), _session(cfg, model, inputs)
+    for block in range(3):
+        if block == 1:
+            before = _state(b)
+            for args, message in _bad_steps(cfg, inputs, block):
+                with pytest.raises(WanTrtError, match=message):
+                    b.step(*args)
+                _assert_same_state(before, _state(b))
+            _assert_same_state(_state(a), _state(b))
+        mouse, keyboard = inputs.block_actions(cfg, block)
+        got_a = a.step(inputs.block_cond(cfg, block), mouse, keyboard).latents
+        got_b = b.step(inputs.block_cond(cfg, block), mouse, keyboard).latents
+        assert torch.equal(got_a, got_b), block
+    _assert_same_state(_state(a), _state(b))
