@@ -206,3 +206,49 @@ def test_a_rejected_step_leaves_the_session_exactly_as_before(universal_small):
         got_b = b.step(inputs.block_cond(cfg, block), mouse, keyboard).latents
         assert torch.equal(got_a, got_b), block
     _assert_same_state(_state(a), _state(b))
+
+
+def test_step_before_start_is_an_error(universal_small):
+    cfg, model, inputs = universal_small
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
+    mouse, keyboard = inputs.block_actions(cfg, 0)
+    with pytest.raises(WanTrtError, match=r"step\(\) before start\(\)"):
+        session.step(inputs.block_cond(cfg, 0), mouse, keyboard)
+
+
+def test_non_finite_visual_context_is_refused(universal_small):
+    cfg, model, inputs = universal_small
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
+    bad = inputs.visual_context.clone()
+    bad[0, 3, 7] = float("-inf")
+    with pytest.raises(WanTrtError, match="visual_context of the stream holds non-finite values"):
+        session.start(bad)
+    assert not session.runner.is_active and not session.feeds["visual_context"].any()
+
+
+def _persistent(state):
+    """The part of a session's state that outlives a step: caches, visual context, counters, histories."""
+    feeds = {k: v for k, v in state["feeds"].items() if k.endswith("_prev") or k == "visual_context"}
+    return {**state, "feeds": feeds}
+
+
+def test_a_non_finite_block_is_not_committed(universal_small):
+    """NaN weights give NaN latents: the block is refused, nothing is committed, the stream goes on."""
+    cfg, model, inputs = universal_small
+    a, b = _session(cfg, model, inputs), _session(cfg, model, inputs)
+    bias = model.head.head.bias
+    for block in range(3):
+        mouse, keyboard = inputs.block_actions(cfg, block)
+        cond = inputs.block_cond(cfg, block)
+        if block == 1:
+            before, kept = _state(b), bias.detach().clone()
+            with torch.no_grad():
+                bias[0] = float("nan")
+            try:
+                with pytest.raises(WanTrtError, match="latents of block 1 came out non-finite.*not committed"):
+                    b.step(cond, mouse, keyboard)
+            finally:
+                with torch.no_grad():
+                    bias.copy_(kept)
+            _assert_same_state(_persistent(before), _persistent(_state(b)))
+        assert torch.equal(a.step(cond, mouse, keyboard).latents, b.step(cond, mouse, keyboard).latents), block
