@@ -268,14 +268,16 @@ class StreamingSession:
             buf[:, :, (p - f) * u:] = new
 
 
-def stream_blocks(session: StreamingSession, inputs, blocks: int, sync: bool = True) -> list[BlockResult]:
-    """Run ``blocks`` blocks of a :class:`~wan_trt.stream.StreamInputs` through a fresh stream."""
+def stream_blocks(session: StreamingSession, inputs, blocks: int, sync: bool = True, *,
+                  start_block: int = 0) -> list[BlockResult]:
+    """Run ``blocks`` blocks of a :class:`~wan_trt.stream.StreamInputs` through a fresh stream
+    that starts at block ``start_block`` (``inputs`` cover the stream from block 0)."""
     from wan_trt.log import progress
 
     cfg = session.cfg
-    session.start(inputs.visual_context.to(session.device, session.dtype))
+    session.start(inputs.visual_context.to(session.device, session.dtype), start_block=start_block)
     results = []
-    for block in progress(range(blocks), "blocks", total=blocks):
+    for block in progress(range(start_block, start_block + blocks), "blocks", total=blocks):
         mouse, keyboard = inputs.block_actions(cfg, block)
         move = (lambda t: None if t is None else t.to(session.device, session.dtype))
         results.append(session.step(move(inputs.block_cond(cfg, block)), move(mouse), move(keyboard), sync=sync))

@@ -208,6 +208,18 @@ def test_a_rejected_step_leaves_the_session_exactly_as_before(universal_small):
     _assert_same_state(_state(a), _state(b))
 
 
+def test_start_block_out_of_range_is_refused(universal_small):
+    cfg, model, inputs = universal_small
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
+    last = cfg.inference.rope_max_frames // cfg.block_frames - 1
+    with pytest.raises(WanTrtError, match=f"past the {cfg.inference.rope_max_frames}-frame RoPE table: start at "
+                                          f"block {last} or earlier"):
+        session.start(inputs.visual_context, start_block=last + 1)
+    with pytest.raises(WanTrtError, match="start_block: expected an int >= 0, got -1"):
+        session.start(inputs.visual_context, start_block=-1)
+    assert not session.started
+
+
 def test_step_before_start_is_an_error(universal_small):
     cfg, model, inputs = universal_small
     session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
@@ -252,3 +264,23 @@ def test_a_non_finite_block_is_not_committed(universal_small):
                     bias.copy_(kept)
             _assert_same_state(_persistent(before), _persistent(_state(b)))
         assert torch.equal(a.step(cond, mouse, keyboard).latents, b.step(cond, mouse, keyboard).latents), block
+
+
+def test_a_stream_started_deep_in_the_rope_table_equals_the_reference():
+    """Started at block 300 (latent frame 900 of 1024) with empty caches: static session == reference.
+
+    Actions change every raw frame, so the frames before block 300 (padding) would show if misplaced.
+    """
+    import dataclasses
+    cfg = load_config("universal-small")
+    assert cfg.inference.rope_max_frames >= 303 * cfg.block_frames
+    model = build_model(cfg, seed=1)
+    inputs = synthetic_stream(cfg, 303, seed=4)
+    gen = torch.Generator().manual_seed(0)
+    inputs = dataclasses.replace(inputs, mouse=torch.randn(inputs.mouse.shape, generator=gen),
+                                 keyboard=torch.randn(inputs.keyboard.shape, generator=gen))
+    report = compare_stream(model, TorchRunner(model, PassSpec.from_config(cfg, "fp32")), 3, seed=4,
+                            inputs=inputs, start_block=300)
+    assert len(report.blocks) == 3
+    for i, stats in enumerate(report.blocks):
+        assert stats.non_finite == 0 and stats.max_abs < 2e-5 and stats.rel_l2 < 1e-5, f"block {300 + i}: {stats}"
