@@ -50,6 +50,17 @@ class BlockInputs:
     histories: dict[str, ActionHistory]
 
 
+class NonFiniteBlock(WanTrtError):
+    """A block whose latents or new cache entries came out NaN/Inf; it was not committed.
+
+    ``block`` is its index and ``tensor`` the first non-finite one (``latents``, ``self_k_cur``...).
+    """
+
+    def __init__(self, message: str, *, block: int, tensor: str):
+        super().__init__(message)
+        self.block, self.tensor = block, tensor
+
+
 def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     """Name of the first tensor holding NaN or Inf, or None: one fused reduction, one device sync."""
     finite = torch.stack([torch.isfinite(t).all() for t in tensors.values()]).tolist()
@@ -205,9 +216,10 @@ class StreamingSession:
         committed = [cur for cache in self.spec.caches for _, cur in cache.pairs] if self.cfg.prev_frames else []
         name = first_non_finite({"latents": x0, **{cur: outputs[cur] for cur in committed}})
         if name is not None:
-            raise WanTrtError(f"{name} of block {self.block} came out non-finite (NaN or Inf): the block was not "
-                              f"committed and the session is as before it; check the weights and the inputs "
-                              f"(or the precision: fp16 overflows where bf16 does not), or start a new stream")
+            raise NonFiniteBlock(f"{name} of block {self.block} came out non-finite (NaN or Inf): the block was not "
+                                 f"committed and the session is as before it; check the weights and the inputs "
+                                 f"(or the precision: fp16 overflows where bf16 does not), or start a new stream",
+                                 block=self.block, tensor=name)
 
     # ---- stages -----------------------------------------------------------------------------
     def _new_histories(self, start_block: int) -> dict[str, ActionHistory]:

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from wan_trt.config import load_config
-from wan_trt.engines.session import StreamingSession, stream_blocks
+from wan_trt.engines.session import NonFiniteBlock, StreamingSession, stream_blocks
 from wan_trt.engines.torch_runner import TorchRunner
 from wan_trt.errors import WanTrtError
 from wan_trt.model import build_model
@@ -257,8 +257,10 @@ def test_a_non_finite_block_is_not_committed(universal_small):
             with torch.no_grad():
                 bias[0] = float("nan")
             try:
-                with pytest.raises(WanTrtError, match="latents of block 1 came out non-finite.*not committed"):
+                refused = "latents of block 1 came out non-finite.*not committed"
+                with pytest.raises(NonFiniteBlock, match=refused) as exc:
                     b.step(cond, mouse, keyboard)
+                assert (exc.value.block, exc.value.tensor) == (1, "latents")
             finally:
                 with torch.no_grad():
                     bias.copy_(kept)
