@@ -1,7 +1,7 @@
 """StreamingSession: the per-block schedule over any backend, with the caches kept on the device.
 
     session = StreamingSession(runner, seed=0)
-    session.start(visual_context)
+    session.start(visual_context)         # start_block=N: from block N, empty caches
     for each block:
         result = session.step(cond_concat_block, mouse_frames, keyboard_frames)
         result.latents  # [1, 16, 3, 44, 80]
@@ -9,7 +9,8 @@
 Every input buffer is allocated once from the spec. One block = the denoising passes
 (x0 = x_t - sigma * flow, then re-noise) and the clean pass at t = 0, whose current-block
 K/V is committed as the next block's previous-frames cache: a swap when P == F, a
-slice copy otherwise; never a reallocation.
+slice copy otherwise; never a reallocation. A step checks all its inputs before it changes
+anything, and a block that comes out NaN/Inf is refused (:class:`NonFiniteBlock`) uncommitted.
 """
 from __future__ import annotations
 
