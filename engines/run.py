@@ -10,22 +10,65 @@ import torch
 from wan_trt.config import WanConfig
 from wan_trt.engines.session import StreamingSession, stream_blocks
 from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
 from wan_trt.model import build_model
 from wan_trt.spec import PassSpec, precision_dtype
-from wan_trt.stream import NoiseSource, synthetic_stream
+from wan_trt.stream import NoiseSource, blocks_in_rope_table, synthetic_stream
 
 # rel-L2 allowed between the two pipelines: same model, same precision, different cache form
 PIPELINE_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}
 
 
-def run_stream(cfg: WanConfig, blocks: int, precision: str = "fp32", device: str = "cpu",
+def check_device(device: str) -> torch.device:
+    """The torch device ``device`` names, if this machine has it (cpu, cuda, cuda:N)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise WanTrtError(f"--device {device!r} is not a torch device; pass cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise WanTrtError(f"--device {device}: the stream runs on cpu or cuda (cuda:N), not '{dev.type}'")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            built = "" if torch.version.cuda else f" (torch {torch.__version__} is built without CUDA)"
+            raise WanTrtError(f"--device {device}: no CUDA GPU is visible on this machine{built}; pass --device cpu")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise WanTrtError(f"--device {device}: no CUDA device cuda:{dev.index} (this machine has {count}); "
+                              f"pass --device cuda:0 .. cuda:{count - 1}")
+    return dev
+
+
+def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device: str, weights: str | None,
+                         out: Path | None) -> None:
+    """Everything about a stream that can be known before the model is built: refuse it up front."""
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise WanTrtError(f"--blocks: expected an int >= 1, got {blocks!r}")
+    most = blocks_in_rope_table(cfg)
+    if blocks > most:
+        raise WanTrtError(f"--blocks {blocks}: the {cfg.inference.rope_max_frames}-frame RoPE table of "
+                          f"'{cfg.name}' holds at most {most} blocks of {cfg.block_frames} latent frames; "
+                          f"pass --blocks {most} or fewer")
+    if precision not in PIPELINE_TOLERANCE:
+        raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PIPELINE_TOLERANCE)}")
+    check_device(device)
+    if weights is not None and not Path(weights).is_file():
+        raise WanTrtError(f"--weights {weights}: no such file")
+    if out is not None and out.exists() and not out.is_dir():
+        raise WanTrtError(f"--out {out}: exists and is not a directory; pass a directory")
+
+
+def run_stream(cfg: WanConfig, blocks: int, *, precision: str = "fp32", device: str = "cpu",
                weights: str | None = None, seed: int = 0, reference: bool = False,
                out: Path | None = None) -> dict[str, Any]:
-    """Stream ``blocks`` blocks; with ``reference`` also run the upstream-semantics pipeline."""
+    """Stream ``blocks`` blocks; with ``reference`` also run the upstream-semantics pipeline.
+
+    Every argument is checked before the model is built; nothing is written unless every block ran.
+    """
     from wan_trt.validate.metrics import error_stats
     from wan_trt.validate.stream import reference_stream
 
+    check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=weights, out=out)
     with stage(f"build {cfg.name} ({precision}, {device})"):
         model = build_model(cfg, precision_dtype(precision), device, weights, seed)
     spec = PassSpec.from_config(cfg, precision)

@@ -1,7 +1,7 @@
 """StreamingSession: the per-block schedule over any backend, with the caches kept on the device.
 
     session = StreamingSession(runner, seed=0)
-    session.start(visual_context)
+    session.start(visual_context)         # start_block=N: from block N, empty caches
     for each block:
         result = session.step(cond_concat_block, mouse_frames, keyboard_frames)
         result.latents  # [1, 16, 3, 44, 80]
@@ -9,7 +9,8 @@
 Every input buffer is allocated once from the spec. One block = the denoising passes
 (x0 = x_t - sigma * flow, then re-noise) and the clean pass at t = 0, whose current-block
 K/V is committed as the next block's previous-frames cache: a swap when P == F, a
-slice copy otherwise; never a reallocation.
+slice copy otherwise; never a reallocation. A step checks all its inputs before it changes
+anything, and a block that comes out NaN/Inf is refused (:class:`NonFiniteBlock`) uncommitted.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.log import logger
 from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
 from wan_trt.spec import CacheSpec
-from wan_trt.stream import ActionHistory, NoiseSource, raw_frames_in_block
+from wan_trt.stream import ActionHistory, NoiseSource, blocks_in_rope_table, first_raw_frame, raw_frames_in_block
 
 
 @dataclass
@@ -37,8 +38,43 @@ class BlockResult:
     pass_seconds: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class BlockInputs:
+    """One block's inputs, checked and on the session's device and dtype; nothing committed yet.
+
+    cond_concat: [1, 20, F, H, W]; windows: ``<name>_window`` -> [1, F, 12, D];
+    histories: the action histories with this block's raw frames appended.
+    """
+
+    cond_concat: torch.Tensor
+    windows: dict[str, torch.Tensor]
+    histories: dict[str, ActionHistory]
+
+
+class NonFiniteBlock(WanTrtError):
+    """A block whose latents or new cache entries came out NaN/Inf; it was not committed.
+
+    ``block`` is its index and ``tensor`` the first non-finite one (``latents``, ``self_k_cur``...).
+    """
+
+    def __init__(self, message: str, *, block: int, tensor: str):
+        super().__init__(message)
+        self.block, self.tensor = block, tensor
+
+
+def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """Name of the first tensor holding NaN or Inf, or None: one fused reduction, one device sync."""
+    finite = torch.stack([torch.isfinite(t).all() for t in tensors.values()]).tolist()
+    return next((name for name, ok in zip(tensors, finite) if not ok), None)
+
+
 class StreamingSession:
-    """Streams blocks through ``runner`` (any backend) with the static-cache schedule."""
+    """Streams blocks through ``runner`` (any backend) with the static-cache schedule.
+
+    ``step`` is atomic: it checks every input (and that :meth:`start` was called) before it
+    changes any state, and a block whose latents or caches come out non-finite is refused
+    without committing anything, so the session stays as it was before that step.
+    """
 
     def __init__(self, runner: Runner, seed: int = 0, noise: NoiseSource | None = None):
         self.runner = runner
@@ -49,9 +85,8 @@ class StreamingSession:
         self.schedule = BlockSchedule.from_config(self.cfg)
         self.noise = noise or NoiseSource(seed)
         self.feeds = self.spec.allocate("inputs", self.device)
-        a = self.cfg.model.action_config
-        self.histories = {name: ActionHistory(a.window_frames, a.vae_time_compression_ratio)
-                          for name in ("mouse", "keyboard") if f"{name}_window" in self.feeds}
+        self.histories = self._new_histories(0)
+        self.started = False
         self.block = 0
         self.valid_frames = 0
 
@@ -59,21 +94,29 @@ class StreamingSession:
     def start_frame(self) -> int:
         return self.block * self.cfg.block_frames
 
-    def start(self, visual_context: torch.Tensor) -> None:
+    def start(self, visual_context: torch.Tensor, *, start_block: int = 0) -> None:
         """Begin a new stream conditioned on CLIP features [1, 257, 1280]; clears every cache.
+
+        Args:
+            visual_context: [1, 257, 1280] CLIP features, checked once per stream.
+            start_block: absolute index of the first block (its RoPE position and noise draws);
+                the stream starts with empty caches and its action history padded with the
+                first raw frame it is given. Defaults to 0.
 
         Activates the runner if it is not active yet (the caller still owns deactivating it).
         """
+        self._check_start_block(start_block)
+        visual_context = self._checked("visual_context", visual_context, self.spec.tensor("visual_context").shape)
+        self._check_finite({"visual_context": visual_context}, "of the stream")
         self.runner.__enter__()
-        self._check_shape("visual_context", visual_context, self.spec.tensor("visual_context").shape)
         self.feeds["visual_context"].copy_(visual_context)
         for name in self.feeds:
             if name.endswith("_prev"):
                 self.feeds[name].zero_()
-        a = self.cfg.model.action_config
-        self.histories = {k: ActionHistory(a.window_frames, a.vae_time_compression_ratio) for k in self.histories}
-        self.block = 0
+        self.histories = self._new_histories(start_block)
+        self.block = start_block
         self.valid_frames = 0
+        self.started = True
 
     @torch.no_grad()
     def step(self, cond_concat: torch.Tensor, mouse: torch.Tensor | None = None,
@@ -82,36 +125,118 @@ class StreamingSession:
 
         Args:
             cond_concat: [1, 20, F, H, W] mask + image latent of this block.
-            mouse, keyboard: this block's new raw action frames [1, n, D] (n = 9 for the first
-                block, 12 after) or one action [1, D] held for the whole block. Required when the
+            mouse, keyboard: this block's new raw action frames [1, n, D] (n = 9 for block 0,
+                12 after) or one action [1, D] held for the whole block. Required when the
                 config has that input, refused otherwise.
             sync: synchronise the device so the timings are real. Defaults to True.
+
+        Raises:
+            WanTrtError: a bad input (nothing changed) or a non-finite block (nothing committed).
         """
         begin = time.perf_counter()
-        start, frames = self.start_frame, self.cfg.block_frames
-        limit = self.cfg.inference.rope_max_frames
-        if start + frames > limit:
-            raise WanTrtError(f"block {self.block} would end at latent frame {start + frames}, past the "
-                              f"{limit}-frame RoPE table ({4 * limit - 3} video frames): start a new stream")
-        self._check_shape("cond_concat", cond_concat, self.spec.tensor("cond_concat").shape)
-        self._feed_actions(mouse, keyboard)
-        self.feeds["cond_concat"].copy_(cond_concat)
-        self.feeds["rope_offset"].fill_(start)
-        if "valid_frames" in self.feeds:
-            self.feeds["valid_frames"].fill_(self.valid_frames)
+        block = self._validate_block_inputs(cond_concat, mouse, keyboard)
+        self._feed(block)
         x0, pass_seconds = self._denoise(sync)
         outputs = self._run(x0, self.schedule.clean_timestep, pass_seconds, sync)
+        self._check_outputs(x0, outputs)
         self._commit(outputs)
+        self.histories = block.histories
         if sync and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        result = BlockResult(self.block, start, x0, time.perf_counter() - begin, pass_seconds)
+        result = BlockResult(self.block, self.start_frame, x0, time.perf_counter() - begin, pass_seconds)
         logger.debug("block %d: %.1f ms", self.block, 1e3 * result.seconds)
         self.block += 1
         for history in self.histories.values():
             history.trim(self.start_frame)
         return result
 
+    # ---- checks (no state changes) ------------------------------------------------------------
+    def _validate_block_inputs(self, cond_concat: torch.Tensor, mouse: torch.Tensor | None,
+                               keyboard: torch.Tensor | None) -> BlockInputs:
+        """Every check of a step, before anything changes: started, RoPE range, shapes, finiteness."""
+        if not self.started:
+            raise WanTrtError("step() before start(): call session.start(visual_context) first")
+        start, frames = self.start_frame, self.cfg.block_frames
+        limit = self.cfg.inference.rope_max_frames
+        if start + frames > limit:
+            raise WanTrtError(f"block {self.block} would end at latent frame {start + frames}, past the "
+                              f"{limit}-frame RoPE table ({4 * limit - 3} video frames): start a new stream")
+        cond = self._checked("cond_concat", cond_concat, self.spec.tensor("cond_concat").shape)
+        raw = self._raw_actions(mouse, keyboard)
+        self._check_finite({"cond_concat": cond, **raw}, f"of block {self.block}")
+        histories = {name: self.histories[name].appended(value) for name, value in raw.items()}
+        windows = {f"{name}_window": h.windows(start, frames) for name, h in histories.items()}
+        return BlockInputs(cond, windows, histories)
+
+    def _raw_actions(self, mouse: torch.Tensor | None, keyboard: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """This block's raw action frames [1, n, D] per input the config has (held actions expanded)."""
+        n = raw_frames_in_block(self.cfg, self.block)
+        raw = {}
+        for name, value in (("mouse", mouse), ("keyboard", keyboard)):
+            if name not in self.histories:
+                if value is not None:
+                    raise WanTrtError(f"config '{self.cfg.name}' has no {name} input; pass {name}=None")
+                continue
+            if value is None:
+                raise WanTrtError(f"config '{self.cfg.name}' needs {name} actions for every block")
+            dim = self.spec.tensor(f"{name}_window").shape[-1]
+            if isinstance(value, torch.Tensor) and value.ndim == 2:  # one action held over the block
+                value = value[:, None, :].expand(-1, n, -1)
+            raw[name] = self._checked(name, value, (1, n, dim))
+        return raw
+
+    def _checked(self, name: str, value: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """``value`` as a real tensor of ``shape`` on the session's device and dtype."""
+        if not isinstance(value, torch.Tensor):
+            raise WanTrtError(f"{name}: expected a torch.Tensor for block {self.block} of '{self.cfg.name}', "
+                              f"got {type(value).__name__}")
+        if value.is_complex():
+            raise WanTrtError(f"{name}: expected a real tensor for block {self.block}, got {value.dtype}")
+        if tuple(value.shape) != tuple(shape):
+            raise WanTrtError(f"{name}: expected shape {list(shape)} for block {self.block} of "
+                              f"'{self.cfg.name}', got {list(value.shape)}")
+        return value.to(self.device, self.dtype)
+
+    def _check_start_block(self, start_block: int) -> None:
+        if isinstance(start_block, bool) or not isinstance(start_block, int) or start_block < 0:
+            raise WanTrtError(f"start_block: expected an int >= 0, got {start_block!r}")
+        end = (start_block + 1) * self.cfg.block_frames
+        if end > self.cfg.inference.rope_max_frames:
+            raise WanTrtError(f"start_block {start_block} would end at latent frame {end}, past the "
+                              f"{self.cfg.inference.rope_max_frames}-frame RoPE table: start at block "
+                              f"{blocks_in_rope_table(self.cfg) - 1} or earlier")
+
+    def _check_finite(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        """Refuse non-finite inputs: the first non-finite tensor is named with ``where``."""
+        name = first_non_finite(tensors)
+        if name is not None:
+            raise WanTrtError(f"{name} {where} holds non-finite values (NaN or Inf); pass finite inputs")
+
+    def _check_outputs(self, x0: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
+        """Refuse a block whose latents or new cache entries are non-finite, before they are committed."""
+        committed = [cur for cache in self.spec.caches for _, cur in cache.pairs] if self.cfg.prev_frames else []
+        name = first_non_finite({"latents": x0, **{cur: outputs[cur] for cur in committed}})
+        if name is not None:
+            raise NonFiniteBlock(f"{name} of block {self.block} came out non-finite (NaN or Inf): the block was not "
+                                 f"committed and the session is as before it; check the weights and the inputs "
+                                 f"(or the precision: fp16 overflows where bf16 does not), or start a new stream",
+                                 block=self.block, tensor=name)
+
     # ---- stages -----------------------------------------------------------------------------
+    def _new_histories(self, start_block: int) -> dict[str, ActionHistory]:
+        a, base = self.cfg.model.action_config, first_raw_frame(self.cfg, start_block)
+        return {name: ActionHistory(a.window_frames, a.vae_time_compression_ratio, base)
+                for name in ("mouse", "keyboard") if f"{name}_window" in self.feeds}
+
+    def _feed(self, block: BlockInputs) -> None:
+        """Per-block feeds (overwritten by every step; the caches are not touched)."""
+        self.feeds["cond_concat"].copy_(block.cond_concat)
+        for name, window in block.windows.items():
+            self.feeds[name].copy_(window)
+        self.feeds["rope_offset"].fill_(self.start_frame)
+        if "valid_frames" in self.feeds:
+            self.feeds["valid_frames"].fill_(self.valid_frames)
+
     def _denoise(self, sync: bool) -> tuple[torch.Tensor, list[float]]:
         latents = self.spec.tensor("latents")
         x = self.noise(self.block, 0, latents.shape, self.device, self.dtype)
@@ -155,37 +280,17 @@ class StreamingSession:
             buf[:, :, :(p - f) * u] = buf[:, :, f * u:].clone()
             buf[:, :, (p - f) * u:] = new
 
-    def _feed_actions(self, mouse: torch.Tensor | None, keyboard: torch.Tensor | None) -> None:
-        raw = raw_frames_in_block(self.cfg, self.block)
-        for name, value in (("mouse", mouse), ("keyboard", keyboard)):
-            if name not in self.histories:
-                if value is not None:
-                    raise WanTrtError(f"config '{self.cfg.name}' has no {name} input; pass {name}=None")
-                continue
-            if value is None:
-                raise WanTrtError(f"config '{self.cfg.name}' needs {name} actions for every block")
-            dim = self.spec.tensor(f"{name}_window").shape[-1]
-            if value.ndim == 2:  # one action held over the block
-                value = value[:, None, :].expand(-1, raw, -1)
-            self._check_shape(name, value, (1, raw, dim))
-            history = self.histories[name]
-            history.append(value.to(self.device, self.dtype))
-            self.feeds[f"{name}_window"].copy_(history.windows(self.start_frame, self.cfg.block_frames))
 
-    def _check_shape(self, name: str, value: torch.Tensor, shape: tuple[int, ...]) -> None:
-        if tuple(value.shape) != tuple(shape):
-            raise WanTrtError(f"{name}: expected shape {list(shape)} for block {self.block} of "
-                              f"'{self.cfg.name}', got {list(value.shape)}")
-
-
-def stream_blocks(session: StreamingSession, inputs, blocks: int, sync: bool = True) -> list[BlockResult]:
-    """Run ``blocks`` blocks of a :class:`~wan_trt.stream.StreamInputs` through a fresh stream."""
+def stream_blocks(session: StreamingSession, inputs, blocks: int, sync: bool = True, *,
+                  start_block: int = 0) -> list[BlockResult]:
+    """Run ``blocks`` blocks of a :class:`~wan_trt.stream.StreamInputs` through a fresh stream
+    that starts at block ``start_block`` (``inputs`` cover the stream from block 0)."""
     from wan_trt.log import progress
 
     cfg = session.cfg
-    session.start(inputs.visual_context.to(session.device, session.dtype))
+    session.start(inputs.visual_context.to(session.device, session.dtype), start_block=start_block)
     results = []
-    for block in progress(range(blocks), "blocks", total=blocks):
+    for block in progress(range(start_block, start_block + blocks), "blocks", total=blocks):
         mouse, keyboard = inputs.block_actions(cfg, block)
         move = (lambda t: None if t is None else t.to(session.device, session.dtype))
         results.append(session.step(move(inputs.block_cond(cfg, block)), move(mouse), move(keyboard), sync=sync))

@@ -30,21 +30,24 @@ class StreamReport:
                 "block_seconds": self.block_seconds, "worst": self.worst.as_dict()}
 
 
-def reference_stream(model: CausalWanModel, inputs: StreamInputs, blocks: int, seed: int) -> list[torch.Tensor]:
-    """Latents of each block from the upstream-semantics pipeline."""
-    return list(ReferencePipeline(model).run(inputs, blocks, NoiseSource(seed)))
+def reference_stream(model: CausalWanModel, inputs: StreamInputs, blocks: int, seed: int, *,
+                     start_block: int = 0) -> list[torch.Tensor]:
+    """Latents of blocks ``start_block`` .. ``start_block + blocks - 1`` from the upstream-semantics pipeline."""
+    return list(ReferencePipeline(model).run(inputs, blocks, NoiseSource(seed), start_block=start_block))
 
 
 def compare_stream(reference: CausalWanModel, runner: Runner, blocks: int, seed: int = 0,
-                   inputs: StreamInputs | None = None) -> StreamReport:
+                   inputs: StreamInputs | None = None, *, start_block: int = 0) -> StreamReport:
     """Stream ``blocks`` blocks through ``runner`` and through the reference; compare block by block.
 
-    Both draw the same noise; ``inputs`` default to :func:`synthetic_stream` (seeded).
+    Both draw the same noise and start at block ``start_block`` (absolute RoPE position, empty
+    caches); ``inputs`` cover the stream from block 0 and default to :func:`synthetic_stream` (seeded).
     """
     cfg = runner.spec.config
-    inputs = inputs or synthetic_stream(cfg, blocks, seed)
-    expected = reference_stream(reference, inputs, blocks, seed)
+    inputs = inputs or synthetic_stream(cfg, start_block + blocks, seed)
+    expected = reference_stream(reference, inputs, blocks, seed, start_block=start_block)
     with runner:
-        results = stream_blocks(StreamingSession(runner, noise=NoiseSource(seed)), inputs, blocks)
+        results = stream_blocks(StreamingSession(runner, noise=NoiseSource(seed)), inputs, blocks,
+                                start_block=start_block)
     stats = [error_stats(r.latents, e) for r, e in zip(results, expected)]
     return StreamReport(runner.name, stats, [r.seconds for r in results])

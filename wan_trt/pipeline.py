@@ -13,6 +13,10 @@ Per block of F latent frames starting at latent frame ``sf``:
 Caches are upstream's rolling buffers (:class:`RollingCaches`); the action windows are
 cut from the full raw history the way upstream's ``cond_current`` + ActionModule do.
 This is the ground truth the static-cache runtime (engines/session.py) is tested against.
+
+A stream may start at a later block N (``start_block``): RoPE and noise at their absolute
+positions, empty caches, and every raw action frame before block N's first one reads as
+that first frame (as the start padding does for block 0). Upstream always starts at 0.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from wan_trt.config import WanConfig
 from wan_trt.model.caches import RollingCaches, RollingKV
 from wan_trt.model.transformer import CausalWanModel
 from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
-from wan_trt.stream import NoiseSource, StreamInputs
+from wan_trt.stream import NoiseSource, StreamInputs, first_raw_frame
 
 
 def upstream_windows(cfg: WanConfig, history: torch.Tensor | None, start_frame: int) -> torch.Tensor | None:
@@ -41,19 +45,36 @@ def upstream_windows(cfg: WanConfig, history: torch.Tensor | None, start_frame: 
     return torch.stack(groups, dim=1)
 
 
-def rolling_caches(model: CausalWanModel, batch: int = 1) -> RollingCaches:
-    """Zeroed upstream caches: self [B, local*S, H, D], mouse [B*S, local, Hh, Dh], keyboard [B, local, Hh, Dh]."""
+def history_from(cfg: WanConfig, history: torch.Tensor | None, block: int) -> torch.Tensor | None:
+    """Raw history [B, N, D] as a stream started at ``block`` sees it: earlier frames = its first frame."""
+    first = first_raw_frame(cfg, block)
+    if history is None or first == 0:
+        return history
+    seen = history.clone()
+    seen[:, :first] = history[:, first:first + 1]
+    return seen
+
+
+def rolling_caches(model: CausalWanModel, batch: int = 1, start_frame: int = 0) -> RollingCaches:
+    """Zeroed upstream caches: self [B, local*S, H, D], mouse [B*S, local, Hh, Dh], keyboard [B, local, Hh, Dh].
+
+    ``start_frame`` > 0: the caches of a stream starting there, empty as if every earlier frame
+    had been evicted.
+    """
     cfg = model.cfg
     m, a = cfg.model, cfg.model.action_config
     local, s = m.local_attn_size, cfg.tokens_per_frame
     dev, dt = model.patch_embedding.weight.device, model.dtype
-    return RollingCaches(
+    caches = RollingCaches(
         self_kv=[RollingKV(batch, local, s, m.num_heads, cfg.head_dim, dt, dev) for _ in range(m.num_layers)],
         mouse_kv={layer: RollingKV(batch * s, local, 1, a.heads_num, a.head_dim, dt, dev)
                   for layer in cfg.action_layers} if cfg.has_mouse else {},
         keyboard_kv={layer: RollingKV(batch, local, 1, a.heads_num, a.head_dim, dt, dev)
                      for layer in cfg.action_layers} if cfg.has_keyboard else {},
     )
+    for kv in (*caches.self_kv, *caches.mouse_kv.values(), *caches.keyboard_kv.values()):
+        kv.global_end = start_frame * kv.units  # tokens written so far (none held: local_end stays 0)
+    return caches
 
 
 class ReferencePipeline:
@@ -65,20 +86,25 @@ class ReferencePipeline:
         self.schedule = BlockSchedule.from_config(self.cfg)
 
     @torch.no_grad()
-    def run(self, inputs: StreamInputs, blocks: int, noise: NoiseSource) -> Iterator[torch.Tensor]:
-        """Yield each block's denoised latents [B, 16, F, H, W] (model dtype)."""
+    def run(self, inputs: StreamInputs, blocks: int, noise: NoiseSource, *,
+            start_block: int = 0) -> Iterator[torch.Tensor]:
+        """Yield the denoised latents [B, 16, F, H, W] (model dtype) of blocks ``start_block`` on.
+
+        ``inputs`` hold the whole stream from block 0 (only blocks from ``start_block`` on are read).
+        """
         model, cfg, sched = self.model, self.cfg, self.schedule
         dev, dt = model.patch_embedding.weight.device, model.dtype
         f = cfg.block_frames
-        caches = rolling_caches(model)
+        caches = rolling_caches(model, start_frame=start_block * f)
         context_kv = model.encode_context(inputs.visual_context.to(dev))  # upstream crossattn_cache
         shape = (1, cfg.model.out_dim, f, cfg.inference.latent_height, cfg.inference.latent_width)
-        for block in range(blocks):
+        mouse_history, keyboard_history = (history_from(cfg, h, start_block) for h in (inputs.mouse, inputs.keyboard))
+        for block in range(start_block, start_block + blocks):
             start = block * f
             caches.start_frame = start
             cond = inputs.block_cond(cfg, block).to(dev, dt)
-            mouse = upstream_windows(cfg, inputs.mouse, start)
-            keyboard = upstream_windows(cfg, inputs.keyboard, start)
+            mouse = upstream_windows(cfg, mouse_history, start)
+            keyboard = upstream_windows(cfg, keyboard_history, start)
             mouse, keyboard = (None if w is None else w.to(dev, dt) for w in (mouse, keyboard))
 
             def call(x: torch.Tensor, t: float) -> torch.Tensor:

@@ -28,17 +28,29 @@ def raw_frames_until(cfg: WanConfig, blocks: int) -> int:
     return 1 + ratio * (blocks * cfg.block_frames - 1)
 
 
+def first_raw_frame(cfg: WanConfig, block: int) -> int:
+    """Index of the first new raw action frame of ``block`` (0, then 12 * block - 3)."""
+    return raw_frames_until(cfg, block + 1) - raw_frames_in_block(cfg, block)
+
+
+def blocks_in_rope_table(cfg: WanConfig) -> int:
+    """How many blocks from block 0 fit the RoPE table (341 for 1024 frames of 3)."""
+    return cfg.inference.rope_max_frames // cfg.block_frames
+
+
 class ActionHistory:
     """The raw action frames of one stream, padded at the start and trimmed as blocks pass.
 
     Holds padded raw frames from absolute padded index ``base`` on, so memory stays
-    bounded however long the stream runs.
+    bounded however long the stream runs. A stream that starts at a later block starts
+    with ``base`` = the first raw frame it sees (:func:`first_raw_frame`): its start
+    padding then stands in for every earlier raw frame, as it does for block 0.
     """
 
-    def __init__(self, window: int = 12, ratio: int = 4):
+    def __init__(self, window: int = 12, ratio: int = 4, base: int = 0):
         self.window, self.ratio = window, ratio
         self.frames: torch.Tensor | None = None  # [B, n, D] padded raw frames from ``base``
-        self.base = 0
+        self.base = base
 
     def append(self, raw: torch.Tensor) -> None:
         """Add raw frames [B, n, D]; the first call also writes the 12-frame start padding."""
@@ -46,6 +58,13 @@ class ActionHistory:
             self.frames = torch.cat([raw[:, :1].expand(-1, self.window, -1), raw], dim=1)
         else:
             self.frames = torch.cat([self.frames, raw.to(self.frames)], dim=1)
+
+    def appended(self, raw: torch.Tensor) -> "ActionHistory":
+        """A new history with raw frames [B, n, D] added; this one is left as it is."""
+        new = ActionHistory(self.window, self.ratio, self.base)
+        new.frames = self.frames
+        new.append(raw)
+        return new
 
     def windows(self, start_frame: int, frames: int) -> torch.Tensor:
         """[B, frames, 12, D]: latent frame j sees padded raw frames [4j, 4j + 12)."""

@@ -61,3 +61,27 @@ def test_synthetic_stream_shapes():
     assert s.mouse is None and s.keyboard.shape == (1, raw_frames_until(cfg, 4), 7)
     assert s.cond_concat.shape == (1, 20, 12, 4, 6)
     assert s.cond_concat[:, :4, 0].eq(1).all() and s.cond_concat[:, :4, 1:].eq(0).all()
+
+
+@pytest.mark.parametrize("first_block", [1, 5])
+def test_history_started_at_a_later_block_equals_upstream_slicing_of_the_padded_history(first_block):
+    """A stream from block N: the session's history (base = first raw frame seen) and the reference's
+    (earlier raw frames replaced by that frame) cut the same windows; appended() leaves the original."""
+    from wan_trt.pipeline import history_from
+    from wan_trt.stream import first_raw_frame
+    cfg = load_config("universal-small")
+    history = torch.randn(1, raw_frames_until(cfg, first_block + 4), 2)
+    seen = history_from(cfg, history, first_block)
+    assert first_raw_frame(cfg, first_block) == 12 * first_block - 3
+    assert torch.equal(seen[:, first_raw_frame(cfg, first_block):], history[:, first_raw_frame(cfg, first_block):])
+    hist = ActionHistory(base=first_raw_frame(cfg, first_block))
+    for block in range(first_block, first_block + 4):
+        end = raw_frames_until(cfg, block + 1)
+        before = hist.frames
+        new = hist.appended(history[:, end - raw_frames_in_block(cfg, block):end])
+        assert hist.frames is before
+        hist = new
+        start = block * cfg.block_frames
+        torch.testing.assert_close(hist.windows(start, cfg.block_frames), upstream_windows(cfg, seen, start),
+                                   rtol=0, atol=0)
+        hist.trim(start + cfg.block_frames)

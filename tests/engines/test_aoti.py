@@ -30,16 +30,22 @@ def aoti(tmp_path_factory):
     return root / "export", build_aoti(root / "export", device="cpu")
 
 
-def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, tmp_path):
-    from wan_trt.engines.cpp import build_cpp, run_wan_stream, write_stream_inputs
+@pytest.fixture(scope="module")
+def wan_stream(tmp_path_factory):
+    """The C++ runtime's wan_stream executable (built once: ~20 s)."""
+    from wan_trt.engines.cpp import build_cpp
+    return build_cpp(tmp_path_factory.mktemp("cpp") / "build")
+
+
+def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream, tmp_path):
+    from wan_trt.engines.cpp import run_wan_stream, write_stream_inputs
     export_dir, engine = aoti
     manifest = Manifest.read(export_dir)
     inputs = synthetic_stream(manifest.spec.config, BLOCKS, seed=9)
     with AotiRunner(engine, manifest) as runner:
         python = torch.cat([r.latents for r in stream_blocks(StreamingSession(runner, noise=NoiseSource(4)),
                                                              inputs, BLOCKS)], dim=2)
-    exe = build_cpp(tmp_path / "build")
-    cpp, block_ms = run_wan_stream(exe, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), BLOCKS,
+    cpp, block_ms = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), BLOCKS,
                                    tmp_path / "out.pt", seed=4)
     assert len(block_ms) == BLOCKS
     torch.testing.assert_close(cpp, python, rtol=0, atol=1e-6)
@@ -48,6 +54,32 @@ def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, tmp_path):
         f = slice(3 * b, 3 * b + 3)
         stats = error_stats(cpp[:, :, f], expected[:, :, f])
         assert stats.rel_l2 < 1e-3 and stats.non_finite == 0, (b, stats)
+
+
+def test_cpp_runtime_refuses_non_finite_input_and_blocks(aoti, wan_stream, tmp_path):
+    """NaN conditioning is refused as input; finite but huge conditioning overflows inside the model and
+    the block is refused. Both name the block, exit 1 and write no latents."""
+    from wan_trt.engines.cpp import run_wan_stream, write_stream_inputs
+    export_dir, engine = aoti
+    cfg = Manifest.read(export_dir).spec.config
+    for value, message in ((float("nan"), r"error: cond_concat of block 1 holds non-finite values"),
+                           (3e38, r"error: \w+ of block 1 came out non-finite .*not committed")):
+        inputs = synthetic_stream(cfg, 2, seed=9)
+        inputs.cond_concat[:, 4:, cfg.block_frames:] = value
+        out = tmp_path / "out.pt"
+        with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): " + message):
+            run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 2, out)
+        assert not out.exists()
+
+
+def test_aoti_step_before_start_is_an_error(aoti):
+    export_dir, engine = aoti
+    manifest = Manifest.read(export_dir)
+    cfg = manifest.spec.config
+    inputs = synthetic_stream(cfg, 1)
+    with AotiRunner(engine, manifest) as runner:
+        with pytest.raises(WanTrtError, match=r"step\(\) before start\(\)"):
+            StreamingSession(runner).step(inputs.block_cond(cfg, 0), *inputs.block_actions(cfg, 0))
 
 
 def test_check_engine_passes(aoti):

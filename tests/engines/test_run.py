@@ -1,5 +1,8 @@
 import json
 
+import pytest
+import torch
+
 from click.testing import CliRunner
 
 from wan_trt.cli import main
@@ -12,3 +15,53 @@ def test_stream_command_matches_reference(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["summary"]["reference_match"] and len(report["reference"]) == 8
     assert (tmp_path / "latents.pt").is_file()
+
+
+def _refused(tmp_path, monkeypatch, *args):
+    """Run `stream` with ``args``; it must fail with one error line, build no model and write nothing."""
+    import wan_trt.engines.run as run
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was built before the arguments were checked")
+    monkeypatch.setattr(run, "build_model", no_model)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--out", str(out), *args])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.output.startswith("error: ") and "Traceback" not in res.output
+    assert not out.exists()
+    return res.output
+
+
+def test_too_many_blocks_for_the_rope_table_are_refused_up_front(tmp_path, monkeypatch):
+    out = _refused(tmp_path, monkeypatch, "--blocks", "400", "--device", "cpu")
+    assert "--blocks 400" in out and "1024-frame RoPE table" in out and "at most 341" in out
+
+
+@pytest.mark.parametrize("device, message", [("cuda:99", "--device cuda:99: no CUDA"), ("gpu0", "not a torch device"),
+                                             ("mps", "cpu or cuda")])
+def test_bad_device_is_one_error_line(tmp_path, monkeypatch, device, message):
+    assert message in _refused(tmp_path, monkeypatch, "--blocks", "2", "--device", device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_cuda_without_a_gpu_is_one_error_line(tmp_path, monkeypatch):
+    out = _refused(tmp_path, monkeypatch, "--blocks", "2", "--device", "cuda")
+    assert "no CUDA GPU" in out and "--device cpu" in out
+
+
+def test_stream_request_checks(tmp_path):
+    from wan_trt.config import load_config
+    from wan_trt.engines.run import check_stream_request
+    from wan_trt.errors import WanTrtError
+
+    cfg = load_config("gta_drive-small")
+    good = dict(blocks=2, precision="fp32", device="cpu", weights=None, out=None)
+    check_stream_request(cfg, **good)
+    file = tmp_path / "file"
+    file.write_text("")
+    for bad, message in ((dict(blocks=0), "--blocks: expected an int >= 1, got 0"),
+                         (dict(precision="int8"), "--precision 'int8': expected one of fp32, bf16, fp16"),
+                         (dict(weights=str(tmp_path / "missing.safetensors")), "missing.safetensors: no such file"),
+                         (dict(out=file), "exists and is not a directory")):
+        with pytest.raises(WanTrtError, match=message):
+            check_stream_request(cfg, **{**good, **bad})

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from wan_trt.config import load_config
-from wan_trt.engines.session import StreamingSession, stream_blocks
+from wan_trt.engines.session import NonFiniteBlock, StreamingSession, stream_blocks
 from wan_trt.engines.torch_runner import TorchRunner
 from wan_trt.errors import WanTrtError
 from wan_trt.model import build_model
@@ -137,3 +137,152 @@ def test_other_window_sizes(local):
     assert ("self_k_prev" in spec.input_names) == (local > 3)
     report = compare_stream(model, TorchRunner(model, spec), 6, seed=2)
     assert max(s.rel_l2 for s in report.blocks) < 1e-5
+
+
+# ---- an atomic, honest session -------------------------------------------------------------------
+
+def _state(session):
+    """Everything a step may change: block counter, valid frames, every feed, the action histories."""
+    return {"block": session.block, "valid_frames": session.valid_frames,
+            "feeds": {k: v.clone() for k, v in session.feeds.items()},
+            "histories": {k: (h.base, None if h.frames is None else h.frames.clone())
+                          for k, h in session.histories.items()}}
+
+
+def _assert_same_state(a, b):
+    assert (a["block"], a["valid_frames"]) == (b["block"], b["valid_frames"])
+    assert a["feeds"].keys() == b["feeds"].keys()
+    for k in a["feeds"]:
+        assert torch.equal(a["feeds"][k], b["feeds"][k]), k
+    assert a["histories"].keys() == b["histories"].keys()
+    for k, (base, frames) in a["histories"].items():
+        assert base == b["histories"][k][0] and torch.equal(frames, b["histories"][k][1]), k
+
+
+@pytest.fixture(scope="module")
+def universal_small():
+    cfg = load_config("universal-small")
+    return cfg, build_model(cfg, seed=3), synthetic_stream(cfg, 4, seed=5)
+
+
+def _session(cfg, model, inputs):
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(5))
+    session.start(inputs.visual_context)
+    return session
+
+
+def _bad_steps(cfg, inputs, block):
+    """(inputs of a step that must be refused, what the message must say) for ``block``."""
+    cond = inputs.block_cond(cfg, block)
+    mouse, keyboard = inputs.block_actions(cfg, block)
+    nan_cond, inf_mouse, nan_keyboard = cond.clone(), mouse.clone(), keyboard.clone()
+    nan_cond[0, 5, 1, 2, 3] = float("nan")
+    inf_mouse[0, -1, 0] = float("inf")
+    nan_keyboard[0, 0, 1] = float("nan")
+    return [((cond, mouse, keyboard[:, :3]), r"keyboard: expected shape \[1, 12, 4\]"),  # after a good mouse
+            ((cond, mouse, None), "needs keyboard actions"),
+            ((cond[:, :, :2], mouse, keyboard), "cond_concat: expected shape"),
+            ((nan_cond, mouse, keyboard), f"cond_concat of block {block}.*non-finite"),
+            ((cond, inf_mouse, keyboard), f"mouse of block {block}.*non-finite"),
+            ((cond, mouse, nan_keyboard), f"keyboard of block {block}.*non-finite"),
+            ((cond, mouse, keyboard.to(torch.complex64)), "keyboard: expected a real tensor"),
+            ((cond, mouse.tolist(), keyboard), "mouse: expected a torch.Tensor")]
+
+
+def test_a_rejected_step_leaves_the_session_exactly_as_before(universal_small):
+    """Session B gets every kind of bad step before block 1, then the same good inputs as A: same latents."""
+    cfg, model, inputs = universal_small
+    a, b = _session(cfg, model, inputs), _session(cfg, model, inputs)
+    for block in range(3):
+        if block == 1:
+            before = _state(b)
+            for args, message in _bad_steps(cfg, inputs, block):
+                with pytest.raises(WanTrtError, match=message):
+                    b.step(*args)
+                _assert_same_state(before, _state(b))
+            _assert_same_state(_state(a), _state(b))
+        mouse, keyboard = inputs.block_actions(cfg, block)
+        got_a = a.step(inputs.block_cond(cfg, block), mouse, keyboard).latents
+        got_b = b.step(inputs.block_cond(cfg, block), mouse, keyboard).latents
+        assert torch.equal(got_a, got_b), block
+    _assert_same_state(_state(a), _state(b))
+
+
+def test_start_block_out_of_range_is_refused(universal_small):
+    cfg, model, inputs = universal_small
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
+    last = cfg.inference.rope_max_frames // cfg.block_frames - 1
+    with pytest.raises(WanTrtError, match=f"past the {cfg.inference.rope_max_frames}-frame RoPE table: start at "
+                                          f"block {last} or earlier"):
+        session.start(inputs.visual_context, start_block=last + 1)
+    with pytest.raises(WanTrtError, match="start_block: expected an int >= 0, got -1"):
+        session.start(inputs.visual_context, start_block=-1)
+    assert not session.started
+
+
+def test_step_before_start_is_an_error(universal_small):
+    cfg, model, inputs = universal_small
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
+    mouse, keyboard = inputs.block_actions(cfg, 0)
+    with pytest.raises(WanTrtError, match=r"step\(\) before start\(\)"):
+        session.step(inputs.block_cond(cfg, 0), mouse, keyboard)
+
+
+def test_non_finite_visual_context_is_refused(universal_small):
+    cfg, model, inputs = universal_small
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
+    bad = inputs.visual_context.clone()
+    bad[0, 3, 7] = float("-inf")
+    with pytest.raises(WanTrtError, match="visual_context of the stream holds non-finite values"):
+        session.start(bad)
+    assert not session.runner.is_active and not session.feeds["visual_context"].any()
+
+
+def _persistent(state):
+    """The part of a session's state that outlives a step: caches, visual context, counters, histories."""
+    feeds = {k: v for k, v in state["feeds"].items() if k.endswith("_prev") or k == "visual_context"}
+    return {**state, "feeds": feeds}
+
+
+def test_a_non_finite_block_is_not_committed(universal_small):
+    """NaN weights give NaN latents: the block is refused, nothing is committed, the stream goes on."""
+    cfg, model, inputs = universal_small
+    a, b = _session(cfg, model, inputs), _session(cfg, model, inputs)
+    bias = model.head.head.bias
+    for block in range(3):
+        mouse, keyboard = inputs.block_actions(cfg, block)
+        cond = inputs.block_cond(cfg, block)
+        if block == 1:
+            before, kept = _state(b), bias.detach().clone()
+            with torch.no_grad():
+                bias[0] = float("nan")
+            try:
+                refused = "latents of block 1 came out non-finite.*not committed"
+                with pytest.raises(NonFiniteBlock, match=refused) as exc:
+                    b.step(cond, mouse, keyboard)
+                assert (exc.value.block, exc.value.tensor) == (1, "latents")
+            finally:
+                with torch.no_grad():
+                    bias.copy_(kept)
+            _assert_same_state(_persistent(before), _persistent(_state(b)))
+        assert torch.equal(a.step(cond, mouse, keyboard).latents, b.step(cond, mouse, keyboard).latents), block
+
+
+def test_a_stream_started_deep_in_the_rope_table_equals_the_reference():
+    """Started at block 300 (latent frame 900 of 1024) with empty caches: static session == reference.
+
+    Actions change every raw frame, so the frames before block 300 (padding) would show if misplaced.
+    """
+    import dataclasses
+    cfg = load_config("universal-small")
+    assert cfg.inference.rope_max_frames >= 303 * cfg.block_frames
+    model = build_model(cfg, seed=1)
+    inputs = synthetic_stream(cfg, 303, seed=4)
+    gen = torch.Generator().manual_seed(0)
+    inputs = dataclasses.replace(inputs, mouse=torch.randn(inputs.mouse.shape, generator=gen),
+                                 keyboard=torch.randn(inputs.keyboard.shape, generator=gen))
+    report = compare_stream(model, TorchRunner(model, PassSpec.from_config(cfg, "fp32")), 3, seed=4,
+                            inputs=inputs, start_block=300)
+    assert len(report.blocks) == 3
+    for i, stats in enumerate(report.blocks):
+        assert stats.non_finite == 0 and stats.max_abs < 2e-5 and stats.rel_l2 < 1e-5, f"block {300 + i}: {stats}"

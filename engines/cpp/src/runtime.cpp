@@ -178,9 +178,22 @@ StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int6
     feeds_[t.name] = at::zeros(t.shape, at::TensorOptions().dtype(t.dtype).device(device_));
 }
 
+// The name of the first tensor holding NaN or Inf, or "" (one reduction per tensor, one device sync).
+static std::string first_non_finite(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::vector<at::Tensor> flags;
+  const at::Device device = tensors.front().second.device();  // inputs may sit on the host, the rest on the GPU
+  for (const auto& [name, t] : tensors) flags.push_back(at::isfinite(t).all().to(device));
+  const at::Tensor finite = at::stack(flags).to(at::kCPU);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (!finite[static_cast<int64_t>(i)].item<bool>()) return tensors[i].first;
+  return "";
+}
+
 void StreamingSession::start(const at::Tensor& visual_context) {
   at::Tensor& slot = feeds_.at("visual_context");
   if (visual_context.sizes() != slot.sizes()) throw Error("visual_context: wrong shape");
+  if (!first_non_finite({{"visual_context", visual_context}}).empty())
+    throw Error("visual_context of the stream holds non-finite values (NaN or Inf)");
   slot.copy_(visual_context);
   for (const auto& c : spec_.caches)
     if (spec_.prev_frames > 0) {
@@ -191,20 +204,27 @@ void StreamingSession::start(const at::Tensor& visual_context) {
   base_.clear();
   block_ = 0;
   valid_frames_ = 0;
+  started_ = true;
+}
+
+bool StreamingSession::check_actions(const std::string& name, const at::Tensor& raw) const {
+  const std::string window = name + "_window";
+  if (!spec_.has_input(window)) {
+    if (raw.defined() && raw.numel() > 0) throw Error("config '" + spec_.config + "' has no " + name + " input");
+    return false;
+  }
+  const int64_t f = spec_.block_frames, r = spec_.ratio;
+  const int64_t n = block_ == 0 ? 1 + r * (f - 1) : r * f;
+  const int64_t dim = spec_.input(window).shape.back();
+  if (!raw.defined() || raw.dim() != 3 || raw.size(0) != 1 || raw.size(1) != n || raw.size(2) != dim)
+    throw Error(name + ": expected shape [1, " + std::to_string(n) + ", " + std::to_string(dim) + "] for block " +
+                std::to_string(block_));
+  return true;
 }
 
 void StreamingSession::feed_actions(const std::string& name, const at::Tensor& raw_in) {
   const std::string window = name + "_window";
-  if (!spec_.has_input(window)) {
-    if (raw_in.defined() && raw_in.numel() > 0) throw Error("config '" + spec_.config + "' has no " + name + " input");
-    return;
-  }
   const int64_t f = spec_.block_frames, r = spec_.ratio, w = spec_.window_frames;
-  const int64_t n = block_ == 0 ? 1 + r * (f - 1) : r * f;
-  const int64_t dim = spec_.input(window).shape.back();
-  if (!raw_in.defined() || raw_in.dim() != 3 || raw_in.size(0) != 1 || raw_in.size(1) != n || raw_in.size(2) != dim)
-    throw Error(name + ": expected shape [1, " + std::to_string(n) + ", " + std::to_string(dim) + "] for block " +
-                std::to_string(block_));
   at::Tensor raw = raw_in.to(device_, spec_.dtype());
   auto it = history_.find(name);
   if (it == history_.end()) {
@@ -229,13 +249,22 @@ std::map<std::string, at::Tensor> StreamingSession::run(const at::Tensor& x, dou
 at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard) {
   const auto begin = std::chrono::steady_clock::now();
   const int64_t f = spec_.block_frames, start = block_ * f;
+  const std::string of_block = " of block " + std::to_string(block_);
+  // every check before any state changes: a refused step leaves the session as it was
+  if (!started_) throw Error("step() before start(): start the stream with its visual context first");
   if (start + f > spec_.rope_max_frames)
     throw Error("block " + std::to_string(block_) + " would end past the " + std::to_string(spec_.rope_max_frames) +
                 "-frame RoPE table: start a new stream");
   at::Tensor& cond_slot = feeds_.at("cond_concat");
   if (cond.sizes() != cond_slot.sizes()) throw Error("cond_concat: wrong shape for block " + std::to_string(block_));
-  feed_actions("mouse", mouse);
-  feed_actions("keyboard", keyboard);
+  std::vector<std::pair<std::string, at::Tensor>> given{{"cond_concat", cond}};
+  if (check_actions("mouse", mouse)) given.emplace_back("mouse", mouse);
+  if (check_actions("keyboard", keyboard)) given.emplace_back("keyboard", keyboard);
+  const std::string bad_input = first_non_finite(given);
+  if (!bad_input.empty()) throw Error(bad_input + of_block + " holds non-finite values (NaN or Inf)");
+  const auto kept_history = history_;  // tensor handles: feed_actions replaces, never writes in place
+  const auto kept_base = base_;
+  for (size_t i = 1; i < given.size(); ++i) feed_actions(given[i].first, given[i].second);
   cond_slot.copy_(cond);
   feeds_.at("rope_offset").fill_(start);
   if (spec_.prev_frames > 0) feeds_.at("valid_frames").fill_(valid_frames_);
@@ -254,6 +283,16 @@ at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mous
     }
   }
   auto outputs = run(x0, spec_.clean_timestep);
+  std::vector<std::pair<std::string, at::Tensor>> produced{{"latents", x0}};
+  if (spec_.prev_frames > 0)
+    for (const auto& c : spec_.caches)
+      for (const auto& cur : {c.cur_k, c.cur_v}) produced.emplace_back(cur, outputs.at(cur));
+  const std::string bad_output = first_non_finite(produced);
+  if (!bad_output.empty()) {
+    history_ = kept_history;
+    base_ = kept_base;
+    throw Error(bad_output + of_block + " came out non-finite (NaN or Inf): the block was not committed");
+  }
   commit(outputs);
 #ifdef WAN_TRT_WITH_CUDA
   if (device_.is_cuda()) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();

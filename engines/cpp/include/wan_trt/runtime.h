@@ -94,12 +94,14 @@ class StreamingSession {
   StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed);
   void start(const at::Tensor& visual_context);
   // cond: [1, C, F, H, W]; mouse/keyboard: this block's raw frames [1, n, D] (empty if the config has none).
+  // Throws Error on a bad or non-finite input (nothing changed) or a non-finite block (nothing committed).
   at::Tensor step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard);
   int64_t block() const { return block_; }
   double last_block_ms() const { return last_block_ms_; }
 
  private:
   std::map<std::string, at::Tensor> run(const at::Tensor& x, double t);
+  bool check_actions(const std::string& name, const at::Tensor& raw) const;  // false: the config has no such input
   void feed_actions(const std::string& name, const at::Tensor& raw);
   void commit(std::map<std::string, at::Tensor>& outputs);
 
@@ -111,6 +113,7 @@ class StreamingSession {
   std::map<std::string, at::Tensor> history_;  // padded raw action frames, from absolute index base_
   std::map<std::string, int64_t> base_;
   int64_t block_ = 0, valid_frames_ = 0;
+  bool started_ = false;
   double last_block_ms_ = 0;
 };
 
