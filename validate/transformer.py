@@ -8,9 +8,10 @@ NaN/Inf, and Polygraphy's ``CompareFunc.simple`` agrees (mean |error| within 2x 
 yardstick's mean |error|).
 
 Stream: the backend runs the static-cache session over ``blocks`` blocks (past the
-window) and each block's latents are compared with the upstream-semantics reference
-pipeline in fp32; the yardstick is the PyTorch model's own static stream in the
-graph's precision.
+window), then over the last blocks the RoPE table holds (a stream started there), and each
+block's latents are compared with the upstream-semantics reference pipeline in fp32; the
+yardstick is the PyTorch model's own static stream in the graph's precision. A block the
+session refuses as non-finite is a failing row.
 """
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ import numpy as np
 import torch
 
 from wan_trt.engines.runner import Runner
+from wan_trt.engines.session import NonFiniteBlock
 from wan_trt.engines.torch_runner import TorchRunner
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.spec import PassSpec
+from wan_trt.stream import blocks_in_rope_table
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
 
 RESULTS_DIR = "check"
@@ -72,7 +75,8 @@ class CheckReport:
                 lines.append(f"{o.name}: rel-L2 {o.stats.rel_l2:.3e} > allowed {o.allowed_rel_l2:.3e}"
                              f"{f', {o.stats.non_finite} NaN/Inf' if o.stats.non_finite else ''}"
                              f"{'' if o.polygraphy_ok else ', Polygraphy mean-error check failed'}")
-        lines += [f"stream block {b['block']}: rel-L2 {b['rel_l2']:.3e} > allowed {b['allowed_rel_l2']:.3e}"
+        lines += [f"stream block {b['block']}: " + (b["error"] if "error" in b else
+                                                     f"rel-L2 {b['rel_l2']:.3e} > allowed {b['allowed_rel_l2']:.3e}")
                   for b in self.stream if not b["ok"]]
         non_finite = any(o.stats.non_finite for o in self.outputs) or any(b["non_finite"] for b in self.stream)
         if self.precision == "fp16" and non_finite:
@@ -155,17 +159,44 @@ def _simple_compare(**kwargs):
         return CompareFunc.simple(**kwargs)
 
 
+# Blocks streamed at the end of the RoPE table besides the first ones, so that rows deep in the
+# table (and any position-dependent bug) are checked too, not only the first few frames.
+DEEP_BLOCKS = 2
+
+
 def check_stream(backend: Runner, reference_model, yardstick: Runner, blocks: int, seed: int) -> list[dict]:
-    """Per-block errors of the backend's stream vs the fp32 upstream-semantics pipeline."""
+    """Per-block errors of the backend's stream vs the fp32 upstream-semantics pipeline.
+
+    Two streams: ``blocks`` blocks from block 0, then :data:`DEEP_BLOCKS` blocks that end at the
+    last frame the RoPE table holds (started there with empty caches, as a stream can be).
+    """
+    rows = _stream_rows(backend, reference_model, yardstick, blocks, seed, 0)
+    deep = blocks_in_rope_table(backend.spec.config) - DEEP_BLOCKS
+    if deep >= blocks:
+        rows += _stream_rows(backend, reference_model, yardstick, DEEP_BLOCKS, seed, deep)
+    return rows
+
+
+def _stream_rows(backend: Runner, reference_model, yardstick: Runner, blocks: int, seed: int,
+                 start_block: int) -> list[dict]:
+    """Rows of one stream; a block refused as non-finite ends the stream with a failing row."""
     from wan_trt.validate.stream import compare_stream
 
-    base = compare_stream(reference_model, yardstick, blocks, seed)
-    got = compare_stream(reference_model, backend, blocks, seed)
+    frames = backend.spec.config.block_frames
+    try:
+        base = compare_stream(reference_model, yardstick, blocks, seed, start_block=start_block)
+        got = compare_stream(reference_model, backend, blocks, seed, start_block=start_block)
+    except NonFiniteBlock as exc:
+        nan = float("nan")
+        return [{"block": exc.block, "start_frame": exc.block * frames, "max_abs": nan, "mean_abs": nan,
+                 "rel_l2": float("inf"), "cosine": nan, "non_finite": 1, "yardstick_rel_l2": nan,
+                 "allowed_rel_l2": nan, "seconds": nan, "ok": False, "error": str(exc)}]
     rows = []
     for i, (b, y) in enumerate(zip(got.blocks, base.blocks)):
         allowed = tolerance(y.rel_l2, backend.spec.precision)
-        rows.append({"block": i, **b.as_dict(), "yardstick_rel_l2": y.rel_l2, "allowed_rel_l2": allowed,
-                     "seconds": got.block_seconds[i], "ok": passes(b, allowed)})
+        rows.append({"block": start_block + i, "start_frame": (start_block + i) * frames, **b.as_dict(),
+                     "yardstick_rel_l2": y.rel_l2, "allowed_rel_l2": allowed, "seconds": got.block_seconds[i],
+                     "ok": passes(b, allowed)})
     return rows
 
 

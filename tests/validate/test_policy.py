@@ -47,3 +47,28 @@ def test_one_slightly_wrong_weight_row_fails_an_fp32_check(export_dir):
     flow = next(o for o in report.outputs if o.name == "flow")
     assert 1e-5 < flow.stats.rel_l2 < 1e-3, flow.stats  # what the old floor let through
     assert not report.ok and any("flow" in p for p in report.problems())
+
+
+def test_the_stream_check_covers_the_end_of_the_rope_table(export_dir):
+    """Rows near the end of the frame table are used only by late blocks: the deep stream must catch them."""
+    manifest, backend = _backend(export_dir, None)
+    rope = backend.static_pass.model.rope
+    with torch.no_grad():
+        rope.frame_cos[-6:] = rope.frame_cos[:6].clone()  # rows 1018..1023 swapped for rows 0..5
+    report = check_runner(export_dir, manifest, backend, blocks=2, seed=1, save_results=False)
+    early = [b for b in report.stream if b["block"] < 2]
+    deep = [b for b in report.stream if b["block"] >= 2]
+    assert [b["block"] for b in deep] == [339, 340] and deep[-1]["start_frame"] == 1020
+    assert all(b["ok"] for b in early) and all(o.ok for o in report.outputs)  # nothing else sees those rows
+    assert not all(b["ok"] for b in deep) and not report.ok
+    assert any("stream block 34" in p for p in report.problems())
+
+
+def test_a_non_finite_block_is_a_failing_row_not_a_crash(export_dir):
+    manifest, backend = _backend(export_dir, None)
+    with torch.no_grad():
+        backend.static_pass.model.blocks[0].ffn[0].weight[0, 0] = float("nan")
+    report = check_runner(export_dir, manifest, backend, blocks=2, seed=1, save_results=False)
+    assert not report.ok and report.stream[0]["non_finite"] and "non-finite" in report.stream[0]["error"]
+    assert any(p.startswith("stream block 0: ") for p in report.problems())
+    assert "block 0" in report.table()
