@@ -64,10 +64,10 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
     manifest = Manifest.read(directory)
     cache_path = Path(timing_cache) if timing_cache else None
     _check_inputs(manifest, directory, opt_level, cache_path)
-    trt = import_tensorrt()
     engine = Path(out) if out else default_engine_path(directory, "tensorrt", "cuda")
-    key = engine_key(manifest, "tensorrt", "cuda", {"opt_level": opt_level, "weak_typing": weak_typing})
     check_engine_out(engine)
+    trt = import_tensorrt()
+    key = engine_key(manifest, "tensorrt", "cuda", {"opt_level": opt_level, "weak_typing": weak_typing})
     engine.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(engine, "build"):
         if force or not up_to_date(engine, key, manifest):

@@ -193,15 +193,18 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
               help="Engine path. Defaults to DIRECTORY/engine_<backend>_<device>.<pt2|plan>.")
 @click.option("--force", is_flag=True, help="Rebuild even if an up-to-date engine exists.")
 @weights_option
-@seed_option
+@click.option("--seed", type=int, default=None,
+              help="Seed of random weights and inputs when exporting with --config (default 0); with an existing "
+                   "export it must be the export's.")
 @user_errors
 def build(directory, config_name, backend, precision, ops, device, timing_cache, opt_level, weak_typing, out, force,
           weights, seed) -> None:
     """Build an engine (TensorRT plan or AOTInductor package) from an export directory."""
-    from wan_trt.engines.build import build_engine
+    from wan_trt.engines.build import BuildOptions, build_engine
 
-    engine = build_engine(directory, config_name, backend, precision, ops, device, timing_cache, opt_level,
-                          weak_typing, out, force, weights, seed)
+    options = BuildOptions(backend=backend, precision=precision, ops=ops, device=device, timing_cache=timing_cache,
+                           opt_level=opt_level, weak_typing=weak_typing, out=out, force=force)
+    engine = build_engine(directory, config_name, options, weights=weights, seed=seed)
     click.echo(str(engine))
 
 
