@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from wan_trt.engines.artifact import EngineMetadata, check_engine_out, engine_key, install_engine, staged_file, up_to_date
+from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, engine_key, install_engine, staged_file,
+                                     up_to_date)
 from wan_trt.engines.inductor_fixes import apply_inductor_fixes
 from wan_trt.engines.runner import Runner
 from wan_trt.engines.runtime_file import write_runtime_file

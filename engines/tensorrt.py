@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wan_trt.engines.artifact import EngineMetadata, check_engine_out, engine_key, install_engine, staged_file, up_to_date
+from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, engine_key, install_engine, staged_file,
+                                     up_to_date)
 from wan_trt.engines.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import os
 import secrets
 import shutil
@@ -171,7 +172,7 @@ def _umask() -> int:
 
 def _remove_stale_staging(out: Path) -> None:
     """Staging folders of killed runs for ``out`` (marked, and nobody else holds the lock)."""
-    for stale in out.parent.glob(f".{out.name}.partial-*"):
+    for stale in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
         if (stale / MARKER).is_file():
             logger.info("removing %s, left by an interrupted export", stale)
             shutil.rmtree(stale, ignore_errors=True)

@@ -75,6 +75,21 @@ def test_check_fails_when_a_graph_weight_is_perturbed(exports, tmp_path):
     assert any(not o.ok for o in report.outputs) and report.problems()
 
 
+def test_check_refuses_a_graph_with_random_bytes_before_parsing_it(exports, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(exports["universal-small"], bad, ignore=shutil.ignore_patterns("check"))
+    with open(bad / "model.onnx", "r+b") as f:
+        f.seek(len((bad / "model.onnx").read_bytes()) // 2)
+        f.write(np.random.default_rng(0).bytes(64))
+    res = CliRunner().invoke(main, ["check", str(bad), "--blocks", "1"])
+    assert res.exit_code == 1 and res.output.startswith("error:"), res.output
+    assert "model.onnx has changed since it was written" in res.output and "re-export" in res.output
+    with open(bad / "model.onnx", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(WanTrtError, match="model.onnx is 1000 bytes"):
+        check_export(bad, "cpu", blocks=1)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_low_precision_graphs_are_structurally_sound(tmp_path, precision):
     manifest = export_transformer(load_config("universal-small"), tmp_path / precision, precision)
