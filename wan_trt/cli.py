@@ -121,7 +121,8 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
               help="23: fused Attention/RMSNormalization (TensorRT 11); 18: decomposed (TensorRT 10.x).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output directory. Defaults to out/<config>_<precision>_<ops>.")
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace --out if it holds a wan-trt export (a folder with other files is never replaced).")
 @click.option("--no-onnx", is_flag=True,
               help="Manifest and sample inputs only, no ONNX graph: enough for `build --backend aoti`.")
 @user_errors

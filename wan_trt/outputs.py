@@ -123,6 +123,9 @@ def check_out_dir(out: Path, *, overwrite: bool, protect: Sequence[Path] = ()) -
         return []
     owned = owned_export_files(out)
     foreign = foreign_files(out, owned or [])
+    busy = [f for f in foreign if f.startswith(".") and (f.endswith(".lock") or ".partial-" in f)]
+    if busy:
+        raise WanTrtError(f"--out {out}: a wan-trt build is writing into it ({busy[0]}); wait for it to finish")
     if owned is None or foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         what = "is not a wan-trt export" if owned is None else "holds files wan-trt did not write"

@@ -163,3 +163,14 @@ def test_changed_sample_inputs_are_refused_before_use(tmp_path, base):
     (bad / "sample_inputs.safetensors").write_bytes(bytes(data[:1000]))
     with pytest.raises(WanTrtError, match="sample_inputs.safetensors is 1000 bytes, .* were written"):
         Manifest.read(bad)
+
+
+def test_overwrite_waits_for_no_build_writing_into_the_export(tmp_path, base):
+    from wan_trt.outputs import output_lock
+
+    out = tmp_path / "export"
+    shutil.copytree(base, out)
+    with output_lock(out / "engine_aoti_cpu.pt2", "build"):  # what `wan-trt build` holds while it writes
+        with pytest.raises(WanTrtError, match="a wan-trt build is writing into it"):
+            _export(out, overwrite=True)
+    _export(out, overwrite=True)
