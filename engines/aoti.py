@@ -13,13 +13,15 @@ from pathlib import Path
 
 import torch
 
-from wan_trt.engines.artifact import EngineMetadata, engine_key
+from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, engine_key, install_engine, staged_file,
+                                     up_to_date)
 from wan_trt.engines.inductor_fixes import apply_inductor_fixes
 from wan_trt.engines.runner import Runner
 from wan_trt.engines.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
+from wan_trt.outputs import output_lock
 from wan_trt.model.static_pass import StaticPass
 
 LIBSTDCXX = "libstdc++.so.6"
@@ -45,11 +47,19 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
         raise WanTrtError("--ops plugins: the fused Triton kernels compile for CUDA; build with --device cuda")
     engine = Path(out) if out else default_engine_path(directory, "aoti" if ops == "native" else f"aoti_{ops}", device)
     key = engine_key(manifest, "aoti", device, {"ops": ops})
-    if not force and engine.is_file() and EngineMetadata.path_for(engine).is_file():
-        if EngineMetadata.read(engine).key == key:
-            logger.info("%s is up to date (key %s)", engine, key)
+    check_engine_out(engine)
+    engine.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(engine, "build"):
+        if not force and up_to_date(engine, key, manifest):
             write_runtime_file(manifest.spec, engine)
             return engine
+        _compile(manifest, directory, engine, key, device, ops)
+    write_runtime_file(manifest.spec, engine)
+    return engine
+
+
+def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device: str, ops: str) -> None:
+    """Rebuild the model, torch.export it and AOTInductor-package it into ``engine`` (staged, then renamed)."""
     spec = manifest.spec
     begin = time.perf_counter()
     with stage(f"rebuild {spec.config.name} ({spec.precision}) on {device}"):
@@ -62,13 +72,10 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     feeds = spec.sample_inputs(device=device)
     with stage("torch.export"), torch.no_grad():
         program = torch.export.export(static, tuple(feeds[n] for n in spec.input_names), strict=False)
-    with stage("AOTInductor compile + package"):
+    with stage("AOTInductor compile + package"), staged_file(engine) as partial:
         apply_inductor_fixes()
-        engine.parent.mkdir(parents=True, exist_ok=True)
-        partial = engine.with_name(engine.stem + ".partial.pt2")
         try:
             torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
-            partial.rename(engine)
         except Exception as exc:
             compile_error = _cpp_compile_error(exc)
             if compile_error is None:
@@ -79,13 +86,10 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
                               f"With a working compiler this is likely a PyTorch {torch.__version__} code-generation "
                               "error rather than a problem with the export; try --ops native or another torch "
                               "version") from exc
-        finally:
-            partial.unlink(missing_ok=True)  # a failed or interrupted build leaves nothing half-written
-    EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, ops,
-                   manifest.weights["sha256"], str(directory.resolve()),
-                   time.perf_counter() - begin).write(engine)
-    write_runtime_file(spec, engine)
-    return engine
+        meta = EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, ops,
+                              manifest.weights["sha256"], str(directory.resolve()), manifest_sha256=manifest.sha256,
+                              build_seconds=time.perf_counter() - begin)
+        install_engine(partial, engine, meta)
 
 
 def _cpp_compile_error(exc: BaseException) -> BaseException | None:

@@ -1,20 +1,29 @@
-"""Engine metadata: what an engine was built from, so a stale or foreign engine is never reused.
+"""Engine metadata: what an engine was built from, so a stale, foreign or damaged engine is never reused.
 
 Every engine file ``E`` has ``E.json`` beside it. Its ``key`` hashes the spec (config,
-precision, I/O), the weights, the backend, the device and the tool versions; loading
-an engine against a manifest whose key differs is an error, and a build whose key
-matches an existing engine reuses it.
+precision, I/O), the weights, the backend, the device and the tool versions; it also
+records the engine file's size and sha256 and the sha256 of the export's manifest.json.
+Loading an engine whose file or export differs from the recorded ones is an error, and a
+build reuses an existing engine only when all of them match.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from wan_trt.digest import check_digest_record, file_digest, verify_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, tool_versions
+from wan_trt.log import logger
+
+REBUILD = "rebuild it with `wan-trt build`"
+_NONE = type(None)
 
 
 def engine_key(manifest: Manifest, backend: str, device: str, extra: dict[str, Any] | None = None) -> str:
@@ -36,29 +45,65 @@ class EngineMetadata:
     ops: str
     weights_sha256: str
     export_dir: str
+    manifest_sha256: str = ""  # of the export's manifest.json
+    engine_file: dict[str, Any] = field(default_factory=dict)  # {size, sha256} of the engine, set by install_engine
     build_seconds: float | None = None
     versions: dict[str, str] = field(default_factory=tool_versions)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    TYPES = {"build_seconds": (float, int, _NONE), "engine_file": (dict,), "versions": (dict,), "extra": (dict,)}
 
     @staticmethod
     def path_for(engine: Path) -> Path:
         return engine.with_name(engine.name + ".json")
 
-    def write(self, engine: Path) -> None:
-        self.path_for(engine).write_text(json.dumps(asdict(self), indent=2))
-
     @classmethod
     def read(cls, engine: str | Path) -> "EngineMetadata":
+        """The metadata of ``engine``; refused when the engine or its metadata is missing or malformed."""
         engine = Path(engine)
         meta = cls.path_for(engine)
         if not engine.is_file():
             raise WanTrtError(f"engine {engine} does not exist; build it with `wan-trt build`")
         if not meta.is_file():
             raise WanTrtError(f"engine {engine} has no {meta.name}: it was not built by `wan-trt build`; rebuild it")
-        return cls(**json.loads(meta.read_text()))
+        return cls.parse(meta)
+
+    @classmethod
+    def parse(cls, meta: Path) -> "EngineMetadata":
+        """Strict read of ``meta``: a JSON object with exactly the fields of this class, typed."""
+        try:
+            data = json.loads(meta.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise WanTrtError(f"{meta} is not valid JSON ({exc}); {REBUILD} --force") from None
+        if not isinstance(data, dict):
+            raise WanTrtError(f"{meta} should hold a JSON object, got {type(data).__name__}; {REBUILD} --force")
+        names = [f.name for f in fields(cls)]
+        missing, extra = [n for n in names if n not in data], [n for n in data if n not in names]
+        if missing or extra:
+            raise WanTrtError(f"{meta}: field(s) {', '.join(map(repr, missing + extra))} "
+                              f"{'missing' if missing else 'unexpected'}; {REBUILD} --force")
+        for name in names:
+            types = cls.TYPES.get(name, (str,))
+            if not isinstance(data[name], types) or isinstance(data[name], bool):
+                raise WanTrtError(f"{meta}: field {name!r} should be {' or '.join(t.__name__ for t in types)}, got "
+                                  f"{type(data[name]).__name__}; {REBUILD} --force")
+        check_digest_record(data["engine_file"], f"{meta} (engine_file)")
+        return cls(**data)
+
+    def stale_reason(self, engine: Path, key: str, manifest: Manifest) -> str | None:
+        """Why the engine at ``engine`` may not be reused for ``key`` and ``manifest``; None when it may."""
+        if self.key != key:
+            return f"it was built with other settings, weights or tool versions (key {self.key}, now {key})"
+        if self.manifest_sha256 != manifest.sha256:
+            return "the export's manifest.json changed since it was built (re-exported?)"
+        try:
+            verify_file(engine, self.engine_file, REBUILD)
+        except WanTrtError as exc:
+            return f"the engine file is not the one built: {exc}"
+        return None
 
     def check_against(self, manifest: Manifest, engine: Path) -> None:
-        """Refuse an engine built for another config, precision, I/O or weights than ``manifest``."""
+        """Refuse an engine built for another export than ``manifest``, or whose file changed since its build."""
         spec = manifest.spec
         problems = []
         if self.config != spec.config.name:
@@ -69,6 +114,109 @@ class EngineMetadata:
             problems.append("I/O spec differs")
         if self.weights_sha256 != manifest.weights["sha256"]:
             problems.append("weights differ")
+        if self.manifest_sha256 != manifest.sha256:
+            problems.append("manifest.json differs from the one it was built from")
         if problems:
             raise WanTrtError(f"engine {engine} was built for another export ({'; '.join(problems)}); "
                               "rebuild it with `wan-trt build` on this export")
+        verify_file(engine, self.engine_file, f"{REBUILD} --force")
+
+
+def install_engine(partial: Path, engine: Path, meta: EngineMetadata) -> None:
+    """Record ``partial``'s size and sha256 in ``meta``, write ``engine``.json, then rename ``partial`` to ``engine``.
+
+    The metadata goes first: an interruption in between leaves metadata that the old file does not
+    match, so the next build rebuilds instead of reusing it.
+    """
+    meta.engine_file = file_digest(partial)
+    path = meta.path_for(engine)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=engine.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(asdict(meta), indent=2))
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    os.replace(partial, engine)
+
+
+def written_by_build(meta: Path) -> bool:
+    """Whether ``meta`` is engine metadata `wan-trt build` wrote (also a damaged or older one)."""
+    try:
+        data = json.loads(meta.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and {"backend", "key", "spec_fingerprint", "export_dir"} <= set(data)
+
+
+def engine_files_in(directory: Path) -> list[Path]:
+    """Engines built by wan-trt in ``directory`` with their metadata and runtime files."""
+    found = []
+    for meta in directory.glob("*.json"):
+        engine = meta.with_name(meta.name[: -len(".json")])
+        if written_by_build(meta):
+            found += [p for p in (engine, meta, engine.with_name(engine.name + ".runtime.txt")) if p.is_file()]
+    return found
+
+
+@contextlib.contextmanager
+def staged_file(engine: Path) -> Iterator[Path]:
+    """A fresh file next to ``engine`` (same suffix) to build into; removed unless installed."""
+    fd, name = tempfile.mkstemp(prefix=f".{engine.name}.partial-", suffix=engine.suffix, dir=engine.parent)
+    os.close(fd)
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)  # a failed or interrupted build leaves nothing half-written
+
+
+def up_to_date(engine: Path, key: str, manifest: Manifest) -> bool:
+    """Whether the engine at ``engine`` can be reused as is; logs why not when one exists."""
+    if not engine.is_file():
+        return False
+    try:
+        reason = EngineMetadata.read(engine).stale_reason(engine, key, manifest)
+    except WanTrtError as exc:
+        reason = str(exc)
+    if reason is None:
+        logger.info("%s is up to date (key %s, engine file verified)", engine, key)
+        return True
+    logger.info("rebuilding %s: %s", engine, reason)
+    return False
+
+
+def check_engine_out(engine: Path) -> None:
+    """Refuse an engine path that would replace a file `wan-trt build` did not write."""
+    from wan_trt.outputs import check_parent_chain
+
+    check_parent_chain(engine.resolve(), "--out")
+    if engine.is_dir():
+        raise WanTrtError(f"--out {engine} is a folder; the engine --out names a file, e.g. {engine}/engine.plan")
+    meta = EngineMetadata.path_for(engine)
+    present = [p for p in (engine, meta, engine.with_name(engine.name + ".runtime.txt")) if p.exists()]
+    if not present:
+        return
+    if not written_by_build(meta):
+        raise WanTrtError(f"--out {engine}: {', '.join(p.name for p in present)} exist(s) and were not written by "
+                          f"`wan-trt build` (no valid {meta.name}); pick another --out or move them away yourself")
+
+
+def export_for_engine(engine: Path, meta: EngineMetadata) -> tuple[Path, Manifest]:
+    """The export ``engine`` was built from: its recorded ``export_dir``, else the engine's own folder,
+    whichever holds the manifest.json with the recorded hash; logged, and verified."""
+    candidates = list(dict.fromkeys([Path(meta.export_dir), engine.resolve().parent]))
+    seen = []
+    for directory in candidates:
+        if not (directory / "manifest.json").is_file():
+            seen.append(f"{directory}: no manifest.json")
+            continue
+        manifest = Manifest.read(directory, verify=False)
+        if manifest.sha256 != meta.manifest_sha256:
+            seen.append(f"{directory}: another export (manifest sha256 {manifest.sha256[:12]}, engine built from "
+                        f"{meta.manifest_sha256[:12]})")
+            continue
+        manifest.verify_files(directory)
+        logger.info("engine %s: checking against its export %s", engine, directory)
+        return directory, manifest
+    raise WanTrtError(f"engine {engine}: the export it was built from is not found ({'; '.join(seen)}); "
+                      f"{REBUILD} on the export to check against")

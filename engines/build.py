@@ -2,17 +2,23 @@
 from __future__ import annotations
 
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from wan_trt.engines.artifact import EngineMetadata
+from wan_trt.digest import file_digest
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest
 
 
-def resolve_export(directory: str | None, config_name: str | None, precision: str, ops: str,
-                   weights: str | None, seed: int, backend: str = "tensorrt") -> Path:
-    """The export directory to build from; with ``--config`` and no directory, export it first."""
+def resolve_export(directory: str | None, config_name: str | None, precision: str, ops: str, *,
+                   weights: str | None = None, seed: int | None = None, backend: str = "tensorrt") -> Path:
+    """The export directory to build from; with ``--config`` and no directory, export it first.
+
+    ``weights`` / ``seed`` are None when not given; given, they must be the export's (an existing
+    export is never rebuilt from other weights than the user named, nor silently used instead).
+    """
     if directory is None:
         if config_name is None:
             raise WanTrtError("give an export DIRECTORY (from `wan-trt export`) or --config to export one")
@@ -21,26 +27,62 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
         cfg = load_config(config_name)
         path = Path(f"out/{cfg.name}_{precision}_{ops}")
         if not (path / "manifest.json").is_file():
-            export_transformer(cfg, path, precision, weights, seed, ops)
-        return path
-    path = Path(directory)
+            export_transformer(cfg, path, precision, weights, 0 if seed is None else seed, ops)
+            return path
+    path = Path(directory) if directory is not None else path
     manifest = Manifest.read(path)
     if manifest.spec.precision != precision:
         raise WanTrtError(f"{path} holds a {manifest.spec.precision} graph but --{precision} was asked: re-export "
                           f"with `wan-trt export --precision {precision}` or build with --{manifest.spec.precision}")
     if manifest.ops != ops and backend == "tensorrt":  # AOTInductor picks its ops itself
         raise WanTrtError(f"{path} holds a --ops {manifest.ops} graph but --ops {ops} was asked; re-export")
+    check_weight_flags(path, manifest, weights, seed)
     return path
 
 
-def build_engine(directory, config_name, backend, precision, ops, device, timing_cache, opt_level, weak_typing, out,
-                 force, weights, seed) -> Path:
-    export_dir = resolve_export(directory, config_name, precision, ops, weights, seed, backend)
-    if backend == "aoti":
+def check_weight_flags(path: Path, manifest: Manifest, weights: str | None, seed: int | None) -> None:
+    """Refuse ``--weights`` / ``--seed`` that disagree with what the export at ``path`` was made from."""
+    recorded = manifest.weights
+    fix = f"re-export with `wan-trt export --out {path} --overwrite` and these flags, or drop them"
+    if weights is not None:
+        if recorded["source"] != "checkpoint":
+            raise WanTrtError(f"--weights {weights}: {path} was exported with random weights (seed "
+                              f"{recorded['seed']}), not from a checkpoint; {fix}")
+        if not Path(weights).is_file():
+            raise WanTrtError(f"--weights {weights}: no such file")
+        if file_digest(weights)["sha256"] != recorded["file_sha256"]:
+            raise WanTrtError(f"--weights {weights}: {path} was exported from another checkpoint "
+                              f"({recorded['path']}, other contents); {fix}")
+    if seed is not None and seed != recorded["seed"]:
+        raise WanTrtError(f"--seed {seed}: {path} was exported with --seed {recorded['seed']}; {fix}")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What `wan-trt build` was asked for, beside the export to build from."""
+
+    backend: str = "tensorrt"
+    precision: str = "bf16"
+    ops: str = "native"
+    device: str = "cuda"
+    timing_cache: str | None = None
+    opt_level: int = 3
+    weak_typing: bool = False
+    out: str | None = None
+    force: bool = False
+
+
+def build_engine(directory: str | None, config_name: str | None, options: BuildOptions, *,
+                 weights: str | None = None, seed: int | None = None) -> Path:
+    """Build (or reuse, when up to date and verified) the engine of an export; returns its path."""
+    o = options
+    export_dir = resolve_export(directory, config_name, o.precision, o.ops, weights=weights, seed=seed,
+                                backend=o.backend)
+    if o.backend == "aoti":
         from wan_trt.engines.aoti import build_aoti
-        return build_aoti(export_dir, out, device, force, ops)
+        return build_aoti(export_dir, o.out, o.device, o.force, o.ops)
     from wan_trt.engines.tensorrt import build_tensorrt
-    return build_tensorrt(export_dir, out, opt_level, timing_cache, weak_typing, force)
+    return build_tensorrt(export_dir, o.out, o.opt_level, o.timing_cache, o.weak_typing, o.force)
 
 
 def inspect_engine(engine: str | Path) -> dict[str, Any]:

@@ -18,11 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wan_trt.engines.artifact import EngineMetadata, engine_key
+from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, engine_key, install_engine, staged_file,
+                                     up_to_date)
 from wan_trt.engines.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest
-from wan_trt.log import logger, stage
+from wan_trt.log import stage
+from wan_trt.outputs import output_lock
 
 MIN_VERSION = (10, 9)
 
@@ -63,14 +65,22 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
     manifest = Manifest.read(directory)
     cache_path = Path(timing_cache) if timing_cache else None
     _check_inputs(manifest, directory, opt_level, cache_path)
-    trt = import_tensorrt()
     engine = Path(out) if out else default_engine_path(directory, "tensorrt", "cuda")
+    check_engine_out(engine)
+    trt = import_tensorrt()
     key = engine_key(manifest, "tensorrt", "cuda", {"opt_level": opt_level, "weak_typing": weak_typing})
-    if not force and engine.is_file() and EngineMetadata.path_for(engine).is_file():
-        if EngineMetadata.read(engine).key == key:
-            logger.info("%s is up to date (key %s)", engine, key)
-            write_runtime_file(manifest.spec, engine)
-            return engine
+    engine.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(engine, "build"):
+        if force or not up_to_date(engine, key, manifest):
+            _build(trt, manifest, directory, engine, key, opt_level=opt_level, cache_path=cache_path,
+                   weak_typing=weak_typing)
+    write_runtime_file(manifest.spec, engine)
+    return engine
+
+
+def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, opt_level: int,
+           cache_path: Path | None, weak_typing: bool) -> None:
+    """Parse the graph, build the serialized engine and install it at ``engine`` (staged, then renamed)."""
     begin = time.perf_counter()
     if manifest.ops == "plugins":
         from wan_trt.plugins.tensorrt_plugins import register_plugins
@@ -89,17 +99,17 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
         serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise WanTrtError("TensorRT could not build the engine (see its log above)")
-    engine.parent.mkdir(parents=True, exist_ok=True)
-    engine.write_bytes(bytes(serialized))
+    spec = manifest.spec
+    with staged_file(engine) as partial:
+        partial.write_bytes(bytes(serialized))
+        meta = EngineMetadata("tensorrt", "cuda", key, spec.fingerprint(), spec.config.name, spec.precision,
+                              manifest.ops, manifest.weights["sha256"], str(directory.resolve()),
+                              manifest_sha256=manifest.sha256, build_seconds=time.perf_counter() - begin,
+                              extra={"opt_level": opt_level, "weak_typing": weak_typing,
+                                     "layers": inspect_tensorrt(partial)["counts"]})
+        install_engine(partial, engine, meta)
     if cache_path:
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
-    spec = manifest.spec
-    EngineMetadata("tensorrt", "cuda", key, spec.fingerprint(), spec.config.name, spec.precision, manifest.ops,
-                   manifest.weights["sha256"], str(directory.resolve()), time.perf_counter() - begin,
-                   extra={"opt_level": opt_level, "weak_typing": weak_typing,
-                          "layers": inspect_tensorrt(engine)["counts"]}).write(engine)
-    write_runtime_file(spec, engine)
-    return engine
 
 
 def _parse(trt, builder, trt_logger, graph: Path, weak_typing: bool):

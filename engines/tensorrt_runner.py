@@ -19,15 +19,16 @@ class TensorRTRunner(Runner):
 
     def __init__(self, engine: str | Path, manifest: Manifest):
         self.engine_path = Path(engine)
-        EngineMetadata.read(self.engine_path).check_against(manifest, self.engine_path)
+        EngineMetadata.read(self.engine_path).check_against(manifest, self.engine_path)  # export + engine file
         super().__init__(manifest.spec, "cuda")
+        self.ops = manifest.ops
         self.name = "tensorrt"
         self.engine = self.context = None
         self.outputs: dict[str, torch.Tensor] = {}
 
     def activate(self) -> None:
         trt = import_tensorrt()
-        if Manifest.read(EngineMetadata.read(self.engine_path).export_dir).ops == "plugins":
+        if self.ops == "plugins":
             from wan_trt.plugins.tensorrt_plugins import register_plugins
             register_plugins()
         runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))

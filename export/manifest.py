@@ -38,6 +38,9 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
+REMAKE = "re-export it with `wan-trt export --overwrite`"
+
+
 @dataclass
 class Manifest:
     """What ``wan-trt export`` wrote into a directory."""
@@ -45,23 +48,38 @@ class Manifest:
     spec: PassSpec
     ops: str
     opset: int
-    weights: dict[str, Any]  # source, seed or checkpoint path, sha256 of the graph's weights
+    weights: dict[str, Any]  # source, seed, checkpoint path + file sha256, sha256 of the graph's weights
     graph: str | None = GRAPH  # None: exported with --no-onnx (enough for AOTInductor engines)
     external_data: str | None = None
     sample_inputs: str = SAMPLE_INPUTS
     op_counts: dict[str, int] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=tool_versions)
     export_seconds: float | None = None
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {size, sha256}, filled by write()
+    sha256: str | None = field(default=None, compare=False)  # of manifest.json as written / read
+
+    def file_names(self) -> list[str]:
+        """The files this export wrote besides manifest.json."""
+        return [n for n in (self.graph, self.external_data, self.sample_inputs) if n]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"spec": self.spec.to_dict(), "fingerprint": self.spec.fingerprint(), "ops": self.ops,
-                "opset": self.opset, "weights": self.weights, "graph": self.graph,
+        from wan_trt.export.manifest_schema import FORMAT
+
+        return {"format": FORMAT, "spec": self.spec.to_dict(), "fingerprint": self.spec.fingerprint(),
+                "ops": self.ops, "opset": self.opset, "weights": self.weights, "graph": self.graph,
                 "external_data": self.external_data, "sample_inputs": self.sample_inputs,
-                "op_counts": self.op_counts, "versions": self.versions, "export_seconds": self.export_seconds}
+                "files": self.files, "op_counts": self.op_counts, "versions": self.versions,
+                "export_seconds": self.export_seconds}
 
     def write(self, directory: Path) -> Path:
+        """Hash every file of the export (size + sha256), then write manifest.json last."""
+        from wan_trt.digest import bytes_digest, file_digest
+
+        self.files = {name: file_digest(Path(directory) / name) for name in self.file_names()}
+        text = json.dumps(self.to_dict(), indent=2)
         path = Path(directory) / MANIFEST
-        path.write_text(json.dumps(self.to_dict(), indent=2))
+        path.write_text(text)
+        self.sha256 = bytes_digest(text.encode())
         return path
 
     def graph_path(self, directory: str | Path) -> Path:
@@ -71,21 +89,29 @@ class Manifest:
                               "TensorRT need one); re-export without --no-onnx")
         return Path(directory) / self.graph
 
+    def verify_files(self, directory: str | Path) -> None:
+        """Refuse a graph, external data or sample inputs whose size or sha256 is not the recorded one."""
+        from wan_trt.digest import verify_file
+
+        for name in self.file_names():
+            verify_file(Path(directory) / name, self.files[name], f"the export is incomplete or damaged; {REMAKE}")
+
     @classmethod
-    def read(cls, directory: str | Path) -> "Manifest":
-        """Load and check a manifest; every file it names must exist."""
+    def read(cls, directory: str | Path, verify: bool = True) -> "Manifest":
+        """Load and check a manifest; with ``verify`` every file it names must have its recorded size and hash."""
+        from wan_trt.export.manifest_schema import parse_manifest
+
         directory = Path(directory)
         path = directory / MANIFEST
         if not path.is_file():
             raise WanTrtError(f"{directory} holds no {MANIFEST}: not a finished `wan-trt export` directory")
-        data = json.loads(path.read_text())
-        manifest = cls(spec=PassSpec.from_dict(data["spec"]), ops=data["ops"], opset=data["opset"],
-                       weights=data["weights"], graph=data["graph"], external_data=data.get("external_data"),
-                       sample_inputs=data["sample_inputs"], op_counts=data.get("op_counts", {}),
-                       versions=data.get("versions", {}), export_seconds=data.get("export_seconds"))
-        for name in filter(None, (manifest.graph, manifest.external_data, manifest.sample_inputs)):
-            if not (directory / name).is_file():
-                raise WanTrtError(f"{directory / name} is missing: the export is incomplete; re-export")
+        raw = path.read_bytes()
+        data = parse_manifest(raw, path)
+        manifest = cls(**data)
+        from wan_trt.digest import bytes_digest
+        manifest.sha256 = bytes_digest(raw)
+        if verify:
+            manifest.verify_files(directory)
         return manifest
 
 

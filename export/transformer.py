@@ -2,18 +2,19 @@
 
 Stages: build the model (checkpoint or seeded random) -> torch.export + ONNX translation
 (``torch.onnx.export(dynamo=True)``) -> structural check against the spec -> sample inputs
--> manifest. Everything is written into ``<out>.partial`` and renamed to ``<out>`` only
-when complete, so a failed or interrupted export never leaves a directory that looks done.
+-> manifest (with the size and sha256 of every file). Everything is written into a staging
+folder wan-trt creates next to ``<out>`` and renamed to ``<out>`` only when complete, so a
+failed or interrupted export never leaves a directory that looks done (wan_trt/outputs.py).
 """
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 import torch
 
 from wan_trt.config import WanConfig
+from wan_trt.digest import file_digest
 from wan_trt.errors import WanTrtError
 from wan_trt.export.graph import check_graph
 from wan_trt.export.manifest import GRAPH, SAMPLE_INPUTS, Manifest
@@ -21,21 +22,12 @@ from wan_trt.log import logger, stage
 from wan_trt.model import build_model
 from wan_trt.model.checkpoint import weights_fingerprint
 from wan_trt.model.static_pass import StaticPass
-from wan_trt.spec import PassSpec, precision_dtype
+from wan_trt.outputs import check_out_dir, staged_dir
+from wan_trt.spec import PassSpec
 
 OPS = ("native", "plugins")
 OPSETS = (18, 23)
 PROTOBUF_LIMIT = 1_800_000_000  # bytes of weights above which they go to one external data file
-
-
-def prepare_out(out: Path, overwrite: bool) -> Path:
-    """Refuse an existing ``out`` unless ``overwrite``; return the staging directory."""
-    if out.exists() and not overwrite:
-        raise WanTrtError(f"--out {out} already exists; pass --overwrite to replace it")
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    return staging
 
 
 def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16", weights: str | None = None,
@@ -44,11 +36,12 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
     """Export one pass of ``cfg`` to ``out/model.onnx`` with manifest and sample inputs.
 
     ``onnx=False`` writes the manifest and sample inputs only (seconds instead of minutes at full
-    size): what `wan-trt build --backend aoti` needs, not ONNX Runtime or TensorRT.
+    size): what `wan-trt build --backend aoti` needs, not ONNX Runtime or TensorRT. ``overwrite``
+    replaces an existing wan-trt export (never a folder holding other files or the checkpoint).
 
     Raises:
-        WanTrtError: bad flag value, existing output, checkpoint mismatch, or a graph that
-            breaks its spec.
+        WanTrtError: bad flag value, an ``out`` that may not be written, checkpoint mismatch, a graph
+            that breaks its spec, or a write that failed (disk full, permissions).
     """
     out = Path(out)
     if ops not in OPS:
@@ -56,11 +49,24 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
     if opset not in OPSETS:
         raise WanTrtError(f"--opset {opset}: expected one of {OPSETS} (23: fused Attention/RMSNormalization, "
                           "18: decomposed, for TensorRT 10.x parsers)")
+    if weights is not None and not Path(weights).is_file():
+        raise WanTrtError(f"--weights {weights}: no such file")
     spec = PassSpec.from_config(cfg, precision)
-    staging = prepare_out(out, overwrite)
+    protect = [Path(weights)] if weights else []
+    check_out_dir(out, overwrite=overwrite, protect=protect)  # before minutes of work; again under the lock
+    with staged_dir(out, overwrite=overwrite, protect=protect) as staging:
+        manifest = _export_into(staging, cfg, spec, weights=weights, seed=seed, ops=ops, opset=opset, onnx=onnx)
+    logger.info("exported %s (%s, %s, opset %d%s) to %s", cfg.name, precision, ops, opset,
+                "" if onnx else ", no ONNX graph", out)
+    return manifest
+
+
+def _export_into(staging: Path, cfg: WanConfig, spec: PassSpec, *, weights: str | None, seed: int, ops: str,
+                 opset: int, onnx: bool) -> Manifest:
+    """Every file of the export, written into ``staging``; manifest.json (with the files' hashes) last."""
     begin = time.perf_counter()
-    with stage(f"build {cfg.name} model ({precision})"):
-        model = build_model(cfg, precision_dtype(precision), "cpu", weights, seed)
+    with stage(f"build {cfg.name} model ({spec.precision})"):
+        model = build_model(cfg, spec.dtype, "cpu", weights, seed)
         model.sinusoid_dtype = torch.float32  # graphs keep fp32 islands; TensorRT has no float64
     table = None
     if ops == "plugins":
@@ -71,21 +77,17 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
     static = StaticPass(model, spec).eval()
     feeds = spec.sample_inputs(seed)
     graph, external, counts = (_write_graph(static, feeds, spec, staging, opset, table) if onnx else (None, False, {}))
-    from safetensors.torch import save_file
-    save_file({k: v.contiguous() for k, v in feeds.items()}, str(staging / SAMPLE_INPUTS))
+    from safetensors.torch import save
+    (staging / SAMPLE_INPUTS).write_bytes(save({k: v.contiguous() for k, v in feeds.items()}))  # OSError if full
     with stage("hash weights"):
-        provenance = {"source": "checkpoint", "path": str(Path(weights).resolve())} if weights else \
-            {"source": "random", "seed": seed}
-        provenance["sha256"] = weights_fingerprint(model)
+        provenance = {"source": "random", "seed": seed, "sha256": weights_fingerprint(model)}
+        if weights:
+            provenance.update(source="checkpoint", path=str(Path(weights).resolve()),
+                              file_sha256=file_digest(weights)["sha256"])
     manifest = Manifest(spec=spec, ops=ops, opset=opset, weights=provenance, graph=graph,
                         external_data=GRAPH + ".data" if external else None, op_counts=counts,
                         export_seconds=time.perf_counter() - begin)
     manifest.write(staging)
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
-    logger.info("exported %s (%s, %s, opset %d%s) to %s", cfg.name, precision, ops, opset,
-                "" if onnx else ", no ONNX graph", out)
     return manifest
 
 

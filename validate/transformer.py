@@ -234,24 +234,31 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, single_pa
 
 def check_export(directory: str | Path, provider: str = "cpu", blocks: int = 8, seed: int = 0,
                  stream: bool = True, save_results: bool = True) -> CheckReport:
-    """Check an export directory's graph with ONNX Runtime (``provider``) against PyTorch."""
+    """Check an export directory's graph with ONNX Runtime (``provider``) against PyTorch.
+
+    The manifest and the size + sha256 of every file it names are verified before any parse.
+    """
     from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner
 
     directory = Path(directory)
-    manifest = Manifest.read(directory)
+    manifest = Manifest.read(directory)  # verifies the graph, external data and sample inputs
     backend = OnnxRuntimeRunner(manifest.graph_path(directory), manifest.spec, provider)
     return check_runner(directory, manifest, backend, None, blocks, seed, stream, save_results)
 
 
 def check_engine(engine: str | Path, blocks: int = 8, seed: int = 0, stream: bool = True,
                  save_results: bool = True) -> CheckReport:
-    """Check a built engine (AOTInductor package or TensorRT plan) against PyTorch."""
-    from wan_trt.engines.artifact import EngineMetadata
+    """Check a built engine (AOTInductor package or TensorRT plan) against PyTorch.
+
+    The export checked against is the one the engine was built from (found by the manifest hash its
+    metadata records, and logged); the engine file must have the size and sha256 recorded at build.
+    """
+    from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 
     engine = Path(engine)
     meta = EngineMetadata.read(engine)
-    directory = Path(meta.export_dir)
-    manifest = Manifest.read(directory)
+    directory, manifest = export_for_engine(engine, meta)
+    meta.check_against(manifest, engine)  # the engine file itself, before any deserialization
     if meta.backend == "aoti":
         from wan_trt.engines.aoti import AotiRunner
         return check_runner(directory, manifest, AotiRunner(engine, manifest), None, blocks, seed, stream,

@@ -142,7 +142,8 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
               help="23: fused Attention/RMSNormalization (TensorRT 11); 18: decomposed (TensorRT 10.x).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output directory. Defaults to out/<config>_<precision>_<ops>.")
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace --out if it holds a wan-trt export (a folder with other files is never replaced).")
 @click.option("--no-onnx", is_flag=True,
               help="Manifest and sample inputs only, no ONNX graph: enough for `build --backend aoti`.")
 @user_errors
@@ -214,15 +215,18 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
               help="Engine path. Defaults to DIRECTORY/engine_<backend>_<device>.<pt2|plan>.")
 @click.option("--force", is_flag=True, help="Rebuild even if an up-to-date engine exists.")
 @weights_option
-@seed_option
+@click.option("--seed", type=int, default=None,
+              help="Seed of random weights and inputs when exporting with --config (default 0); with an existing "
+                   "export it must be the export's.")
 @user_errors
 def build(directory, config_name, backend, precision, ops, device, timing_cache, opt_level, weak_typing, out, force,
           weights, seed) -> None:
     """Build an engine (TensorRT plan or AOTInductor package) from an export directory."""
-    from wan_trt.engines.build import build_engine
+    from wan_trt.engines.build import BuildOptions, build_engine
 
-    engine = build_engine(directory, config_name, backend, precision, ops, device, timing_cache, opt_level,
-                          weak_typing, out, force, weights, seed)
+    options = BuildOptions(backend=backend, precision=precision, ops=ops, device=device, timing_cache=timing_cache,
+                           opt_level=opt_level, weak_typing=weak_typing, out=out, force=force)
+    engine = build_engine(directory, config_name, options, weights=weights, seed=seed)
     click.echo(str(engine))
 
 

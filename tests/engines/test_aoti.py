@@ -86,6 +86,7 @@ def test_check_engine_passes(aoti):
     res = CliRunner().invoke(main, ["check", str(aoti[1]), "--blocks", "8"])
     assert res.exit_code == 0, res.output
     assert "block 7" in res.output
+    assert f"checking against its export {aoti[0].resolve()}" in res.output  # says which export
 
 
 def test_export_without_onnx_refuses_onnx_backends_clearly(aoti):
@@ -167,3 +168,43 @@ def test_cuda_graph_runner_needs_cuda(aoti):
     from wan_trt.engines.cuda_graph import CudaGraphRunner
     with pytest.raises(WanTrtError, match="CUDA graphs need a CUDA runner"):
         CudaGraphRunner(AotiRunner(aoti[1], Manifest.read(aoti[0])))
+
+
+def _copy_engine(engine: Path, to: Path) -> Path:
+    """The engine with its metadata and runtime file, as `wan-trt build` left them."""
+    for suffix in ("", ".json", ".runtime.txt"):
+        shutil.copy(engine.with_name(engine.name + suffix), to.with_name(to.name + suffix))
+    return to
+
+
+def test_damaged_engine_is_refused_and_rebuilt_not_reused(aoti, tmp_path, monkeypatch):
+    export_dir, engine = aoti
+    copy = _copy_engine(engine, tmp_path / "engine.pt2")
+    data = copy.read_bytes()
+    copy.write_bytes(data[: len(data) // 2])
+    with pytest.raises(WanTrtError, match="engine.pt2 is .* bytes, .* were written"):
+        AotiRunner(copy, Manifest.read(export_dir))
+    compiled = []
+
+    def compile_stand_in(program, package_path):  # the rebuild decision is under test, not Inductor
+        compiled.append(package_path)
+        Path(package_path).write_bytes(data)
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_stand_in)
+    assert build_aoti(export_dir, copy, device="cpu") == copy and len(compiled) == 1
+    assert copy.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == [
+        "engine.pt2", "engine.pt2.json", "engine.pt2.runtime.txt"]
+    AotiRunner(copy, Manifest.read(export_dir))  # verified again: the new file is the one recorded
+
+
+def test_check_engine_refuses_an_export_changed_since_the_build(aoti, tmp_path):
+    export_dir, engine = aoti
+    shutil.copytree(export_dir, tmp_path / "export", ignore=shutil.ignore_patterns("engine*", "check"))
+    copy = _copy_engine(engine, tmp_path / "engine.pt2")
+    meta = json.loads((tmp_path / "engine.pt2.json").read_text())
+    meta["export_dir"] = str((tmp_path / "export").resolve())  # as if built from that copy (same manifest bytes)
+    (tmp_path / "engine.pt2.json").write_text(json.dumps(meta))
+    export_transformer(load_config("universal-small"), tmp_path / "export", "fp32", seed=2, onnx=False,
+                       overwrite=True)  # same weights, a new export
+    res = CliRunner().invoke(main, ["check", str(copy), "--blocks", "1"])
+    assert res.exit_code == 1 and "the export it was built from is not found" in res.output, res.output
+    assert "another export" in res.output

@@ -71,9 +71,25 @@ def test_check_fails_when_a_graph_weight_is_perturbed(exports, tmp_path):
     values.flat[: values.size // 4] += 0.05  # a quarter of one FFN weight
     target.CopyFrom(onnx.numpy_helper.from_array(values, target.name))
     onnx.save(model, str(bad / "model.onnx"))
+    Manifest.read(bad, verify=False).write(bad)  # record the new graph's hash: the accuracy check must catch it
     report = check_export(bad, "cpu", blocks=2, seed=1)
     assert not report.ok
     assert any(not o.ok for o in report.outputs) and report.problems()
+
+
+def test_check_refuses_a_graph_with_random_bytes_before_parsing_it(exports, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(exports["universal-small"], bad, ignore=shutil.ignore_patterns("check"))
+    with open(bad / "model.onnx", "r+b") as f:
+        f.seek(len((bad / "model.onnx").read_bytes()) // 2)
+        f.write(np.random.default_rng(0).bytes(64))
+    res = CliRunner().invoke(main, ["check", str(bad), "--blocks", "1"])
+    assert res.exit_code == 1 and res.output.startswith("error:"), res.output
+    assert "model.onnx has changed since it was written" in res.output and "re-export" in res.output
+    with open(bad / "model.onnx", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(WanTrtError, match="model.onnx is 1000 bytes"):
+        check_export(bad, "cpu", blocks=1)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

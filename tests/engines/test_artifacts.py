@@ -1,0 +1,110 @@
+"""Engine artifacts without compiling: build flags against the export, engine --out safety, metadata files.
+
+Engines compiled for real are covered in test_aoti.py (verified engine file, rebuild of a damaged one,
+check against the recorded export); here the engine file is bytes installed by wan-trt's own
+``install_engine``, which is all the metadata logic reads.
+"""
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from wan_trt.cli import main
+from wan_trt.config import load_config
+from wan_trt.engines.artifact import EngineMetadata, engine_key, install_engine, up_to_date
+from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest import Manifest
+from wan_trt.export.transformer import export_transformer
+from wan_trt.model import build_model
+from wan_trt.model.checkpoint import save_checkpoint
+
+CFG = "universal-small"
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    """fp32 export without ONNX graph (seconds), random weights, seed 2."""
+    out = tmp_path_factory.mktemp("artifacts") / "export"
+    export_transformer(load_config(CFG), out, "fp32", seed=2, onnx=False)
+    return out
+
+
+def _build(*args):
+    return CliRunner().invoke(main, ["build", *args])
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
+def test_build_refuses_a_seed_the_export_was_not_made_with(export_dir, backend):
+    res = _build(str(export_dir), "--fp32", "--backend", backend, "--device", "cpu", "--seed", "5")
+    assert res.exit_code == 1 and "--seed 5" in res.output and "exported with --seed 2" in res.output, res.output
+
+
+def test_build_refuses_weights_the_export_was_not_made_from(export_dir, tmp_path):
+    ckpt = save_checkpoint(build_model(load_config(CFG)), tmp_path / "other.safetensors")
+    res = _build(str(export_dir), "--fp32", "--backend", "tensorrt", "--weights", str(ckpt))
+    assert res.exit_code == 1 and "exported with random weights (seed 2)" in res.output, res.output
+
+
+def test_build_with_config_checks_the_existing_export(export_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(export_dir, tmp_path / "out" / f"{CFG}_fp32_native")
+    res = _build("--config", CFG, "--fp32", "--backend", "tensorrt", "--seed", "7")
+    assert res.exit_code == 1 and "--seed 7" in res.output and "exported with --seed 2" in res.output, res.output
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
+def test_engine_out_never_replaces_a_file_build_did_not_write(export_dir, tmp_path, backend):
+    notes = tmp_path / "notes.plan"
+    notes.write_text("mine")
+    for target in (notes, export_dir / "manifest.json"):
+        before = target.read_bytes()
+        res = _build(str(export_dir), "--fp32", "--backend", backend, "--device", "cpu", "--out", str(target))
+        assert res.exit_code == 1 and "were not written by `wan-trt build`" in res.output, res.output
+        assert target.read_bytes() == before
+    Manifest.read(export_dir)
+
+
+@pytest.fixture
+def installed(export_dir, tmp_path):
+    """An engine file installed with its metadata (the bytes stand for a package; nothing here loads it)."""
+    manifest = Manifest.read(export_dir)
+    spec = manifest.spec
+    key = engine_key(manifest, "aoti", "cpu", {"ops": "native"})
+    engine, partial = tmp_path / "engine.pt2", tmp_path / "partial.pt2"
+    partial.write_bytes(bytes(range(256)) * 64)
+    install_engine(partial, engine, EngineMetadata("aoti", "cpu", key, spec.fingerprint(), spec.config.name,
+                                                   spec.precision, "native", manifest.weights["sha256"],
+                                                   str(export_dir.resolve()), manifest_sha256=manifest.sha256))
+    return engine, key, manifest
+
+
+def test_up_to_date_verifies_the_engine_file(installed, caplog):
+    engine, key, manifest = installed
+    assert up_to_date(engine, key, manifest)
+    data = bytearray(engine.read_bytes())
+    data[100:164] = bytes(64)  # same size, other bytes
+    engine.write_bytes(bytes(data))
+    assert not up_to_date(engine, key, manifest)
+    assert "has changed since it was written" in caplog.text
+    engine.write_bytes(bytes(data[:1000]))
+    with pytest.raises(WanTrtError, match="engine.pt2 is 1000 bytes, 16384 were written"):
+        EngineMetadata.read(engine).check_against(manifest, engine)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: d.pop("key"), "field\\(s\\) 'key' missing"),
+    (lambda d: d.update(surprise=1), "'surprise' unexpected"),
+    (lambda d: d.update(build_seconds="fast"), "field 'build_seconds' should be float or int or NoneType"),
+    (lambda d: d.update(engine_file={"size": 1}), "engine_file.*expected"),
+])
+def test_damaged_engine_metadata_is_refused_by_name(installed, edit, expected):
+    engine = installed[0]
+    meta = EngineMetadata.path_for(engine)
+    data = json.loads(meta.read_text())
+    edit(data)
+    meta.write_text(json.dumps(data))
+    with pytest.raises(WanTrtError, match=f"engine.pt2.json.*{expected}"):
+        EngineMetadata.read(engine)
+    res = CliRunner().invoke(main, ["check", str(engine), "--blocks", "1"])
+    assert res.exit_code == 1 and res.output.startswith("error:") and "engine.pt2.json" in res.output, res.output

@@ -1,0 +1,176 @@
+"""Export outputs: --overwrite replaces only wan-trt exports, staging and locking, failed writes, manifests."""
+import json
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from wan_trt.cli import main
+from wan_trt.config import load_config
+from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest import Manifest
+from wan_trt.export.transformer import export_transformer
+from wan_trt.model import build_model
+from wan_trt.model.checkpoint import save_checkpoint
+
+CFG = "universal-small"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """One fp32 export without ONNX graph (seconds), copied by the tests that change it."""
+    out = tmp_path_factory.mktemp("base") / "export"
+    export_transformer(load_config(CFG), out, "fp32", seed=2, onnx=False)
+    return out
+
+
+def _export(out, **kwargs):
+    return export_transformer(load_config(CFG), out, "fp32", seed=2, onnx=False, **kwargs)
+
+
+def _tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_overwrite_refuses_a_folder_of_user_files(tmp_path, base):
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    with pytest.raises(WanTrtError, match=r"not a wan-trt export \(notes.txt\)"):
+        _export(user, overwrite=True)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(base, mixed)
+    (mixed / "notes.txt").write_text("keep me too")
+    with pytest.raises(WanTrtError, match=r"holds files wan-trt did not write \(notes.txt\)"):
+        _export(mixed, overwrite=True)
+    assert (user / "notes.txt").read_text() == "keep me" and (mixed / "notes.txt").read_text() == "keep me too"
+    assert _tree(mixed) == sorted(_tree(base) + ["notes.txt"])
+
+
+def test_out_holding_the_checkpoint_is_refused(tmp_path):
+    (tmp_path / "proj").mkdir()
+    ckpt = save_checkpoint(build_model(load_config(CFG)), tmp_path / "proj" / "model.safetensors")
+    with pytest.raises(WanTrtError, match="holds the input checkpoint"):
+        export_transformer(load_config(CFG), tmp_path / "proj", "fp32", weights=str(ckpt), overwrite=True,
+                           onnx=False)
+    assert ckpt.is_file()
+
+
+def test_out_holding_the_current_directory_is_refused(tmp_path, monkeypatch):
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "src" / "code.py").write_text("print(1)")
+    monkeypatch.chdir(proj / "src")
+    for out in ("..", "."):
+        res = CliRunner().invoke(main, ["export", "--config", CFG, "--precision", "fp32", "--no-onnx",
+                                        "--out", out, "--overwrite"])
+        assert res.exit_code == 1 and "is the current directory or holds it" in res.output, res.output
+    assert (proj / "src" / "code.py").read_text() == "print(1)"
+
+
+def test_user_partial_folder_is_kept_and_overwrite_swaps_cleanly(tmp_path, base):
+    out = tmp_path / "export"
+    user_partial = tmp_path / "export.partial"
+    user_partial.mkdir()
+    (user_partial / "draft.txt").write_text("mine")
+    shutil.copytree(base, out)
+    (out / "check").mkdir()
+    (out / "check" / "report_onnxruntime-cpu.json").write_text("{}")  # what `wan-trt check` adds
+    manifest = _export(out, overwrite=True)
+    assert (user_partial / "draft.txt").read_text() == "mine"
+    assert Manifest.read(out).sha256 == manifest.sha256 and not (out / "check").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "export.partial"]  # no staging, lock, old copy
+
+
+def test_second_export_to_the_same_out_fails_at_once(tmp_path):
+    out = tmp_path / "export"
+    first = subprocess.Popen([sys.executable, "-m", "wan_trt.cli", "export", "--config", CFG, "--precision", "fp32",
+                              "--no-onnx", "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".export.*")) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the first export holds its lock and staging folder
+        assert first.poll() is None, first.stderr.read()
+        with pytest.raises(WanTrtError, match="another wan-trt export is writing"):
+            _export(out, overwrite=True)
+    finally:
+        _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    Manifest.read(out)  # the first export is complete and intact
+
+
+def _limit_file_size():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))  # sample inputs are ~60 kB
+
+
+def test_full_disk_is_one_error_line_and_keeps_the_old_export(tmp_path, base):
+    out = tmp_path / "export"
+    shutil.copytree(base, out)
+    res = subprocess.run([sys.executable, "-m", "wan_trt.cli", "export", "--config", CFG, "--precision", "fp32",
+                          "--no-onnx", "--seed", "5", "--out", str(out), "--overwrite"],
+                         preexec_fn=_limit_file_size, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "File too large" in errors[0] and str(out) in errors[0], res.stderr
+    assert Manifest.read(out).weights["seed"] == 2  # the old export, verified by its hashes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no staging folder or lock left
+
+
+@pytest.mark.parametrize("out, expected", [("afile/sub", "afile is a file, not a folder"),
+                                           ("/proc/wan-trt/export", "--out /proc/wan-trt/export")])
+def test_unwritable_out_is_one_error_line(tmp_path, monkeypatch, out, expected):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    res = CliRunner().invoke(main, ["export", "--config", CFG, "--precision", "fp32", "--no-onnx", "--out", out])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
+    assert res.output.startswith("error:") and expected in res.output, res.output
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda raw: raw + b"\ngarbage", "is not valid JSON"),
+    (lambda raw: b"\x00\xff" + raw[:100], "is not valid JSON"),
+    (lambda raw: b"[1, 2]", "should hold a JSON object"),
+    (lambda raw: raw.replace(b'"opset": 23', b'"opset": "23"'), "field 'opset' should be int"),
+    (lambda raw: raw.replace(b'"ops": "native",', b''), "field\\(s\\) 'ops' missing"),
+    (lambda raw: raw.replace(b'"ops": "native",', b'"ops": "native", "extra": 1,'), "'extra' unexpected"),
+    (lambda raw: raw.replace(b'"sample_inputs": "sample_inputs.safetensors"',
+                             b'"sample_inputs": "../sample_inputs.safetensors"'), "a file name inside the export"),
+])
+def test_damaged_manifest_is_refused_by_name(tmp_path, base, damage, expected):
+    bad = tmp_path / "bad"
+    shutil.copytree(base, bad)
+    (bad / "manifest.json").write_bytes(damage((base / "manifest.json").read_bytes()))
+    with pytest.raises(WanTrtError, match=f"manifest.json.*{expected}"):
+        Manifest.read(bad)
+    res = CliRunner().invoke(main, ["build", str(bad), "--backend", "aoti", "--device", "cpu", "--fp32"])
+    assert res.exit_code == 1 and res.output.startswith("error:") and "manifest.json" in res.output, res.output
+
+
+def test_changed_sample_inputs_are_refused_before_use(tmp_path, base):
+    bad = tmp_path / "bad"
+    shutil.copytree(base, bad)
+    data = bytearray((bad / "sample_inputs.safetensors").read_bytes())
+    data[-64:] = bytes(64)  # same size, other contents
+    (bad / "sample_inputs.safetensors").write_bytes(bytes(data))
+    with pytest.raises(WanTrtError, match="sample_inputs.safetensors has changed since it was written"):
+        Manifest.read(bad)
+    (bad / "sample_inputs.safetensors").write_bytes(bytes(data[:1000]))
+    with pytest.raises(WanTrtError, match="sample_inputs.safetensors is 1000 bytes, .* were written"):
+        Manifest.read(bad)
+
+
+def test_overwrite_waits_for_no_build_writing_into_the_export(tmp_path, base):
+    from wan_trt.outputs import output_lock
+
+    out = tmp_path / "export"
+    shutil.copytree(base, out)
+    with output_lock(out / "engine_aoti_cpu.pt2", "build"):  # what `wan-trt build` holds while it writes
+        with pytest.raises(WanTrtError, match="a wan-trt build is writing into it"):
+            _export(out, overwrite=True)
+    _export(out, overwrite=True)

@@ -1,0 +1,209 @@
+"""Safe outputs: wan-trt replaces only what it wrote, stages new outputs, and locks the target.
+
+An export is written into a staging directory that wan-trt creates itself
+(``.<name>.partial-XXXX`` next to ``--out``, with a marker file), under an exclusive lock
+(``.<name>.lock``), and renamed into place only when complete; the export it replaces is
+moved aside first, so it survives a failed run, and only the files wan-trt wrote into it
+are removed afterwards. ``--out`` is refused when it holds anything else, the current
+directory or the input checkpoint. Engine files follow the same rules (:func:`check_engine_out`).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import glob
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from wan_trt.errors import WanTrtError
+from wan_trt.log import logger
+
+MARKER = ".wan-trt-export"  # inside every staging and finished export directory
+CHECK_FILES = ("check/report_*.json", "check/run_results_*.json")  # what `wan-trt check` adds to an export
+USER_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR,
+               errno.ENOENT, errno.EEXIST, errno.EISDIR}
+
+
+def os_error_message(exc: OSError, doing: str, fix: str) -> WanTrtError | None:
+    """A WanTrtError for an OSError the user can fix (disk full, permissions...); None for anything else."""
+    if exc.errno not in USER_ERRNOS:
+        return None
+    return WanTrtError(f"{doing} failed: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; {fix}")
+
+
+def check_parent_chain(path: Path, flag: str) -> None:
+    """Refuse a path under a regular file, or whose nearest existing folder cannot be written."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise WanTrtError(f"{flag} {path}: {parent} is a file, not a folder; pick a path in a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise WanTrtError(f"{flag} {path}: folder {parent} is not writable; pick another {flag}")
+            return
+
+
+@contextlib.contextmanager
+def output_lock(target: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``target`` (lock file beside it, removed afterwards); fail at once if held."""
+    lock = target.with_name(f".{target.name}.lock")
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise WanTrtError(f"another wan-trt {what} is writing {target} (lock {lock}); wait for it to finish "
+                              "or pick another output path") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break  # the lock file we hold is still the one at that path
+        os.close(fd)  # its holder removed it while we waited: take the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def owned_export_files(directory: Path) -> list[Path] | None:
+    """Every file wan-trt wrote into the export ``directory``, or None if it is not a wan-trt export."""
+    from wan_trt.engines.artifact import engine_files_in
+    from wan_trt.export.manifest import GRAPH, MANIFEST, SAMPLE_INPUTS
+    from wan_trt.export.manifest_schema import recorded_files
+
+    names = recorded_files(directory / MANIFEST)
+    if names is None and not (directory / MARKER).is_file():
+        return None
+    names = names if names is not None else [GRAPH, GRAPH + ".data", SAMPLE_INPUTS]
+    owned = [directory / n for n in [MARKER, MANIFEST, *names]]
+    owned += [p for pattern in CHECK_FILES for p in directory.glob(pattern)]
+    return [p for p in owned if p.is_file()] + engine_files_in(directory)
+
+
+def foreign_files(directory: Path, owned: list[Path]) -> list[str]:
+    """Relative names of what ``directory`` holds besides ``owned`` (folders holding only owned files pass)."""
+    keep = {p.resolve() for p in owned}
+    found = []
+    for root, dirs, files in os.walk(directory):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = Path(root, name)
+            if path.resolve() not in keep or path.is_symlink():
+                found.append(str(path.relative_to(directory)))
+    return sorted(found)
+
+
+def check_out_dir(out: Path, *, overwrite: bool, protect: Sequence[Path] = ()) -> list[Path]:
+    """Refuse an ``--out`` that may not be (re)written; return the old export's files to remove (if any).
+
+    Refused: a path under a file or in an unwritable folder, a file, the current directory or a folder
+    holding it, a folder holding a file in ``protect`` (the input checkpoint), a folder holding files
+    wan-trt did not write, and an existing export without ``overwrite``. An empty folder is used as is.
+    """
+    resolved = out.resolve()
+    check_parent_chain(resolved, "--out")
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise WanTrtError(f"--out {out} is the current directory or holds it; an export replaces its whole --out "
+                          "folder: pick a new folder, e.g. --out out/export")
+    for path in filter(None, protect):
+        if resolved in Path(path).resolve().parents:
+            raise WanTrtError(f"--out {out} holds the input checkpoint {path}, which an export never deletes; "
+                              "pick another --out")
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        raise WanTrtError(f"--out {out} is a file, not a folder; pick another --out")
+    if not any(out.iterdir()):
+        return []
+    owned = owned_export_files(out)
+    foreign = foreign_files(out, owned or [])
+    busy = [f for f in foreign if f.startswith(".") and (f.endswith(".lock") or ".partial-" in f)]
+    if busy:
+        raise WanTrtError(f"--out {out}: a wan-trt build is writing into it ({busy[0]}); wait for it to finish")
+    if owned is None or foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        what = "is not a wan-trt export" if owned is None else "holds files wan-trt did not write"
+        raise WanTrtError(f"--out {out} {what} ({shown}); --overwrite replaces only wan-trt exports: pick "
+                          "another --out, or move those files away yourself")
+    if not overwrite:
+        raise WanTrtError(f"--out {out} already holds an export; pass --overwrite to replace it")
+    return owned
+
+
+@contextlib.contextmanager
+def staged_dir(out: Path, *, overwrite: bool, protect: Sequence[Path] = ()) -> Iterator[Path]:
+    """Lock ``out``, yield a fresh staging folder, and swap it into place when the block succeeds.
+
+    A failed or interrupted block removes only its own staging folder; the previous export survives.
+    OSErrors a user can fix (disk full, permissions) become one WanTrtError naming ``out``.
+    """
+    check_parent_chain(out.resolve(), "--out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error_message(exc, f"creating the folder of --out {out}", "pick another --out") or exc
+    with output_lock(out, "export"):
+        old = check_out_dir(out, overwrite=overwrite, protect=protect)  # again, now that we hold the lock
+        _remove_stale_staging(out)
+        staging = None
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+            staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export gets the usual mode
+            (staging / MARKER).write_text("wan-trt export staging folder\n")
+            yield staging
+            _swap_into_place(staging, out, old)
+        except OSError as exc:
+            raise os_error_message(exc, f"writing the export --out {out}",
+                                   "free space there or pick another --out; the previous export, if any, "
+                                   "is unchanged") or exc
+        finally:
+            if staging is not None and staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _remove_stale_staging(out: Path) -> None:
+    """Staging folders of killed runs for ``out`` (marked, and nobody else holds the lock)."""
+    for stale in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
+        if (stale / MARKER).is_file():
+            logger.info("removing %s, left by an interrupted export", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _swap_into_place(staging: Path, out: Path, old_files: list[Path]) -> None:
+    """Rename ``staging`` to ``out``; the old export is moved aside first and then its files removed."""
+    aside = None
+    if out.exists():
+        aside = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
+        os.rename(out, aside)
+    try:
+        os.rename(staging, out)
+    except OSError:
+        if aside is not None:
+            os.rename(aside, out)
+        raise
+    if aside is not None:
+        remove_owned(aside, [aside / p.relative_to(out) for p in old_files])
+
+
+def remove_owned(directory: Path, files: list[Path]) -> None:
+    """Delete ``files`` then the folders they leave empty; anything else found is kept and reported."""
+    for path in files:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    for root, _, _ in sorted(os.walk(directory), key=lambda entry: -len(entry[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(root)
+    if directory.exists():
+        logger.warning("kept %s: it holds files the old export did not have", directory)
