@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU measuring run: build the engine with the fused kernels, bench it, check it, and keep the
+# result files. Runs on any machine with a CUDA GPU and PyTorch (2.11+) installed.
+#
+#   scripts/gpu_bench.sh setup               pip install this checkout (no dependencies pulled: torch stays);
+#                                            wheels in $WHEELS (default .whl/) are installed first (polygraphy)
+#   scripts/gpu_bench.sh build RESULTS       export (no ONNX graph) + AOTInductor build with the fused kernels
+#   scripts/gpu_bench.sh bench RESULTS       wan-trt bench of the engine (CUDA graphs and not) beside
+#                                            torch.compile and eager; JSON + chart in RESULTS
+#   scripts/gpu_bench.sh check RESULTS       wan-trt check of the engine (--blocks 4) as JSON in RESULTS
+#   scripts/gpu_bench.sh all RESULTS         the four in turn
+#
+# CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
+# the environment. Each step logs to RESULTS/<step>.log; the engine lives under out/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONFIG=${CONFIG:-universal}
+PRECISION=${PRECISION:-bf16}
+BLOCKS=${BLOCKS:-6}
+BACKENDS=${BACKENDS:-aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager}
+EXPORT=out/${CONFIG}_${PRECISION}_aoti
+ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
+step=${1:?"step: setup | build | bench | check | all"}
+results=${2:-bench/results/new}
+[ "$step" = setup ] || mkdir -p "$results"
+tag=${CONFIG}_${PRECISION}
+
+run_step() {  # name, command...: log to RESULTS/name.log, keep the exit status
+  local name=$1; shift
+  echo "== $name: $*"
+  "$@" > >(tee "$results/$name.log") 2>&1
+}
+
+case "$step" in
+  setup)
+    shopt -s nullglob; wheels=("${WHEELS:-.whl}"/*.whl)
+    [ ${#wheels[@]} -eq 0 ] || python3 -m pip install -q --no-deps "${wheels[@]}"
+    python3 -m pip install -q --no-deps --no-build-isolation -e .
+    python3 -c "import torch, wan_trt.engines.session; print('torch', torch.__version__, torch.cuda.get_device_name())"
+    ;;
+  build)
+    run_step export wan-trt export --config "$CONFIG" --precision "$PRECISION" --no-onnx --out "$EXPORT" --overwrite
+    run_step build wan-trt build "$EXPORT" --backend aoti --ops plugins --precision "$PRECISION" --device cuda
+    ;;
+  bench)
+    run_step bench wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
+      --backends "$BACKENDS" --out "$results/bench_${tag}_engines.json" --chart "$results/bench_${tag}_engines.png"
+    ;;
+  check)
+    wan-trt check "$ENGINE" --blocks 4 --json --no-save-results > "$results/check_${tag}_aoti_plugins.json" \
+      2> >(tee "$results/check.log")
+    ;;
+  all)
+    for s in build bench check; do "$0" "$s" "$results"; done
+    ;;
+  *)
+    echo "unknown step $step" >&2; exit 2
+    ;;
+esac
