@@ -224,8 +224,8 @@ def aot_ptx() -> dict:
         compiled, grid, scalars = attention.plan(qkv, qkv, qkv, qkv, qkv, TensorArg((1,), torch.int32), 3, 880,
                                                  tactic=tactic)
         out[f"attention_tactic{tactic}"] = {"ptx_bytes": len(compiled.ptx), "grid": grid, "shared": compiled.shared}
-    x, w, table, mod = (TensorArg((1, 2640, 1536), BF16), TensorArg((1536,), BF16), TensorArg((2640, 64), torch.float32),
-                        TensorArg((1, 3, 1, 1536), BF16))
+    x, w, mod = TensorArg((1, 2640, 1536), BF16), TensorArg((1536,), BF16), TensorArg((1, 3, 1, 1536), BF16)
+    table = TensorArg((2640, 64), torch.float32)
     out["qk_norm_rope"] = {"ptx_bytes": len(fused_op("qk_norm_rope").plan(x, x, w, w, table, table, 1e-6)[0].ptx)}
     out["add_adaln"] = {"ptx_bytes": len(fused_op("add_adaln").plan(x, x, mod, mod, mod, 3, 1e-6)[0].ptx)}
     return out

@@ -67,7 +67,8 @@ def test_custom_op_computes_the_reference(op):
 
 def _single_node_graph(op: FusedOp, tensors: list[torch.Tensor], attrs: list) -> onnx.ModelProto:
     elem = {torch.float32: onnx.TensorProto.FLOAT, torch.int32: onnx.TensorProto.INT32}
-    inputs = [onnx.helper.make_tensor_value_info(i.name, elem[t.dtype], list(t.shape)) for i, t in zip(op.inputs, tensors)]
+    inputs = [onnx.helper.make_tensor_value_info(i.name, elem[t.dtype], list(t.shape))
+              for i, t in zip(op.inputs, tensors)]
     want = op.reference(*tensors, *attrs)
     outputs = [onnx.helper.make_tensor_value_info(o.name, onnx.TensorProto.FLOAT, list(w.shape))
                for o, w in zip(op.outputs, want if isinstance(want, tuple) else (want,))]

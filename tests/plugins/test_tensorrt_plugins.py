@@ -36,9 +36,8 @@ def ptx_facts() -> None:
     for op in FUSED_OPS:
         for tactic in range(max(1, len(op.tactics))):
             compiled, grid, scalars = op.plan(*examples[op.name], tactic=tactic, arch=90)
-            facts[f"{op.name}{tactic}"] = {"ptx": {s: s in compiled.ptx for s in (".entry", "cp.async", "wgmma.mma_async",
-                                                                                 "ld.global.v4")},
-                                           "grid": list(grid), "scalars": len(scalars)}
+            found = {s: s in compiled.ptx for s in (".entry", "cp.async", "wgmma.mma_async", "ld.global.v4")}
+            facts[f"{op.name}{tactic}"] = {"ptx": found, "grid": list(grid), "scalars": len(scalars)}
     print(json.dumps(facts))
 
 
