@@ -1,6 +1,6 @@
 """The plugin flavour of the graph: the fused ops as custom ONNX nodes TensorRT maps to plugins.
 
-Each ``torch.ops.wan_trt.<op>`` becomes a node ``wan_trt::<Op>`` (domain ``wan_trt``,
+Each registered ``torch.ops.wan_trt.<op>`` (plugins/registry.py) becomes a node ``wan_trt::<Op>`` (domain ``wan_trt``,
 version 1) with attributes ``plugin_namespace="wan_trt"``, ``plugin_version="1"`` and
 ``aot=1``: TensorRT's ONNX parser maps op_type to the plugin name and the namespace to
 ``wan_trt``, and ``aot=1`` selects the ahead-of-time (Triton-compiled PTX) implementation,
@@ -14,63 +14,51 @@ import onnxscript
 import torch
 from onnx.defs import OpSchema
 
-DOMAIN = "wan_trt"
+from wan_trt.plugins.registry import FUSED_OPS, NAMESPACE, TYPE_CONSTRAINTS, FusedOp, with_signature
+
+DOMAIN = NAMESPACE
 VERSION = 1
-FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 PLUGIN_ATTRS = {"aot": 1, "plugin_namespace": DOMAIN, "plugin_version": "1"}
 A = OpSchema.AttrType
+ATTR_TYPES = {int: A.INT, float: A.FLOAT}
 
-# op_type -> (inputs, outputs, attributes), types: T (activations), U (second float type), I (int32), F (fp32)
-SCHEMAS = {
-    "WindowAttention": ([("q", "T"), ("k_prev", "T"), ("v_prev", "T"), ("k_cur", "T"), ("v_cur", "T"),
-                         ("valid_frames", "I")], [("out", "T")], [("prev_frames", A.INT), ("units", A.INT)]),
-    "QkNormRope": ([("q", "T"), ("k", "T"), ("w_q", "T"), ("w_k", "T"), ("cos", "F"), ("sin", "F")],
-                   [("q_out", "T"), ("k_out", "T")], [("eps", A.FLOAT)]),
-    "Adaln": ([("x", "T"), ("a", "U"), ("c", "U")], [("h", "U")], [("frames", A.INT), ("eps", A.FLOAT)]),
-    "AddAdaln": ([("x", "T"), ("y", "U"), ("g", "U"), ("a", "U"), ("c", "U")], [("x_out", "T"), ("h", "U")],
-                 [("frames", A.INT), ("eps", A.FLOAT)]),
-}
+
+def op_schema(op: FusedOp) -> OpSchema:
+    """The ONNX schema of a registered op: its inputs, outputs and attributes, plus the plugin attributes."""
+    attributes = [OpSchema.Attribute(a.name, ATTR_TYPES[a.type], "") for a in op.attrs]
+    attributes += [OpSchema.Attribute("aot", A.INT, ""), OpSchema.Attribute("plugin_namespace", A.STRING, ""),
+                   OpSchema.Attribute("plugin_version", A.STRING, "")]
+    return OpSchema(op.op_type, DOMAIN, VERSION, inputs=[OpSchema.FormalParameter(i.name, i.type) for i in op.inputs],
+                    outputs=[OpSchema.FormalParameter(o.name, op.output_type(o)) for o in op.outputs],
+                    type_constraints=[(name, list(types), "") for name, types in TYPE_CONSTRAINTS.items()],
+                    attributes=attributes)
 
 
 def register_schemas() -> None:
-    """Register the custom ops' ONNX schemas once per process."""
-    for name, (inputs, outputs, attrs) in SCHEMAS.items():
-        if onnx.defs.has(name, DOMAIN):
-            continue
-        attributes = [OpSchema.Attribute(a, t, "") for a, t in attrs]
-        attributes += [OpSchema.Attribute("aot", A.INT, ""), OpSchema.Attribute("plugin_namespace", A.STRING, ""),
-                       OpSchema.Attribute("plugin_version", A.STRING, "")]
-        onnx.defs.register_schema(OpSchema(
-            name, DOMAIN, VERSION, inputs=[OpSchema.FormalParameter(n, t) for n, t in inputs],
-            outputs=[OpSchema.FormalParameter(n, t) for n, t in outputs],
-            type_constraints=[("T", FLOAT_TYPES, ""), ("U", FLOAT_TYPES, ""), ("I", ["tensor(int32)"], ""),
-                              ("F", ["tensor(float)"], "")],
-            attributes=attributes))
+    """Register the fused ops' ONNX schemas once per process."""
+    for op in FUSED_OPS:
+        if not onnx.defs.has(op.op_type, DOMAIN):
+            onnx.defs.register_schema(op_schema(op))
+
+
+def emitter(op: FusedOp, opset: onnxscript.values.Opset):
+    """The onnxscript function of ``torch.ops.wan_trt.<op.name>``: one ``wan_trt::<OpType>`` node."""
+    node = getattr(opset, op.op_type)
+    n_inputs = len(op.inputs)
+
+    def emit(args: dict):
+        values = list(args.values())
+        return node(*values[:n_inputs], **dict(zip(list(args)[n_inputs:], values[n_inputs:])), **PLUGIN_ATTRS)
+    return with_signature(emit, op.signature(), op.name)
 
 
 def translation_table() -> dict:
     """torch op overload -> onnxscript function emitting the custom node (for torch.onnx.export)."""
-    import wan_trt.plugins.ops  # noqa: F401  (defines torch.ops.wan_trt.*)
+    import wan_trt.plugins.ops  # noqa: F401  (defines torch.ops.wan_trt.*; deferred: the kernels need triton)
 
     register_schemas()
     wan = onnxscript.values.Opset(DOMAIN, VERSION)
-
-    def window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames, prev_frames: int, units: int):
-        return wan.WindowAttention(q, k_prev, v_prev, k_cur, v_cur, valid_frames, prev_frames=prev_frames,
-                                   units=units, **PLUGIN_ATTRS)
-
-    def qk_norm_rope(q, k, w_q, w_k, cos, sin, eps: float):
-        return wan.QkNormRope(q, k, w_q, w_k, cos, sin, eps=eps, **PLUGIN_ATTRS)
-
-    def adaln(x, a, c, frames: int, eps: float):
-        return wan.Adaln(x, a, c, frames=frames, eps=eps, **PLUGIN_ATTRS)
-
-    def add_adaln(x, y, g, a, c, frames: int, eps: float):
-        return wan.AddAdaln(x, y, g, a, c, frames=frames, eps=eps, **PLUGIN_ATTRS)
-
-    ops = torch.ops.wan_trt
-    return {ops.window_attention.default: window_attention, ops.qk_norm_rope.default: qk_norm_rope,
-            ops.adaln.default: adaln, ops.add_adaln.default: add_adaln}
+    return {getattr(torch.ops.wan_trt, op.name).default: emitter(op, wan) for op in FUSED_OPS}
 
 
 def plugin_node_counts(op_counts: dict[str, int]) -> dict[str, int]:

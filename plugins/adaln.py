@@ -7,7 +7,7 @@ with the residual add that precedes it.
 For the modulated norms a = 1 + scale, c = shift; for the affine norm3 a = weight,
 c = bias (frame stride 0). f = token // S is the token's latent frame. x: [B, L, C]
 (the residual stream), y: [B, L, C]; a, c, g: [B, F, C] or [C]. x' keeps x's dtype,
-h takes ``out_dtype`` (the sublayer's compute dtype).
+h takes ``out_dtype``, by default a's (the modulation's: the sublayer's compute dtype).
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from wan_trt.errors import WanTrtError
+from wan_trt.plugins.aot import Plan, TensorArg, compile_ptx
+from wan_trt.plugins.launch import row_launch
 
 
 def _frames(t: torch.Tensor, frames: int) -> torch.Tensor:
@@ -25,11 +27,11 @@ def _frames(t: torch.Tensor, frames: int) -> torch.Tensor:
 
 def reference_adaln(x: torch.Tensor, a: torch.Tensor, c: torch.Tensor, frames: int, eps: float,
                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Pure PyTorch: fp32 LayerNorm then per-frame modulation."""
+    """Pure PyTorch: fp32 LayerNorm then per-frame modulation; h in ``out_dtype``, defaults to a's dtype."""
     xf = x.float().unflatten(1, (frames, -1))
     h = torch.nn.functional.layer_norm(xf, xf.shape[-1:], eps=eps)
     h = h * _frames(a, frames).float()[:, :, None] + _frames(c, frames).float()[:, :, None]
-    return h.flatten(1, 2).to(out_dtype or x.dtype)
+    return h.flatten(1, 2).to(out_dtype or a.dtype)
 
 
 def reference_add_adaln(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, a: torch.Tensor, c: torch.Tensor,
@@ -106,32 +108,56 @@ def _check(x, y, g, a, c, frames):
             raise WanTrtError(f"adaln: {name} must be [B, F, C] or [C] with C = {width}, got {tuple(t.shape)}")
 
 
-def _warps(block: int) -> int:
-    return 4 if block <= 1024 else 8
-
-
 def adaln(x: torch.Tensor, a: torch.Tensor, c: torch.Tensor, frames: int, eps: float,
           out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """h = LN(x) * a[f] + c[f] (Triton)."""
+    """h = LN(x) * a[f] + c[f] (Triton); h in ``out_dtype``, defaults to a's dtype."""
     _check(x, None, None, a, c, frames)
     b, length, width = x.shape
-    h = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    block = triton.next_power_of_2(width)
+    h = torch.empty(x.shape, dtype=out_dtype or a.dtype, device=x.device)
     wrap_triton(_adaln_kernel)[(b * length,)](x, a, c, length, width, length // frames, *_frame_strides(a, frames),
-                                              *_frame_strides(c, frames), h, eps=eps, BLOCK_C=block,
-                                              num_warps=_warps(block))
+                                              *_frame_strides(c, frames), h, eps=eps,
+                                              **row_launch("BLOCK_C", width).kwargs())
     return h
 
 
 def add_adaln(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, a: torch.Tensor, c: torch.Tensor,
               frames: int, eps: float, out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + y * g[f], LN(x + y * g[f]) * a[f] + c[f]) in one pass (Triton)."""
+    """(x + y * g[f], LN(x + y * g[f]) * a[f] + c[f]) in one pass (Triton); h in ``out_dtype``, defaults
+    to a's dtype."""
     _check(x, y, g, a, c, frames)
     b, length, width = x.shape
     x_new = torch.empty_like(x)
-    h = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    block = triton.next_power_of_2(width)
+    h = torch.empty(x.shape, dtype=out_dtype or a.dtype, device=x.device)
     wrap_triton(_add_adaln_kernel)[(b * length,)](
         x, y, g, a, c, length, width, length // frames, *_frame_strides(g, frames), *_frame_strides(a, frames),
-        *_frame_strides(c, frames), x_new, h, eps=eps, BLOCK_C=block, num_warps=_warps(block))
+        *_frame_strides(c, frames), x_new, h, eps=eps, **row_launch("BLOCK_C", width).kwargs())
     return x_new, h
+
+
+def _plan_strides(t: TensorArg, frames: int) -> tuple[int, int]:
+    """(batch, frame) strides of a contiguous per-frame [B, F, 1, C] tensor; (0, 0) for a broadcast [C]."""
+    return (0, 0) if len(t.shape) == 1 else (frames * t.shape[-1], t.shape[-1])
+
+
+def adaln_plan(x: TensorArg, a: TensorArg, c: TensorArg, frames: int, eps: float, *, tactic: int = 0,
+               arch: int | None = None) -> Plan:
+    """The TensorRT plan of a contiguous x [B, L, C], for the current GPU or compute capability ``arch``."""
+    b, length, width = x.shape
+    scalars = {"L": length, "C": width, "tokens_per_frame": length // frames}
+    scalars |= dict(zip(("stride_ab", "stride_af", "stride_cb", "stride_cf"),
+                        _plan_strides(a, frames) + _plan_strides(c, frames)))
+    compiled = compile_ptx(_adaln_kernel, {"X": x.dtype, "A": a.dtype, "Cb": c.dtype}, scalars, {"HO": a.dtype},
+                           {"eps": eps}, row_launch("BLOCK_C", width), arch)
+    return Plan(compiled, (b * length,), list(scalars.values()))
+
+
+def add_adaln_plan(x: TensorArg, y: TensorArg, g: TensorArg, a: TensorArg, c: TensorArg, frames: int, eps: float,
+                   *, tactic: int = 0, arch: int | None = None) -> Plan:
+    """The TensorRT plan of contiguous x, y [B, L, C], for the current GPU or compute capability ``arch``."""
+    b, length, width = x.shape
+    scalars = {"L": length, "C": width, "tokens_per_frame": length // frames}
+    scalars |= dict(zip(("stride_gb", "stride_gf", "stride_ab", "stride_af", "stride_cb", "stride_cf"),
+                        _plan_strides(g, frames) + _plan_strides(a, frames) + _plan_strides(c, frames)))
+    compiled = compile_ptx(_add_adaln_kernel, {"X": x.dtype, "Y": y.dtype, "G": g.dtype, "A": a.dtype, "Cb": c.dtype},
+                           scalars, {"XO": x.dtype, "HO": a.dtype}, {"eps": eps}, row_launch("BLOCK_C", width), arch)
+    return Plan(compiled, (b * length,), list(scalars.values()))

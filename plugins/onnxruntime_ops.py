@@ -14,7 +14,7 @@ import onnx
 import torch
 
 from wan_trt.errors import WanTrtError
-from wan_trt.plugins import adaln, qk_norm_rope, window_attention
+from wan_trt.plugins.registry import FUSED_OPS, FusedOp
 
 CONTRIB = "ai.onnx.contrib"
 _REGISTERED = False
@@ -25,7 +25,7 @@ def _t(array) -> torch.Tensor:
 
 
 def register_reference_ops() -> str:
-    """Register the four ops with onnxruntime-extensions once; returns its custom-op library path."""
+    """Register every fused op with onnxruntime-extensions once; returns its custom-op library path."""
     global _REGISTERED
     try:
         from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
@@ -34,34 +34,25 @@ def register_reference_ops() -> str:
                           "pip install onnxruntime-extensions") from None
     if _REGISTERED:
         return get_library_path()
-    f32, i32 = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int32
-    plugin = {"aot": PyCustomOpDef.dt_int64, "plugin_namespace": PyCustomOpDef.dt_string,
-              "plugin_version": PyCustomOpDef.dt_string}
-
-    @onnx_op(op_type="WindowAttention", inputs=[f32] * 5 + [i32], outputs=[f32],
-             attrs={**plugin, "prev_frames": PyCustomOpDef.dt_int64, "units": PyCustomOpDef.dt_int64})
-    def _window_attention(q, kp, vp, kc, vc, valid, **attrs):
-        return window_attention.reference_window_attention(
-            _t(q), _t(kp), _t(vp), _t(kc), _t(vc), _t(valid), attrs["prev_frames"], attrs["units"]).numpy()
-
-    @onnx_op(op_type="QkNormRope", inputs=[f32] * 6, outputs=[f32, f32], attrs={**plugin, "eps": PyCustomOpDef.dt_float})
-    def _qk_norm_rope(q, k, wq, wk, cos, sin, **attrs):
-        out = qk_norm_rope.reference_qk_norm_rope(_t(q), _t(k), _t(wq), _t(wk), _t(cos), _t(sin), attrs["eps"])
-        return tuple(o.numpy() for o in out)
-
-    norm_attrs = {**plugin, "frames": PyCustomOpDef.dt_int64, "eps": PyCustomOpDef.dt_float}
-
-    @onnx_op(op_type="Adaln", inputs=[f32] * 3, outputs=[f32], attrs=norm_attrs)
-    def _adaln(x, a, c, **attrs):
-        return adaln.reference_adaln(_t(x), _t(a), _t(c), attrs["frames"], attrs["eps"]).numpy()
-
-    @onnx_op(op_type="AddAdaln", inputs=[f32] * 5, outputs=[f32, f32], attrs=norm_attrs)
-    def _add_adaln(x, y, g, a, c, **attrs):
-        out = adaln.reference_add_adaln(_t(x), _t(y), _t(g), _t(a), _t(c), attrs["frames"], attrs["eps"])
-        return tuple(o.numpy() for o in out)
-
+    for op in FUSED_OPS:
+        _register(op, onnx_op, PyCustomOpDef)
     _REGISTERED = True
     return get_library_path()
+
+
+def _register(op: FusedOp, onnx_op, defs) -> None:
+    """One op as an onnxruntime-extensions Python op computing its reference (the graphs checked on
+    ONNX Runtime are fp32: every float tensor is fp32)."""
+    reference = op.reference
+    attrs = {"aot": defs.dt_int64, "plugin_namespace": defs.dt_string, "plugin_version": defs.dt_string}
+    attrs |= {a.name: defs.dt_int64 if a.type is int else defs.dt_float for a in op.attrs}
+
+    def run(*arrays, **values):
+        out = reference(*(_t(a) for a in arrays), *(values[a.name] for a in op.attrs))
+        return tuple(o.numpy() for o in out) if isinstance(out, tuple) else out.numpy()
+
+    onnx_op(op_type=op.op_type, inputs=[defs.dt_int32 if i.type == "I" else defs.dt_float for i in op.inputs],
+            outputs=[defs.dt_float] * len(op.outputs), attrs=attrs)(run)
 
 
 def has_plugin_nodes(model: onnx.ModelProto, domain: str = "wan_trt") -> bool:

@@ -17,6 +17,8 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from wan_trt.errors import WanTrtError
+from wan_trt.plugins.aot import Plan, TensorArg, compile_ptx
+from wan_trt.plugins.launch import row_launch
 
 
 def reference_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
@@ -75,8 +77,19 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch
         raise WanTrtError("qk_norm_rope: q/k rows must be evenly strided across the batch")
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty_like(q_out)
-    block = triton.next_power_of_2(c // 2)
     wrap_triton(_qk_norm_rope_kernel)[(b * length, 2)](
         q, k, w_q, w_k, cos.contiguous(), sin.contiguous(), length, c, half, q.stride(1), q_out.stride(1),
-        q_out, k_out, eps=eps, BLOCK_PAIRS=block, num_warps=4 if block <= 1024 else 8)
+        q_out, k_out, eps=eps, **row_launch("BLOCK_PAIRS", c // 2).kwargs())
     return q_out, k_out
+
+
+def qk_norm_rope_plan(q: TensorArg, k: TensorArg, w_q: TensorArg, w_k: TensorArg, cos: TensorArg, sin: TensorArg,
+                      eps: float, *, tactic: int = 0, arch: int | None = None) -> Plan:
+    """The TensorRT plan of contiguous q, k [B, L, C], for the current GPU or compute capability ``arch``."""
+    b, length, c = q.shape
+    scalars = {"L": length, "C": c, "HALF_D": cos.shape[1], "stride_row": c, "stride_out_row": c}
+    compiled = compile_ptx(_qk_norm_rope_kernel,
+                           {"Q": q.dtype, "K": k.dtype, "WQ": w_q.dtype, "WK": w_k.dtype, "COS": cos.dtype,
+                            "SIN": sin.dtype}, scalars, {"QO": q.dtype, "KO": k.dtype}, {"eps": eps},
+                           row_launch("BLOCK_PAIRS", c // 2), arch)
+    return Plan(compiled, (b * length, 2), list(scalars.values()))

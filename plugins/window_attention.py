@@ -13,8 +13,6 @@ Shapes: q, k_cur, v_cur [B, Lq, H, D]; k_prev, v_prev [B, P*S, H, D]; valid_fram
 from __future__ import annotations
 
 import math
-import os
-from typing import NamedTuple
 
 import torch
 import triton
@@ -22,9 +20,10 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from wan_trt.errors import WanTrtError
+from wan_trt.plugins.aot import Plan, TensorArg, compile_ptx
+from wan_trt.plugins.launch import GPU_TILINGS, INTERPRET, INTERPRETER_TILINGS, Tiling, tiling_launch
 
 LOG2E = 1.4426950408889634
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def reference_window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor, k_cur: torch.Tensor,
@@ -113,36 +112,14 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
 
 
-class Tiling(NamedTuple):
-    block_m: int  # query rows per program
-    block_n: int  # keys per whole block
-    warps: int
-    stages: int  # software-pipeline depth of the K/V loads
-    tail: int  # keys per masked block after a segment's last whole block (<= block_n)
-
-
-# GPU tilings, autotuned; also the TensorRT tactics. Measured on the H100
-# (bench/results/kernels_universal_bf16_h100_*.json): 256x64 with 16 warps is fastest there, and
-# narrower tail blocks take 1.5 % off with every previous frame valid (each segment then ends 16 keys
-# past a 64-key block).
-GPU_TILINGS = (Tiling(256, 64, 16, 3, 32), Tiling(256, 64, 16, 4, 16), Tiling(128, 128, 8, 3, 32),
-               Tiling(64, 64, 4, 3, 16))
-
-
 def tiling_config(t: Tiling) -> triton.Config:
-    """The Triton config of a tiling; its sizes must be powers of two of at least 16 (tl.dot's limit)."""
-    sizes = (t.block_m, t.block_n, t.tail)
-    if any(n < 16 or n & (n - 1) for n in sizes) or t.tail > t.block_n:
-        raise WanTrtError(f"window_attention: tiling {t}: block_m, block_n and tail must be powers of two "
-                          f">= 16, with tail <= block_n")
-    return triton.Config({"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "TAIL_N": t.tail}, num_warps=t.warps,
-                         num_stages=t.stages)
+    """The Triton config of a tiling (:func:`~wan_trt.plugins.launch.tiling_launch` checks its sizes)."""
+    launch = tiling_launch(t)
+    return triton.Config(launch.blocks, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 def autotune_configs():
-    if INTERPRET:  # one small tiling: the interpreter is slow
-        return [tiling_config(Tiling(32, 32, 4, 1, 16))]
-    return [tiling_config(t) for t in GPU_TILINGS]
+    return [tiling_config(t) for t in (INTERPRETER_TILINGS if INTERPRET else GPU_TILINGS)]
 
 
 window_attention_kernel = triton.autotune(autotune_configs(), key=["Lq", "n_prev", "n_cur", "HEAD_DIM"])(
@@ -195,3 +172,24 @@ def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor
         lq, k_prev.shape[1], k_cur.shape[1], h, prev_frames, units, out,
         qk_scale=LOG2E / math.sqrt(d), HEAD_DIM=d, DOT_PRECISION=dot_precision(q.dtype), **fixed)
     return out
+
+
+def window_attention_plan(q: TensorArg, k_prev: TensorArg, v_prev: TensorArg, k_cur: TensorArg, v_cur: TensorArg,
+                          valid_frames: TensorArg, prev_frames: int, units: int, *, tactic: int = 0,
+                          arch: int | None = None) -> Plan:
+    """The TensorRT plan of contiguous [B, L, H, D] tensors with tiling ``GPU_TILINGS[tactic]``, for
+    the current GPU or compute capability ``arch``."""
+    b, lq, h, d = q.shape
+    n_prev, n_cur = k_prev.shape[1], k_cur.shape[1]
+    launch = tiling_launch(GPU_TILINGS[tactic])
+    pointers = {"Q": q.dtype, "KP": k_prev.dtype, "VP": v_prev.dtype, "KC": k_cur.dtype, "VC": v_cur.dtype,
+                "Valid": valid_frames.dtype}
+    row = h * d
+    scalars = {"stride_qb": lq * row, "stride_qm": row, "stride_qh": d, "stride_pb": n_prev * row,
+               "stride_pn": row, "stride_ph": d, "stride_cb": n_cur * row, "stride_cn": row, "stride_ch": d,
+               "stride_ob": lq * row, "stride_om": row, "stride_oh": d, "Lq": lq, "n_prev": n_prev, "n_cur": n_cur,
+               "H": h, "prev_frames": prev_frames, "units": units}
+    compiled = compile_ptx(_window_attention_kernel, pointers, scalars, {"Out": q.dtype},
+                           {"qk_scale": LOG2E / math.sqrt(d), "HEAD_DIM": d, "DOT_PRECISION": dot_precision(q.dtype)},
+                           launch, arch)
+    return Plan(compiled, (triton.cdiv(lq, launch.blocks["BLOCK_M"]), b * h), list(scalars.values()))

@@ -28,7 +28,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
 from wan_trt.plugins.adaln import adaln, add_adaln, reference_adaln, reference_add_adaln
+from wan_trt.plugins.aot import TensorArg
 from wan_trt.plugins.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
+from wan_trt.plugins.registry import fused_op
 from wan_trt.plugins.window_attention import (autotune_configs, reference_window_attention,
                                               window_attention, window_attention_kernel)
 from wan_trt.profiling import op_class_profile, provenance
@@ -215,14 +217,17 @@ def full_pass() -> dict:
 
 
 def aot_ptx() -> dict:
-    from wan_trt.plugins.tensorrt_plugins import ATTENTION_TACTICS, adaln_plan, attention_plan, qk_norm_rope_plan
+    attention = fused_op("window_attention")
+    qkv = TensorArg((1, 2640, 12, 128), BF16)
     out = {}
-    for tactic in range(len(ATTENTION_TACTICS)):
-        compiled, grid, scalars = attention_plan((1, 2640, 12, 128), 2640, BF16, 3, 880, tactic)
+    for tactic in range(len(attention.tactics)):
+        compiled, grid, scalars = attention.plan(qkv, qkv, qkv, qkv, qkv, TensorArg((1,), torch.int32), 3, 880,
+                                                 tactic=tactic)
         out[f"attention_tactic{tactic}"] = {"ptx_bytes": len(compiled.ptx), "grid": grid, "shared": compiled.shared}
-    out["qk_norm_rope"] = {"ptx_bytes": len(qk_norm_rope_plan((1, 2640, 1536), BF16, 64, 1e-6)[0].ptx)}
-    out["add_adaln"] = {"ptx_bytes": len(adaln_plan((1, 2640, 1536), BF16, BF16, (1, 3, 1, 1536), 3, 1e-6,
-                                                    True)[0].ptx)}
+    x, w, mod = TensorArg((1, 2640, 1536), BF16), TensorArg((1536,), BF16), TensorArg((1, 3, 1, 1536), BF16)
+    table = TensorArg((2640, 64), torch.float32)
+    out["qk_norm_rope"] = {"ptx_bytes": len(fused_op("qk_norm_rope").plan(x, x, w, w, table, table, 1e-6)[0].ptx)}
+    out["add_adaln"] = {"ptx_bytes": len(fused_op("add_adaln").plan(x, x, mod, mod, mod, 3, 1e-6)[0].ptx)}
     return out
 
 

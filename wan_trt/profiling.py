@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from wan_trt.plugins.registry import FUSED_OPS
+
 # Kernel-name patterns -> op class, first match wins (lower-case names).
 OP_CLASSES = [
     ("attention", r"flash|fmha|attention|sdpa|cudnn.*(mha|attn)|efficient_attention"),
@@ -21,7 +23,8 @@ OP_CLASSES = [
 ]
 
 
-WAN_TRT_KERNEL = re.compile(r"_window_attention_kernel|_qk_norm_rope_kernel|_adaln_kernel|_add_adaln_kernel")
+# The fused ops' Triton kernels (``_<name>_kernel``).
+WAN_TRT_KERNEL = re.compile("|".join(op.kernel_name for op in FUSED_OPS))
 
 
 def device_name(device: torch.device | str = "cuda") -> str:

@@ -9,12 +9,13 @@ from wan_trt.engines.torch_runner import TorchRunner
 from wan_trt.export.manifest import Manifest
 from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model
+from wan_trt.plugins.registry import FUSED_OPS, NAMESPACE
 from wan_trt.spec import PassSpec
 from wan_trt.validate.stream import compare_stream
 from wan_trt.validate.transformer import check_export
 from tests.conftest import SMALL
 
-PLUGIN_OPS = ["wan_trt::WindowAttention", "wan_trt::QkNormRope", "wan_trt::Adaln", "wan_trt::AddAdaln"]
+PLUGIN_OPS = [f"{NAMESPACE}::{op.op_type}" for op in FUSED_OPS]
 
 
 def _fused_and_native(name):
