@@ -21,9 +21,15 @@ from wan_trt.digest import check_digest_record, file_digest, verify_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, tool_versions
 from wan_trt.log import logger
+from wan_trt.outputs import check_parent_chain
 
 REBUILD = "rebuild it with `wan-trt build`"
 _NONE = type(None)
+
+
+def default_engine_path(directory: Path, backend: str, device: str) -> Path:
+    """Where `wan-trt build` writes an engine without --out: beside the export."""
+    return directory / f"engine_{backend}_{device}.{'pt2' if backend.startswith('aoti') else 'plan'}"
 
 
 def engine_key(manifest: Manifest, backend: str, device: str, extra: dict[str, Any] | None = None) -> str:
@@ -187,7 +193,6 @@ def up_to_date(engine: Path, key: str, manifest: Manifest) -> bool:
 
 def check_engine_out(engine: Path) -> None:
     """Refuse an engine path that would replace a file `wan-trt build` did not write."""
-    from wan_trt.outputs import check_parent_chain
 
     check_parent_chain(engine.resolve(), "--out")
     if engine.is_dir():

@@ -9,8 +9,9 @@ from click.testing import CliRunner
 
 from wan_trt.cli import main
 from wan_trt.config import load_config
-from wan_trt.engines.aoti import AotiRunner, build_aoti, make_libstdcxx_global
-from wan_trt.engines.session import StreamingSession, stream_blocks
+from wan_trt.engines.backends.aoti import AotiRunner, build_aoti
+from wan_trt.engines.backends.inductor_fixes import make_libstdcxx_global
+from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.export.transformer import export_transformer
@@ -33,12 +34,12 @@ def aoti(tmp_path_factory):
 @pytest.fixture(scope="module")
 def wan_stream(tmp_path_factory):
     """The C++ runtime's wan_stream executable (built once: ~20 s)."""
-    from wan_trt.engines.cpp import build_cpp
+    from wan_trt.engines.runtime.cpp import build_cpp
     return build_cpp(tmp_path_factory.mktemp("cpp") / "build")
 
 
 def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream, tmp_path):
-    from wan_trt.engines.cpp import run_wan_stream, write_stream_inputs
+    from wan_trt.engines.runtime.cpp import run_wan_stream, write_stream_inputs
     export_dir, engine = aoti
     manifest = Manifest.read(export_dir)
     inputs = synthetic_stream(manifest.spec.config, BLOCKS, seed=9)
@@ -59,7 +60,7 @@ def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream,
 def test_cpp_runtime_refuses_non_finite_input_and_blocks(aoti, wan_stream, tmp_path):
     """NaN conditioning is refused as input; finite but huge conditioning overflows inside the model and
     the block is refused. Both name the block, exit 1 and write no latents."""
-    from wan_trt.engines.cpp import run_wan_stream, write_stream_inputs
+    from wan_trt.engines.runtime.cpp import run_wan_stream, write_stream_inputs
     export_dir, engine = aoti
     cfg = Manifest.read(export_dir).spec.config
     for value, message in ((float("nan"), r"error: cond_concat of block 1 holds non-finite values"),
@@ -165,7 +166,7 @@ def test_bench_refuses_an_engine_of_another_export(aoti, tmp_path):
 
 
 def test_cuda_graph_runner_needs_cuda(aoti):
-    from wan_trt.engines.cuda_graph import CudaGraphRunner
+    from wan_trt.engines.runtime.cuda_graph import CudaGraphRunner
     with pytest.raises(WanTrtError, match="CUDA graphs need a CUDA runner"):
         CudaGraphRunner(AotiRunner(aoti[1], Manifest.read(aoti[0])))
 

@@ -22,7 +22,7 @@ def small_export(tmp_path_factory):
 
 @pytest.mark.skipif(HAS_TRT, reason="TensorRT is installed here: the missing-TensorRT message is not reachable")
 def test_build_without_tensorrt_says_what_to_install(small_export):
-    from wan_trt.engines.tensorrt import build_tensorrt
+    from wan_trt.engines.backends.tensorrt import build_tensorrt
     with pytest.raises(WanTrtError, match="pip install tensorrt"):
         build_tensorrt(small_export)
     res = CliRunner().invoke(main, ["build", str(small_export)])
@@ -39,9 +39,9 @@ def test_bad_build_flags_fail_before_tensorrt(small_export, tmp_path):
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
 def test_build_inspect_and_check_tensorrt(small_export):
-    from wan_trt.engines.tensorrt import build_tensorrt, inspect_tensorrt
-    from wan_trt.validate.transformer import check_engine
+    from wan_trt.engines.backends.tensorrt import build_tensorrt, inspect_tensorrt
+    from wan_trt.validate.check import CheckOptions, check_engine
     engine = build_tensorrt(small_export)
     info = inspect_tensorrt(engine)
     assert info["counts"]["layers"] > 0
-    assert check_engine(engine, blocks=8).ok
+    assert check_engine(engine, CheckOptions(blocks=8)).ok

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from wan_trt.engines.runner import Runner
+from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
-from wan_trt.log import logger
+from wan_trt.log import logger, progress
 from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
 from wan_trt.spec import CacheSpec
 from wan_trt.stream import ActionHistory, NoiseSource, blocks_in_rope_table, first_raw_frame, raw_frames_in_block
@@ -285,8 +285,6 @@ def stream_blocks(session: StreamingSession, inputs, blocks: int, sync: bool = T
                   start_block: int = 0) -> list[BlockResult]:
     """Run ``blocks`` blocks of a :class:`~wan_trt.stream.StreamInputs` through a fresh stream
     that starts at block ``start_block`` (``inputs`` cover the stream from block 0)."""
-    from wan_trt.log import progress
-
     cfg = session.cfg
     session.start(inputs.visual_context.to(session.device, session.dtype), start_block=start_block)
     results = []
