@@ -75,10 +75,10 @@ class BuildOptions:
 def build_engine(directory: str | None, config_name: str | None, options: BuildOptions, *,
                  weights: str | None = None, seed: int | None = None) -> Path:
     """Build (or reuse, when up to date and verified) the engine of an export; returns its path."""
-    backend = get_backend(options.backend)
-    if not backend.builds:
-        raise WanTrtError(f"--backend {backend.name}: not an engine that `wan-trt build` makes; "
+    if options.backend not in BUILDABLE:
+        raise WanTrtError(f"--backend {options.backend}: not an engine that `wan-trt build` makes; "
                           f"expected one of {', '.join(BUILDABLE)}")
+    backend = get_backend(options.backend)
     export_dir = resolve_export(directory, config_name, options.precision, options.ops, weights=weights, seed=seed,
                                 backend=backend.name)
     return backend_module(backend).build(export_dir, options)

@@ -48,7 +48,7 @@ class Backend:
         ops: the graph/model flavour it runs (``native`` or ``plugins``).
         cuda_graph: replayed as CUDA graphs.
         builds: ``wan-trt build --backend NAME`` builds its engine.
-        test: the test module that runs it (checked by tests/engines/test_registry.py).
+        test: the test module that runs it (checked by tests/engines/backends/test_registry.py).
     """
 
     name: str
@@ -66,13 +66,13 @@ class Backend:
 
 BACKENDS: tuple[Backend, ...] = (
     Backend("reference-eager", "torch", "wan-trt's reference pipeline with upstream's rolling-cache semantics, eager",
-            "tests/engines/test_registry.py"),
+            "tests/engines/backends/test_registry.py"),
     Backend("torch-eager", "torch", "the static-cache session over the PyTorch model",
-            "tests/engines/test_registry.py"),
-    Backend("torch-compile", "torch", "the same under torch.compile", "tests/engines/test_registry.py",
+            "tests/engines/backends/test_registry.py"),
+    Backend("torch-compile", "torch", "the same under torch.compile", "tests/engines/backends/test_registry.py",
             compile=True),
     Backend("torch-compile-plugins", "torch", "torch.compile of the model with the fused wan_trt kernels (CUDA)",
-            "tests/engines/test_registry.py", requires=("cuda",), ops="plugins", compile=True),
+            "tests/engines/backends/test_registry.py", requires=("cuda",), ops="plugins", compile=True),
     Backend("onnxruntime", "onnxruntime", "the exported graph (CUDA provider on a GPU, CPU provider otherwise)",
             "tests/export/test_transformer.py"),
     Backend("aoti", "aoti", "the AOTInductor package (--aoti-engine)", "tests/engines/backends/test_aoti.py",

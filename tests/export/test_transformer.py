@@ -22,16 +22,6 @@ from wan_trt.validate.check import CheckOptions, check_export
 from tests.conftest import SMALL
 
 
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """fp32 exports of the three small shapes (opset 23) and one opset-18 export."""
-    root = tmp_path_factory.mktemp("exports")
-    out = {name: export_transformer(load_config(name), root / name, "fp32", seed=3) and root / name for name in SMALL}
-    out["opset18"] = root / "opset18"
-    export_transformer(load_config("universal-small"), out["opset18"], "fp32", seed=3, opset=18)
-    return out
-
-
 @pytest.mark.parametrize("name", SMALL + ["opset18"])
 def test_export_and_check_pass_on_onnxruntime_cpu(exports, name):
     report = check_export(exports[name], CheckOptions(provider="cpu", blocks=8, seed=1))

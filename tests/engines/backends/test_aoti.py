@@ -209,3 +209,20 @@ def test_check_engine_refuses_an_export_changed_since_the_build(aoti, tmp_path):
     res = CliRunner().invoke(main, ["check", str(copy), "--blocks", "1"])
     assert res.exit_code == 1 and "the export it was built from is not found" in res.output, res.output
     assert "another export" in res.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA packages and CUDA graphs need a CUDA device")
+def test_cuda_packages_and_their_cuda_graphs_bench(aoti, tmp_path):
+    """The registry's CUDA variants: the native and --ops plugins packages, each also as CUDA graphs."""
+    export_dir = aoti[0]
+    native = build_aoti(export_dir, tmp_path / "native.pt2", device="cuda")
+    plugins = build_aoti(export_dir, tmp_path / "plugins.pt2", device="cuda", ops="plugins")
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", str(export_dir), "--device", "cuda", "--blocks", "2",
+                                    "--aoti-engine", str(native), "--aoti-plugins-engine", str(plugins),
+                                    "--backends", "aoti,aoti+cudagraph,aoti-plugins,aoti-plugins+cudagraph",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert set(json.loads(out.read_text())["backends"]) == {"aoti", "aoti+cudagraph", "aoti-plugins",
+                                                             "aoti-plugins+cudagraph"}

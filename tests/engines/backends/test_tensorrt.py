@@ -45,3 +45,13 @@ def test_build_inspect_and_check_tensorrt(small_export):
     info = inspect_tensorrt(engine)
     assert info["counts"]["layers"] > 0
     assert check_engine(engine, CheckOptions(blocks=8)).ok
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
+def test_bench_runs_the_tensorrt_engine(small_export, tmp_path):
+    from wan_trt.engines.backends.tensorrt import build_tensorrt
+    engine = build_tensorrt(small_export)
+    res = CliRunner().invoke(main, ["bench", str(small_export), "--device", "cuda", "--blocks", "2",
+                                    "--trt-engine", str(engine), "--backends", "tensorrt"])
+    assert res.exit_code == 0 and "tensorrt" in res.output and "FAILED" not in res.output, res.output
