@@ -16,7 +16,7 @@ from typing import Callable
 
 import click
 
-from wan_trt.engines.backends import ALL_BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS
+from wan_trt.engines.backends import ALL_BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS, parse_backends
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, setup_logging
 
@@ -284,7 +284,6 @@ def inspect(engine, as_json) -> None:
 def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine, trt_engine, profile, out,
           chart) -> None:
     """ms per pass / block, FPS, P50/P95 and memory for every backend available, side by side."""
-    from wan_trt.engines.backends import parse_backends
     from wan_trt.engines.bench import BenchOptions, run_bench
 
     names = parse_backends(backends)  # unknown names are refused before any work

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
 import torch
 
 from wan_trt.engines.backends import Unavailable
@@ -83,7 +84,7 @@ class OnnxRuntimeRunner(Runner):
 
     def _graph_for(self, options) -> Path:
         """The graph to load: plugin graphs run their wan_trt::* nodes as reference Python ops (CPU only)."""
-        import onnx
+        # deferred: the plugin ops (onnxruntime-extensions) are needed only by --ops plugins graphs
         from wan_trt.plugins.onnxruntime_ops import contrib_copy, has_plugin_nodes, register_reference_ops
         if not has_plugin_nodes(onnx.load(str(self.graph), load_external_data=False)):
             return self.graph

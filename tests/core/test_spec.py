@@ -71,5 +71,6 @@ def test_sample_timesteps_come_from_the_config_schedule(name):
     cfg = load_config(name)
     sched = BlockSchedule.from_config(cfg)
     expected = {*sched.timesteps, sched.clean_timestep}
-    seen = {float(PassSpec.from_config(cfg, "fp32").sample_inputs(seed=s)["timestep"][0, 0]) for s in range(40)}
+    spec = PassSpec.from_config(cfg, "fp32")
+    seen = {float(spec.sample_inputs(seed=s)["timestep"][0, 0]) for s in range(40)}
     assert seen == expected, (seen, expected)
