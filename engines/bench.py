@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from wan_trt.engines.backends import ALL_BACKENDS, RunnerSources, Unavailable, make_runner, parse_backends
+from wan_trt.engines.backends import (ALL_BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
+                                     parse_backends)
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
@@ -87,7 +88,7 @@ class Bench:
     def run(self, backend: str, blocks: int) -> dict[str, Any]:
         inputs = synthetic_stream(self.spec.config, blocks, seed=0)
         reset_peak_memory()
-        if backend == "reference-eager":
+        if get_backend(backend).reference_pipeline:
             result = bench_upstream(self.model(), inputs, blocks)
         else:
             result = bench_session(self.runner(backend), inputs, blocks)
@@ -138,6 +139,10 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     not_benched = [p for p in o.profile if p not in backends]
     if not_benched:
         raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends ({', '.join(backends)})")
+    pipelines = [p for p in o.profile if get_backend(p).reference_pipeline]
+    if pipelines:
+        raise WanTrtError(f"--profile {','.join(pipelines)}: the reference pipeline has no single pass to profile; "
+                          "profile torch-eager instead")
     blocks, out, chart, profile = o.blocks, o.out, o.chart, o.profile
     bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
     cfg = bench.spec.config

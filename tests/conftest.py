@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from wan_trt.config import load_config
+from wan_trt.engines.backends.aoti import build_aoti
 from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model
 
@@ -52,3 +53,12 @@ def exports(tmp_path_factory):
     out["opset18"] = root / "opset18"
     export_transformer(load_config("universal-small"), out["opset18"], "fp32", seed=3, opset=18)
     return out
+
+
+@pytest.fixture(scope="session")
+def aoti(tmp_path_factory):
+    """universal-small fp32 export (no ONNX graph: the package does not need one) and its CPU
+    AOTInductor package (built once: ~1 min), shared by the AOTInductor and C++ runtime tests."""
+    root = tmp_path_factory.mktemp("aoti")
+    export_transformer(load_config("universal-small"), root / "export", "fp32", seed=2, onnx=False)
+    return root / "export", build_aoti(root / "export", device="cpu")

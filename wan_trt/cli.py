@@ -16,7 +16,7 @@ from typing import Callable
 
 import click
 
-from wan_trt.engines.backends import ALL_BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS, parse_backends
+from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS, parse_backends
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, setup_logging
 
@@ -263,7 +263,7 @@ def inspect(engine, as_json) -> None:
     click.echo(json.dumps(info, indent=2) if as_json else "\n".join(f"{k}: {v}" for k, v in info["summary"].items()))
 
 
-@main.command()
+@main.command(epilog="\b\nBackends:\n" + "\n".join(f"  {b.name:24} {b.summary}" for b in BACKENDS))
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--backends", default=None,
               help="Comma-separated backends, each of which must run (an error otherwise). Default: every "

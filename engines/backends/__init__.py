@@ -1,13 +1,5 @@
-"""The backend registry: every backend wan-trt can build, check, stream or bench, registered once.
-
-    reference-eager        wan-trt's reference pipeline with upstream's rolling-cache semantics, eager
-    torch-eager            the static-cache session over the PyTorch model
-    torch-compile          the same under torch.compile
-    torch-compile-plugins  torch.compile of the model with the fused wan_trt kernels (CUDA)
-    onnxruntime            the exported graph (CUDA provider on a GPU, CPU provider otherwise)
-    aoti(+cudagraph)       the AOTInductor package (``--aoti-engine``), optionally as CUDA graphs
-    aoti-plugins(+cudagraph)  the package built with --ops plugins (``--aoti-plugins-engine``)
-    tensorrt               the TensorRT engine (``--trt-engine``)
+"""The backend registry: every backend wan-trt can build, check, stream or bench, registered once
+(:data:`BACKENDS`; ``wan-trt bench --help`` lists the names).
 
 Each entry names the module that holds its build and its runner (``engines/backends/<module>.py``,
 each exposing ``make_runner(backend, sources)`` and, for engines, ``build(directory, options)`` and
@@ -23,9 +15,13 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from wan_trt.errors import WanTrtError
+
+if TYPE_CHECKING:  # annotations only: this module stays free of torch for the CLI's start-up
+    from wan_trt.export.manifest import Manifest
+    from wan_trt.spec import PassSpec
 
 
 class Unavailable(WanTrtError):
@@ -39,7 +35,7 @@ class Backend:
     Attributes:
         name: the name on the command line (``--backends``, ``--backend``, reports).
         module: the module under ``wan_trt.engines.backends`` holding its build and runner.
-        summary: one line for the help.
+        summary: one line for ``wan-trt bench --help``.
         requires: what it needs beyond the export, checked in this order before its runner is made:
             ``tensorrt`` (TensorRT installed), ``engine`` (an engine file, given with ``engine_flag``),
             ``cuda`` (a CUDA device). Checks that depend on the export live in its module.
@@ -47,6 +43,8 @@ class Backend:
         engine_key: which engine file (several backends run the same file).
         ops: the graph/model flavour it runs (``native`` or ``plugins``).
         cuda_graph: replayed as CUDA graphs.
+        compile: run under torch.compile (the PyTorch backends).
+        reference_pipeline: the upstream-semantics reference pipeline, run as a whole (no runner).
         builds: ``wan-trt build --backend NAME`` builds its engine.
         test: the test module that runs it (checked by tests/engines/backends/test_registry.py).
     """
@@ -62,14 +60,15 @@ class Backend:
     cuda_graph: bool = False
     builds: bool = False
     compile: bool = False
+    reference_pipeline: bool = False
 
 
 BACKENDS: tuple[Backend, ...] = (
     Backend("reference-eager", "torch", "wan-trt's reference pipeline with upstream's rolling-cache semantics, eager",
-            "tests/engines/backends/test_registry.py"),
+            "tests/engines/backends/test_registry.py", reference_pipeline=True),
     Backend("torch-eager", "torch", "the static-cache session over the PyTorch model",
             "tests/engines/backends/test_registry.py"),
-    Backend("torch-compile", "torch", "the same under torch.compile", "tests/engines/backends/test_registry.py",
+    Backend("torch-compile", "torch", "the static-cache session under torch.compile", "tests/engines/backends/test_registry.py",
             compile=True),
     Backend("torch-compile-plugins", "torch", "torch.compile of the model with the fused wan_trt kernels (CUDA)",
             "tests/engines/backends/test_registry.py", requires=("cuda",), ops="plugins", compile=True),
@@ -131,15 +130,16 @@ class RunnerSources:
     Attributes:
         spec: the pass spec every runner follows.
         device: the torch device of the run ('cpu', 'cuda').
-        model: returns the PyTorch model in the spec's precision (built once by the caller).
+        model: ``model(ops)`` returns the PyTorch model in the spec's precision, with the fused
+            kernels when ``ops == 'plugins'`` (built once by the caller).
         manifest / directory: the export (None for a model-only run such as ``wan-trt stream``).
         engines: engine files by :attr:`Backend.engine_key` (None where not given).
     """
 
-    spec: Any
+    spec: PassSpec
     device: str
-    model: Callable[[], Any]
-    manifest: Any = None
+    model: Callable[..., Any]
+    manifest: Manifest | None = None
     directory: Path | None = None
     engines: dict[str, Path | None] | None = None
 

@@ -29,8 +29,8 @@ class TorchRunner(Runner):
 
 def make_runner(backend, sources) -> Runner:
     """The runner of a ``torch-*`` entry over the model in ``sources`` (with the fused kernels for plugins)."""
-    if backend.name == "reference-eager":
-        raise WanTrtError("reference-eager is the reference pipeline, not a static-pass runner: bench it, "
+    if backend.reference_pipeline:
+        raise WanTrtError(f"{backend.name} is the reference pipeline, not a static-pass runner: bench it, "
                           "or profile torch-eager instead")
     runner = TorchRunner(sources.model(backend.ops), sources.spec, compile=backend.compile)
     if backend.ops != "native":

@@ -65,3 +65,13 @@ def test_build_refuses_a_backend_that_builds_no_engine():
 def test_build_precision_and_its_alias_must_agree(tmp_path):
     res = CliRunner().invoke(main, ["build", str(tmp_path), "--precision", "fp32", "--bf16"])
     assert res.exit_code == 1 and "error: --precision fp32 and --bf16 disagree; pass one of them" in res.output
+
+
+def test_profiling_the_reference_pipeline_is_refused_before_any_work(exports, tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", str(exports["universal-small"]), "--device", "cpu",
+                                    "--backends", "reference-eager", "--profile", "reference-eager",
+                                    "--out", str(out)])
+    assert res.exit_code == 1 and "error: --profile reference-eager: the reference pipeline has no single pass" \
+        in res.output, res.output
+    assert not out.exists()
