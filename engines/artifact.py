@@ -40,8 +40,10 @@ def engine_key(manifest: Manifest, backend: str, device: str, extra: dict[str, A
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineMetadata:
+    """What an engine was built from (``E.json`` beside engine ``E``); fields by keyword only."""
+
     backend: str  # "aoti" | "tensorrt"
     device: str
     key: str
@@ -58,6 +60,16 @@ class EngineMetadata:
     extra: dict[str, Any] = field(default_factory=dict)
 
     TYPES = {"build_seconds": (float, int, _NONE), "engine_file": (dict,), "versions": (dict,), "extra": (dict,)}
+
+    @classmethod
+    def of_build(cls, manifest: Manifest, directory: Path, *, backend: str, device: str, key: str, ops: str,
+                 build_seconds: float | None = None, extra: dict[str, Any] | None = None) -> "EngineMetadata":
+        """The metadata of an engine built now from the export ``manifest`` in ``directory``."""
+        spec = manifest.spec
+        return cls(backend=backend, device=device, key=key, spec_fingerprint=spec.fingerprint(),
+                   config=spec.config.name, precision=spec.precision, ops=ops,
+                   weights_sha256=manifest.weights["sha256"], export_dir=str(Path(directory).resolve()),
+                   manifest_sha256=manifest.sha256, build_seconds=build_seconds, extra=extra or {})
 
     @staticmethod
     def path_for(engine: Path) -> Path:

@@ -20,7 +20,7 @@ from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
-from wan_trt.log import logger, stage
+from wan_trt.log import stage
 from wan_trt.model.static_pass import StaticPass
 from wan_trt.outputs import output_lock
 
@@ -79,9 +79,8 @@ def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device
                               f"With a working compiler this is likely a PyTorch {torch.__version__} code-generation "
                               "error rather than a problem with the export; try --ops native or another torch "
                               "version") from exc
-        meta = EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, ops,
-                              manifest.weights["sha256"], str(directory.resolve()), manifest_sha256=manifest.sha256,
-                              build_seconds=time.perf_counter() - begin)
+        meta = EngineMetadata.of_build(manifest, directory, backend="aoti", device=device, key=key, ops=ops,
+                                       build_seconds=time.perf_counter() - begin)
         install_engine(partial, engine, meta)
 
 

@@ -107,14 +107,12 @@ def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, 
         serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise WanTrtError("TensorRT could not build the engine (see its log above)")
-    spec = manifest.spec
     with staged_file(engine) as partial:
         partial.write_bytes(bytes(serialized))
-        meta = EngineMetadata("tensorrt", "cuda", key, spec.fingerprint(), spec.config.name, spec.precision,
-                              manifest.ops, manifest.weights["sha256"], str(directory.resolve()),
-                              manifest_sha256=manifest.sha256, build_seconds=time.perf_counter() - begin,
-                              extra={"opt_level": opt_level, "weak_typing": weak_typing,
-                                     "layers": inspect_tensorrt(partial)["counts"]})
+        meta = EngineMetadata.of_build(manifest, directory, backend="tensorrt", device="cuda", key=key,
+                                       ops=manifest.ops, build_seconds=time.perf_counter() - begin,
+                                       extra={"opt_level": opt_level, "weak_typing": weak_typing,
+                                              "layers": inspect_tensorrt(partial)["counts"]})
         install_engine(partial, engine, meta)
     if cache_path:
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
