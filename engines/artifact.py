@@ -21,9 +21,15 @@ from wan_trt.digest import check_digest_record, file_digest, verify_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, tool_versions
 from wan_trt.log import logger
+from wan_trt.outputs import check_parent_chain
 
 REBUILD = "rebuild it with `wan-trt build`"
 _NONE = type(None)
+
+
+def default_engine_path(directory: Path, backend: str, device: str) -> Path:
+    """Where `wan-trt build` writes an engine without --out: beside the export."""
+    return directory / f"engine_{backend}_{device}.{'pt2' if backend.startswith('aoti') else 'plan'}"
 
 
 def engine_key(manifest: Manifest, backend: str, device: str, extra: dict[str, Any] | None = None) -> str:
@@ -34,8 +40,10 @@ def engine_key(manifest: Manifest, backend: str, device: str, extra: dict[str, A
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineMetadata:
+    """What an engine was built from (``E.json`` beside engine ``E``); fields by keyword only."""
+
     backend: str  # "aoti" | "tensorrt"
     device: str
     key: str
@@ -52,6 +60,16 @@ class EngineMetadata:
     extra: dict[str, Any] = field(default_factory=dict)
 
     TYPES = {"build_seconds": (float, int, _NONE), "engine_file": (dict,), "versions": (dict,), "extra": (dict,)}
+
+    @classmethod
+    def of_build(cls, manifest: Manifest, directory: Path, *, backend: str, device: str, key: str, ops: str,
+                 build_seconds: float | None = None, extra: dict[str, Any] | None = None) -> "EngineMetadata":
+        """The metadata of an engine built now from the export ``manifest`` in ``directory``."""
+        spec = manifest.spec
+        return cls(backend=backend, device=device, key=key, spec_fingerprint=spec.fingerprint(),
+                   config=spec.config.name, precision=spec.precision, ops=ops,
+                   weights_sha256=manifest.weights["sha256"], export_dir=str(Path(directory).resolve()),
+                   manifest_sha256=manifest.sha256, build_seconds=build_seconds, extra=extra or {})
 
     @staticmethod
     def path_for(engine: Path) -> Path:
@@ -187,7 +205,6 @@ def up_to_date(engine: Path, key: str, manifest: Manifest) -> bool:
 
 def check_engine_out(engine: Path) -> None:
     """Refuse an engine path that would replace a file `wan-trt build` did not write."""
-    from wan_trt.outputs import check_parent_chain
 
     check_parent_chain(engine.resolve(), "--out")
     if engine.is_dir():

@@ -1,6 +1,6 @@
 """``wan-trt bench``: every backend available here, side by side, streaming the same blocks.
 
-Backends: see :mod:`wan_trt.engines.backends`.
+Backends: the registry, :mod:`wan_trt.engines.backends`.
 
 Without ``backends`` every backend runs, and those this machine cannot run (no CUDA device,
 no TensorRT, no engine file given, ...) are skipped with the reason. Backends named explicitly
@@ -16,15 +16,16 @@ from __future__ import annotations
 import json
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from wan_trt.engines.backends import ALL_BACKENDS
-from wan_trt.engines.runner import Runner
-from wan_trt.engines.session import StreamingSession, stream_blocks
-from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.engines.backends import (ALL_BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
+                                     parse_backends)
+from wan_trt.engines.runtime.runner import Runner
+from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
@@ -32,22 +33,6 @@ from wan_trt.pipeline import ReferencePipeline
 from wan_trt.profiling import (op_class_profile, peak_memory_gib, provenance, reset_peak_memory, summarize_ms,
                                synchronize)
 from wan_trt.stream import NoiseSource, synthetic_stream
-
-
-class Unavailable(WanTrtError):
-    """This machine or these flags cannot run a backend: skipped in the default set, a failure when named."""
-
-
-def parse_backends(names: str | None) -> list[str] | None:
-    """``--backends`` as a list (None: the default set); unknown names are refused before any work."""
-    if names is None:
-        return None
-    backends = [b.strip() for b in names.split(",") if b.strip()]
-    unknown = [b for b in backends if b not in ALL_BACKENDS]
-    if unknown or not backends:
-        raise WanTrtError(f"--backends: unknown backend(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
-                          f"valid: {', '.join(ALL_BACKENDS)}")
-    return backends
 
 
 def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: int) -> dict[str, Any]:
@@ -79,92 +64,32 @@ def bench_upstream(model, inputs, blocks: int) -> dict[str, Any]:
 
 
 class Bench:
-    """Builds each backend lazily and records its numbers (or why it was skipped)."""
+    """Makes each backend's runner from the registry, lazily, and records its numbers (or why it was skipped)."""
 
-    def __init__(self, directory: Path, device: str, aoti_engine: Path | None, trt_engine: Path | None,
-                 aoti_plugins_engine: Path | None = None):
+    def __init__(self, directory: Path, device: str, engines: dict[str, Path | None]):
         self.directory = directory
         self.manifest = Manifest.read(directory)
         self.spec = self.manifest.spec
         self.device = device
-        self.engines = {"aoti": aoti_engine, "aoti-plugins": aoti_plugins_engine}
-        self.trt_engine = trt_engine
-        self._model = None
-        self._plugin_model = None
+        self.sources = RunnerSources(self.spec, device, self.model, self.manifest, directory, engines)
+        self._models: dict[str, Any] = {}
 
-    @property
-    def model(self):
-        if self._model is None:
-            self._model = reference_model(self.manifest, self.spec.dtype, self.device)
-        return self._model
+    def model(self, ops: str = "native"):
+        """The export's PyTorch model in its precision (``ops='plugins'``: with the fused kernels), built once."""
+        if ops not in self._models:
+            model = reference_model(self.manifest, self.spec.dtype, self.device)
+            self._models[ops] = model.use_plugins() if ops == "plugins" else model
+        return self._models[ops]
 
     def runner(self, backend: str) -> Runner:
         """The runner of ``backend``; :class:`Unavailable` says why this machine cannot run it."""
-        if backend == "torch-eager":
-            return TorchRunner(self.model, self.spec)
-        if backend == "torch-compile":
-            return TorchRunner(self.model, self.spec, compile=True)
-        if backend == "torch-compile-plugins":
-            return self._plugin_runner(backend)
-        if backend == "onnxruntime":
-            return self._onnxruntime_runner()
-        if backend.startswith("aoti"):
-            return self._aoti_runner(backend)
-        if backend == "tensorrt":
-            return self._tensorrt_runner()
-        raise WanTrtError(f"unknown backend {backend!r}; expected one of {', '.join(ALL_BACKENDS)}")
-
-    def _plugin_runner(self, backend: str) -> Runner:
-        if self.device != "cuda":
-            raise Unavailable("the fused Triton kernels need a CUDA device (--device cuda)")
-        if self._plugin_model is None:
-            self._plugin_model = reference_model(self.manifest, self.spec.dtype, self.device).use_plugins()
-        runner = TorchRunner(self._plugin_model, self.spec, compile=True)
-        runner.name = backend
-        return runner
-
-    def _onnxruntime_runner(self) -> Runner:
-        from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner, available_providers
-        provider = "cuda" if self.device == "cuda" else "cpu"
-        if self.spec.precision != "fp32" and provider == "cpu":
-            raise Unavailable(f"ONNX Runtime's CPU provider has no {self.spec.precision} kernels (a --device cuda "
-                              "bench runs the CUDA provider; or export --precision fp32)")
-        if self.manifest.graph is None:
-            raise Unavailable(f"{self.directory} was exported with --no-onnx: it has no ONNX graph")
-        if provider == "cuda" and "CUDAExecutionProvider" not in available_providers():
-            raise Unavailable("this ONNX Runtime has no CUDA provider: pip install onnxruntime-gpu")
-        return OnnxRuntimeRunner(self.manifest.graph_path(self.directory), self.spec, provider)
-
-    def _aoti_runner(self, backend: str) -> Runner:
-        kind = backend.split("+")[0]
-        if self.engines.get(kind) is None:
-            flag = "--aoti-engine" if kind == "aoti" else "--aoti-plugins-engine"
-            raise Unavailable(f"no {flag} given (build one with `wan-trt build DIR --backend aoti`)")
-        if "+" in backend and self.device != "cuda":
-            raise Unavailable("CUDA graphs need a CUDA device (--device cuda)")
-        from wan_trt.engines.aoti import AotiRunner
-        runner = AotiRunner(self.engines[kind], self.manifest, single_threaded="+" in backend)
-        if "+" not in backend:
-            return runner
-        from wan_trt.engines.cuda_graph import CudaGraphRunner
-        return CudaGraphRunner(runner)
-
-    def _tensorrt_runner(self) -> Runner:
-        from wan_trt.engines.tensorrt import import_tensorrt
-        try:
-            import_tensorrt()
-        except WanTrtError as exc:
-            raise Unavailable(str(exc)) from None
-        if self.trt_engine is None:
-            raise Unavailable("no --trt-engine given (build one with `wan-trt build DIR`)")
-        from wan_trt.engines.tensorrt_runner import TensorRTRunner
-        return TensorRTRunner(self.trt_engine, self.manifest)
+        return make_runner(backend, self.sources)
 
     def run(self, backend: str, blocks: int) -> dict[str, Any]:
         inputs = synthetic_stream(self.spec.config, blocks, seed=0)
         reset_peak_memory()
-        if backend == "reference-eager":
-            result = bench_upstream(self.model, inputs, blocks)
+        if get_backend(backend).reference_pipeline:
+            result = bench_upstream(self.model(), inputs, blocks)
         else:
             result = bench_session(self.runner(backend), inputs, blocks)
         result["peak_torch_mem_gib"] = peak_memory_gib()
@@ -180,21 +105,46 @@ class Bench:
             return op_class_profile(lambda: runner.infer(feeds))
 
 
-def run_bench(directory: str | Path, backends: list[str] | None = None, blocks: int = 6, device: str = "cuda",
-              aoti_engine: str | Path | None = None, trt_engine: str | Path | None = None,
-              profile: list[str] | None = None, out: str | Path | None = None,
-              chart: str | Path | None = None, aoti_plugins_engine: str | Path | None = None) -> dict[str, Any]:
-    """Run ``backends`` (None: every backend, skipping with the reason those this machine cannot run).
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `wan-trt bench` was asked for, beside the export directory.
+
+    Attributes:
+        backends: the backends to run, each of which must run (None: every registered backend,
+            skipping with the reason those this machine cannot run).
+        blocks: blocks streamed per backend.
+        device: torch device of the run.
+        engines: engine files by registry ``engine_key`` ('aoti', 'aoti-plugins', 'tensorrt').
+        profile: backends to profile by op class (each must be among the benched ones).
+        out: JSON results file. chart: PNG chart of ms per block.
+    """
+
+    backends: tuple[str, ...] | None = None
+    blocks: int = 6
+    device: str = "cuda"
+    engines: dict[str, Path | None] = field(default_factory=dict)
+    profile: tuple[str, ...] = ()
+    out: Path | None = None
+    chart: Path | None = None
+
+
+def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
+    """Run ``options.backends`` (None: every backend, skipping with the reason those this machine cannot run).
 
     Named backends must run: one that cannot, or that raises, lands in ``report["failed"]``.
     """
-    named = backends is not None
-    backends = list(ALL_BACKENDS) if backends is None else parse_backends(",".join(backends))
-    not_benched = [p for p in profile or [] if p not in backends]
+    o = options
+    named = o.backends is not None
+    backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))
+    not_benched = [p for p in o.profile if p not in backends]
     if not_benched:
         raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends ({', '.join(backends)})")
-    path = (lambda p: Path(p) if p else None)
-    bench = Bench(Path(directory), device, path(aoti_engine), path(trt_engine), path(aoti_plugins_engine))
+    pipelines = [p for p in o.profile if get_backend(p).reference_pipeline]
+    if pipelines:
+        raise WanTrtError(f"--profile {','.join(pipelines)}: the reference pipeline has no single pass to profile; "
+                          "profile torch-eager instead")
+    blocks, out, chart, profile = o.blocks, o.out, o.chart, o.profile
+    bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
     cfg = bench.spec.config
     report: dict[str, Any] = {**provenance("wan-trt"),
                               "config": cfg.name, "precision": bench.spec.precision, "blocks": blocks,
@@ -210,7 +160,7 @@ def run_bench(directory: str | Path, backends: list[str] | None = None, blocks: 
     for backend in backends:
         _bench_one(bench, backend, blocks, report, named)
         save()
-    for backend in profile or []:
+    for backend in profile:
         if backend in report["backends"]:
             with stage(f"profile {backend}"):
                 report["profiles"][backend] = bench.profile(backend)

@@ -1,15 +1,17 @@
-"""``wan-trt build`` / ``wan-trt inspect``: one entry over the TensorRT and AOTInductor backends."""
+"""``wan-trt build`` / ``wan-trt inspect``: one entry over the registered backends that build an engine."""
 from __future__ import annotations
 
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wan_trt.engines.artifact import EngineMetadata
+from wan_trt.config import load_config
 from wan_trt.digest import file_digest
+from wan_trt.engines.artifact import EngineMetadata
+from wan_trt.engines.backends import BUILDABLE, DEFAULT_BUILD, backend_module, get_backend
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest
+from wan_trt.export.transformer import export_transformer
 
 
 def resolve_export(directory: str | None, config_name: str | None, precision: str, ops: str, *,
@@ -22,8 +24,6 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
     if directory is None:
         if config_name is None:
             raise WanTrtError("give an export DIRECTORY (from `wan-trt export`) or --config to export one")
-        from wan_trt.config import load_config
-        from wan_trt.export.transformer import export_transformer
         cfg = load_config(config_name)
         path = Path(f"out/{cfg.name}_{precision}_{ops}")
         if not (path / "manifest.json").is_file():
@@ -61,7 +61,7 @@ def check_weight_flags(path: Path, manifest: Manifest, weights: str | None, seed
 class BuildOptions:
     """What `wan-trt build` was asked for, beside the export to build from."""
 
-    backend: str = "tensorrt"
+    backend: str = DEFAULT_BUILD
     precision: str = "bf16"
     ops: str = "native"
     device: str = "cuda"
@@ -75,35 +75,17 @@ class BuildOptions:
 def build_engine(directory: str | None, config_name: str | None, options: BuildOptions, *,
                  weights: str | None = None, seed: int | None = None) -> Path:
     """Build (or reuse, when up to date and verified) the engine of an export; returns its path."""
-    o = options
-    export_dir = resolve_export(directory, config_name, o.precision, o.ops, weights=weights, seed=seed,
-                                backend=o.backend)
-    if o.backend == "aoti":
-        from wan_trt.engines.aoti import build_aoti
-        return build_aoti(export_dir, o.out, o.device, o.force, o.ops)
-    from wan_trt.engines.tensorrt import build_tensorrt
-    return build_tensorrt(export_dir, o.out, o.opt_level, o.timing_cache, o.weak_typing, o.force)
+    if options.backend not in BUILDABLE:
+        raise WanTrtError(f"--backend {options.backend}: not an engine that `wan-trt build` makes; "
+                          f"expected one of {', '.join(BUILDABLE)}")
+    backend = get_backend(options.backend)
+    export_dir = resolve_export(directory, config_name, options.precision, options.ops, weights=weights, seed=seed,
+                                backend=backend.name)
+    return backend_module(backend).build(export_dir, options)
 
 
 def inspect_engine(engine: str | Path) -> dict[str, Any]:
     """Layers (TensorRT) or kernels (AOTInductor) of an engine, with the custom-op count."""
     engine = Path(engine)
     meta = EngineMetadata.read(engine)
-    if meta.backend == "tensorrt":
-        from wan_trt.engines.tensorrt import inspect_tensorrt
-        info = inspect_tensorrt(engine)
-        return {"summary": {"backend": "tensorrt", **info["counts"], "plugins": info["plugin_layers"]}, **info}
-    return inspect_aoti(engine, meta)
-
-
-def inspect_aoti(engine: Path, meta: EngineMetadata) -> dict[str, Any]:
-    """Files, generated kernels and wan-trt custom kernels inside an AOTInductor package."""
-    with zipfile.ZipFile(engine) as pkg:
-        names = pkg.namelist()
-        sources = [n for n in names if n.endswith((".cpp", ".py", ".wrapper.cpp"))]
-        text = "\n".join(pkg.read(n).decode(errors="ignore") for n in sources)
-    kernels = sorted({n.rsplit("/", 1)[-1].split(".")[0] for n in names if n.endswith((".cubin", ".ptx", ".hsaco"))})
-    custom = sorted({line.split("(")[0].strip() for line in text.splitlines() if "wan_trt" in line and "(" in line})
-    summary = {"backend": "aoti", "device": meta.device, "config": meta.config, "precision": meta.precision,
-               "files": len(names), "gpu_kernels": len(kernels), "wan_trt_custom_op_lines": len(custom)}
-    return {"summary": summary, "files": names, "kernels": kernels, "custom_ops": custom[:200]}
+    return backend_module(get_backend(meta.backend)).inspect(engine, meta)

@@ -1,25 +1,5 @@
-"""The PyTorch reference backend: the static pass run eagerly or under torch.compile."""
-from __future__ import annotations
+"""Former home of the PyTorch runner, now :mod:`wan_trt.engines.backends.torch`.
 
-import torch
-
-from wan_trt.engines.runner import Runner
-from wan_trt.model.static_pass import StaticPass
-from wan_trt.model.transformer import CausalWanModel
-from wan_trt.spec import PassSpec
-
-
-class TorchRunner(Runner):
-    """Runs :class:`StaticPass` on the model's device; ``compile=True`` wraps it in torch.compile."""
-
-    def __init__(self, model: CausalWanModel, spec: PassSpec, compile: bool = False):
-        super().__init__(spec, model.patch_embedding.weight.device)
-        self.name = "torch-compile" if compile else "torch"
-        self.static_pass = StaticPass(model, spec)
-        self._fn = torch.compile(self.static_pass, fullgraph=True) if compile else self.static_pass
-
-    @torch.no_grad()
-    def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        self.spec.check_feeds(feeds)
-        outputs = self._fn(*(feeds[name] for name in self.spec.input_names))
-        return dict(zip(self.spec.output_names, outputs))
+Kept so that code written against the old path still imports.
+"""
+from wan_trt.engines.backends.torch import TorchRunner  # noqa: F401

@@ -14,6 +14,8 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from wan_trt.config import load_config
+from wan_trt.engines.backends.aoti import build_aoti
+from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model
 
 SMALL = ["universal-small", "gta_drive-small", "templerun-small"]
@@ -40,3 +42,23 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol
         raise AssertionError(
             f"{what}: {int(bad.sum())}/{bad.numel()} elements off; max abs diff {float(diff.max()):.3e} "
             f"(atol {atol:g}, rtol {rtol:g}); first at {idx}: {float(actual[idx]):.6g} vs {float(expected[idx]):.6g}")
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory):
+    """fp32 exports of the three small shapes (opset 23) and one opset-18 export, shared by the test modules
+    that only read them (export checks, the backend registry's coverage)."""
+    root = tmp_path_factory.mktemp("exports")
+    out = {name: export_transformer(load_config(name), root / name, "fp32", seed=3) and root / name for name in SMALL}
+    out["opset18"] = root / "opset18"
+    export_transformer(load_config("universal-small"), out["opset18"], "fp32", seed=3, opset=18)
+    return out
+
+
+@pytest.fixture(scope="session")
+def aoti(tmp_path_factory):
+    """universal-small fp32 export (no ONNX graph: the package does not need one) and its CPU
+    AOTInductor package (built once: ~1 min), shared by the AOTInductor and C++ runtime tests."""
+    root = tmp_path_factory.mktemp("aoti")
+    export_transformer(load_config("universal-small"), root / "export", "fp32", seed=2, onnx=False)
+    return root / "export", build_aoti(root / "export", device="cpu")

@@ -16,7 +16,7 @@ import torch
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
-from wan_trt.engines.runner import Runner
+from wan_trt.engines.runtime.runner import Runner
 from wan_trt.spec import PassSpec
 
 

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from wan_trt.engines.runner import Runner
-from wan_trt.engines.session import StreamingSession, stream_blocks
+from wan_trt.engines.runtime.runner import Runner
+from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.model.transformer import CausalWanModel
 from wan_trt.pipeline import ReferencePipeline
 from wan_trt.stream import NoiseSource, StreamInputs, synthetic_stream

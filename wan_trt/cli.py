@@ -1,6 +1,8 @@
 """The ``wan-trt`` command line: thin click commands over one library call each.
 
 User errors (:class:`WanTrtError`) print one message and exit 1; bugs keep their traceback.
+Each command imports its library module when it runs, so that `wan-trt --help` and `wan-trt info`
+start without importing torch and every backend.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Callable
 
 import click
 
-from wan_trt.engines.backends import ALL_BACKENDS
+from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS, parse_backends
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, setup_logging
 
@@ -31,9 +33,27 @@ def weights_option(fn: Callable) -> Callable:
                         help="Checkpoint (.safetensors/.pt) with upstream keys; seeded random weights if omitted.")(fn)
 
 
-def precision_option(default: str = "bf16") -> Callable:
-    return click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default=default,
-                        show_default=True, help="Compute precision of the graph / model.")
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+def precision_option(default: str | None = "bf16") -> Callable:
+    return click.option("--precision", type=click.Choice(PRECISIONS), default=default,
+                        show_default=default is not None, help="Compute precision of the graph / model.")
+
+
+def precision_aliases(fn: Callable) -> Callable:
+    """``--bf16`` / ``--fp16`` / ``--fp32``: short spellings of ``--precision`` (``build`` keeps them)."""
+    for name in reversed(PRECISIONS):
+        fn = click.option(f"--{name}", "precision_alias", flag_value=name, default=None,
+                          help=f"Same as --precision {name}.")(fn)
+    return fn
+
+
+def pick_precision(precision: str | None, alias: str | None, default: str = "bf16") -> str:
+    """The precision asked by ``--precision`` or its alias flag; both given, they must agree."""
+    if precision is not None and alias is not None and precision != alias:
+        raise WanTrtError(f"--precision {precision} and --{alias} disagree; pass one of them")
+    return precision or alias or default
 
 
 def device_option(fn: Callable) -> Callable:
@@ -122,10 +142,11 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
 def stream(config_name, weights, precision, device, seed, blocks, reference, out) -> None:
     """Stream blocks of synthetic input through the static-cache runtime (PyTorch backend)."""
     from wan_trt.config import load_config
-    from wan_trt.engines.run import run_stream
+    from wan_trt.engines.stream import StreamOptions, run_stream
 
-    report = run_stream(load_config(config_name), blocks=blocks, precision=precision, device=pick_device(device),
-                        weights=weights, seed=seed, reference=reference, out=Path(out) if out else None)
+    options = StreamOptions(blocks=blocks, precision=precision, device=pick_device(device), weights=weights,
+                            seed=seed, reference=reference, out=Path(out) if out else None)
+    report = run_stream(load_config(config_name), options)
     click.echo(json.dumps(report["summary"], indent=2))
     if reference and not report["summary"]["reference_match"]:
         raise WanTrtError("the static-cache stream does not match the reference pipeline (see the report)")
@@ -179,14 +200,12 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
     TARGET is an export directory (checked with ONNX Runtime) or an engine file built by
     `wan-trt build` (AOTInductor package or TensorRT plan).
     """
-    from wan_trt.validate.transformer import check_engine, check_export
+    from wan_trt.validate.check import CheckOptions, check_engine, check_export
 
+    options = CheckOptions(provider=provider, blocks=blocks, seed=seed, stream=stream, save_results=save_results)
     # with --json stdout carries the report only: library chatter (Polygraphy prints) goes to stderr
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        if Path(target).is_dir():
-            report = check_export(target, provider, blocks, seed, stream, save_results)
-        else:
-            report = check_engine(target, blocks, seed, stream, save_results)
+        report = (check_export if Path(target).is_dir() else check_engine)(target, options)
     if as_json:
         from wan_trt.profiling import provenance
         click.echo(json.dumps({**provenance("wan-trt"), **report.as_dict()}, indent=2))
@@ -200,10 +219,9 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
 @click.argument("directory", required=False, type=click.Path(file_okay=False))
 @click.option("--config", "config_name", default=None,
               help="Without DIRECTORY: export this config first (into out/<config>_<precision>_<ops>).")
-@click.option("--backend", type=click.Choice(["tensorrt", "aoti"]), default="tensorrt", show_default=True)
-@click.option("--bf16", "precision", flag_value="bf16", default=True, help="bf16 engine (default).")
-@click.option("--fp16", "precision", flag_value="fp16", help="fp16 engine (fp32 residual stream and norms).")
-@click.option("--fp32", "precision", flag_value="fp32", help="fp32 engine.")
+@click.option("--backend", type=click.Choice(BUILDABLE), default=DEFAULT_BUILD, show_default=True)
+@precision_option(None)
+@precision_aliases
 @click.option("--ops", type=click.Choice(["native", "plugins"]), default="native", show_default=True)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="AOTInductor target device (TensorRT is always cuda).")
@@ -219,12 +237,15 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
               help="Seed of random weights and inputs when exporting with --config (default 0); with an existing "
                    "export it must be the export's.")
 @user_errors
-def build(directory, config_name, backend, precision, ops, device, timing_cache, opt_level, weak_typing, out, force,
-          weights, seed) -> None:
-    """Build an engine (TensorRT plan or AOTInductor package) from an export directory."""
+def build(directory, config_name, backend, precision, precision_alias, ops, device, timing_cache, opt_level,
+          weak_typing, out, force, weights, seed) -> None:
+    """Build an engine (TensorRT plan or AOTInductor package) from an export directory.
+
+    The precision (default bf16; fp16 keeps an fp32 residual stream and norms) must be the export's.
+    """
     from wan_trt.engines.build import BuildOptions, build_engine
 
-    options = BuildOptions(backend=backend, precision=precision, ops=ops, device=device, timing_cache=timing_cache,
+    options = BuildOptions(backend=backend, precision=pick_precision(precision, precision_alias), ops=ops, device=device, timing_cache=timing_cache,
                            opt_level=opt_level, weak_typing=weak_typing, out=out, force=force)
     engine = build_engine(directory, config_name, options, weights=weights, seed=seed)
     click.echo(str(engine))
@@ -242,7 +263,7 @@ def inspect(engine, as_json) -> None:
     click.echo(json.dumps(info, indent=2) if as_json else "\n".join(f"{k}: {v}" for k, v in info["summary"].items()))
 
 
-@main.command()
+@main.command(epilog="\b\nBackends:\n" + "\n".join(f"  {b.name:24} {b.summary}" for b in BACKENDS))
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--backends", default=None,
               help="Comma-separated backends, each of which must run (an error otherwise). Default: every "
@@ -250,10 +271,12 @@ def inspect(engine, as_json) -> None:
                    + ", ".join(ALL_BACKENDS) + ".")
 @click.option("--blocks", type=click.IntRange(2), default=6, show_default=True)
 @device_option
-@click.option("--aoti-engine", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--aoti-plugins-engine", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="AOTInductor package built with --ops plugins.")
-@click.option("--trt-engine", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option(ENGINE_FLAGS["aoti"], "aoti_engine", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="AOTInductor package (`wan-trt build DIR --backend aoti`).")
+@click.option(ENGINE_FLAGS["aoti-plugins"], "aoti_plugins_engine", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="AOTInductor package built with --ops plugins.")
+@click.option(ENGINE_FLAGS["tensorrt"], "trt_engine", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="TensorRT engine (`wan-trt build DIR`).")
 @click.option("--profile", "profile", default="", help="Comma-separated backends to profile by op class.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="JSON results file.")
 @click.option("--chart", type=click.Path(dir_okay=False), default=None, help="PNG chart of ms per block.")
@@ -261,11 +284,15 @@ def inspect(engine, as_json) -> None:
 def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine, trt_engine, profile, out,
           chart) -> None:
     """ms per pass / block, FPS, P50/P95 and memory for every backend available, side by side."""
-    from wan_trt.engines.bench import parse_backends, run_bench
+    from wan_trt.engines.bench import BenchOptions, run_bench
 
     names = parse_backends(backends)  # unknown names are refused before any work
-    report = run_bench(directory, names, blocks, pick_device(device), aoti_engine,
-                       trt_engine, [b for b in profile.split(",") if b], out, chart, aoti_plugins_engine)
+    engines = {"aoti": aoti_engine, "aoti-plugins": aoti_plugins_engine, "tensorrt": trt_engine}
+    options = BenchOptions(backends=None if names is None else tuple(names), blocks=blocks, device=pick_device(device),
+                           engines={k: Path(v) if v else None for k, v in engines.items()},
+                           profile=tuple(b for b in profile.split(",") if b), out=Path(out) if out else None,
+                           chart=Path(chart) if chart else None)
+    report = run_bench(directory, options)
     for name, r in report["backends"].items():
         click.echo(f"{name:16} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
                    f"p95 {r['block_ms']['p95']:8.1f}  {r['ms_per_pass']['mean']:7.1f} ms/pass  "

@@ -39,12 +39,20 @@ import torch
 
 from wan_trt.config import WanConfig, config_from_dict
 from wan_trt.errors import WanTrtError
+from wan_trt.scheduler import BlockSchedule
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
                torch.int32: "int32", torch.int64: "int64"}
 DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 SPEC_VERSION = 1
+
+# The graph's tensor names, typed here only: other modules use these or a PassSpec's name lists.
+LATENTS, TIMESTEP, COND_CONCAT, VISUAL_CONTEXT = "latents", "timestep", "cond_concat", "visual_context"
+MOUSE_WINDOW, KEYBOARD_WINDOW = "mouse_window", "keyboard_window"
+ACTION_WINDOWS = {"mouse": MOUSE_WINDOW, "keyboard": KEYBOARD_WINDOW}  # action -> its window input
+ROPE_OFFSET, VALID_FRAMES = "rope_offset", "valid_frames"
+FLOW = "flow"
 
 
 def precision_dtype(precision: str) -> torch.dtype:
@@ -128,16 +136,16 @@ class PassSpec:
         b, f, s, p = 1, cfg.block_frames, cfg.tokens_per_frame, cfg.prev_frames
         h, w = cfg.inference.latent_height, cfg.inference.latent_width
         inputs = [
-            TensorSpec("latents", (b, m.out_dim, f, h, w), dt, "noisy latents x_t of the block"),
-            TensorSpec("timestep", (b, f), "float32", "warped timestep per latent frame"),
-            TensorSpec("cond_concat", (b, cfg.cond_channels, f, h, w), dt, "mask + image latent of the block"),
-            TensorSpec("visual_context", (b, m.clip_tokens, m.clip_dim), dt, "CLIP image tokens"),
+            TensorSpec(LATENTS, (b, m.out_dim, f, h, w), dt, "noisy latents x_t of the block"),
+            TensorSpec(TIMESTEP, (b, f), "float32", "warped timestep per latent frame"),
+            TensorSpec(COND_CONCAT, (b, cfg.cond_channels, f, h, w), dt, "mask + image latent of the block"),
+            TensorSpec(VISUAL_CONTEXT, (b, m.clip_tokens, m.clip_dim), dt, "CLIP image tokens"),
         ]
         if cfg.has_mouse:
-            inputs.append(TensorSpec("mouse_window", (b, f, a.window_frames, a.mouse_dim_in), dt,
+            inputs.append(TensorSpec(MOUSE_WINDOW, (b, f, a.window_frames, a.mouse_dim_in), dt,
                                      "raw mouse frames seen by each latent frame"))
         if cfg.has_keyboard:
-            inputs.append(TensorSpec("keyboard_window", (b, f, a.window_frames, a.keyboard_dim_in), dt,
+            inputs.append(TensorSpec(KEYBOARD_WINDOW, (b, f, a.window_frames, a.keyboard_dim_in), dt,
                                      "raw keyboard frames seen by each latent frame"))
         caches = [CacheSpec("self", tuple(range(m.num_layers)), s, p, f)]
         heads = {"self": (m.num_heads, cfg.head_dim)}
@@ -148,7 +156,7 @@ class PassSpec:
         if cfg.has_keyboard:
             caches.append(CacheSpec("keyboard", cfg.action_layers, 1, p, f))
             heads["keyboard"], batch["keyboard"] = (a.heads_num, a.head_dim), b
-        outputs = [TensorSpec("flow", (b, m.out_dim, f, h, w), dt, "flow prediction")]
+        outputs = [TensorSpec(FLOW, (b, m.out_dim, f, h, w), dt, "flow prediction")]
         for c in caches:
             nh, hd = heads[c.kind]
             if p > 0:
@@ -158,9 +166,9 @@ class PassSpec:
             shape = (len(c.layers), batch[c.kind], f * c.units, nh, hd)
             outputs += [TensorSpec(c.cur_k, shape, dt, f"{c.kind} keys of this block"),
                         TensorSpec(c.cur_v, shape, dt, f"{c.kind} values of this block")]
-        inputs.append(TensorSpec("rope_offset", (1,), "int32", "absolute latent frame of the block start"))
+        inputs.append(TensorSpec(ROPE_OFFSET, (1,), "int32", "absolute latent frame of the block start"))
         if p > 0:
-            inputs.append(TensorSpec("valid_frames", (1,), "int32", "valid previous frames (0..P)"))
+            inputs.append(TensorSpec(VALID_FRAMES, (1,), "int32", "valid previous frames (0..P)"))
         return cls(cfg, precision, tuple(inputs), tuple(outputs), tuple(caches))
 
     # ---- lookups ------------------------------------------------------------------------
@@ -203,18 +211,19 @@ class PassSpec:
         for t in self.inputs:
             if t.torch_dtype == torch.int32:
                 continue
-            scale = 0.1 if t.name.endswith("_window") and t.name.startswith("mouse") else 1.0
+            scale = 0.1 if t.name == MOUSE_WINDOW else 1.0
             feeds[t.name] = (torch.randn(t.shape, generator=gen) * scale).to(t.torch_dtype)
-        if "keyboard_window" in feeds:
-            feeds["keyboard_window"] = (torch.rand(self.tensor("keyboard_window").shape, generator=gen) > 0.7
+        if KEYBOARD_WINDOW in feeds:
+            feeds[KEYBOARD_WINDOW] = (torch.rand(self.tensor(KEYBOARD_WINDOW).shape, generator=gen) > 0.7
                                         ).to(self.dtype)
-        steps = torch.tensor([1000.0, 908.84, 713.98, 0.0])
-        feeds["timestep"] = steps[torch.randint(0, 4, (1,), generator=gen)].expand(self.tensor("timestep").shape
-                                                                                   ).contiguous()
+        sched = BlockSchedule.from_config(cfg)
+        steps = torch.tensor([*sched.timesteps, sched.clean_timestep])  # one pass of the config's schedule
+        pick = steps[torch.randint(0, len(steps), (1,), generator=gen)]
+        feeds[TIMESTEP] = pick.expand(self.tensor(TIMESTEP).shape).contiguous()
         first = cfg.prev_frames if start_frame is None else start_frame
-        feeds["rope_offset"] = torch.tensor([first], dtype=torch.int32)
+        feeds[ROPE_OFFSET] = torch.tensor([first], dtype=torch.int32)
         if cfg.prev_frames > 0:
-            feeds["valid_frames"] = torch.tensor([min(cfg.prev_frames, first)], dtype=torch.int32)
+            feeds[VALID_FRAMES] = torch.tensor([min(cfg.prev_frames, first)], dtype=torch.int32)
         return {k: v.to(device) for k, v in feeds.items()}
 
     def check_feeds(self, feeds: dict[str, torch.Tensor]) -> None:

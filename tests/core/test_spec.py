@@ -5,6 +5,7 @@ import torch
 
 from wan_trt.config import load_config
 from wan_trt.errors import WanTrtError
+from wan_trt.scheduler import BlockSchedule
 from wan_trt.spec import PassSpec
 
 
@@ -62,3 +63,14 @@ def test_check_feeds_names_each_problem():
     for part in ("missing input 'rope_offset'", "unexpected input 'extra'", "input 'latents': expected [1, 16, 3, 4, 6]",
                  "input 'timestep'"):
         assert part in msg
+
+
+@pytest.mark.parametrize("name", ["universal-small", "templerun-small"])
+def test_sample_timesteps_come_from_the_config_schedule(name):
+    """templerun's 4-step schedule (1000, 937.5, 833.3, 625) differs from universal's 3-step one."""
+    cfg = load_config(name)
+    sched = BlockSchedule.from_config(cfg)
+    expected = {*sched.timesteps, sched.clean_timestep}
+    spec = PassSpec.from_config(cfg, "fp32")
+    seen = {float(spec.sample_inputs(seed=s)["timestep"][0, 0]) for s in range(40)}
+    assert seen == expected, (seen, expected)

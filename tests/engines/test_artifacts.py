@@ -69,13 +69,11 @@ def test_engine_out_never_replaces_a_file_build_did_not_write(export_dir, tmp_pa
 def installed(export_dir, tmp_path):
     """An engine file installed with its metadata (the bytes stand for a package; nothing here loads it)."""
     manifest = Manifest.read(export_dir)
-    spec = manifest.spec
     key = engine_key(manifest, "aoti", "cpu", {"ops": "native"})
     engine, partial = tmp_path / "engine.pt2", tmp_path / "partial.pt2"
     partial.write_bytes(bytes(range(256)) * 64)
-    install_engine(partial, engine, EngineMetadata("aoti", "cpu", key, spec.fingerprint(), spec.config.name,
-                                                   spec.precision, "native", manifest.weights["sha256"],
-                                                   str(export_dir.resolve()), manifest_sha256=manifest.sha256))
+    meta = EngineMetadata.of_build(manifest, export_dir, backend="aoti", device="cpu", key=key, ops="native")
+    install_engine(partial, engine, meta)
     return engine, key, manifest
 
 

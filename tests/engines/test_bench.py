@@ -55,7 +55,7 @@ def test_only_unavailable_backends_is_an_error(export_dir):
 def test_default_set_skips_what_this_machine_cannot_run(export_dir):
     """Without --backends an unavailable backend is skipped with its reason, not failed."""
     report = {"backends": {}, "skipped": {}, "failed": {}}
-    bench = Bench(export_dir, "cpu", None, None)
+    bench = Bench(export_dir, "cpu", {})
     _bench_one(bench, "aoti", 2, report, named=False)
     _bench_one(bench, "onnxruntime", 2, report, named=False)
     assert set(report["skipped"]) == {"aoti", "onnxruntime"} and not report["failed"]
@@ -66,11 +66,11 @@ def test_default_set_skips_what_this_machine_cannot_run(export_dir):
 
 def test_a_backend_that_raises_is_a_failure_with_its_traceback(export_dir, monkeypatch):
     report = {"backends": {}, "skipped": {}, "failed": {}}
-    bench = Bench(export_dir, "cpu", None, None)
+    bench = Bench(export_dir, "cpu", {})
 
     def broken_infer(self, feeds):
         raise RuntimeError("kernel exploded")
-    monkeypatch.setattr("wan_trt.engines.torch_runner.TorchRunner.infer", broken_infer)
+    monkeypatch.setattr("wan_trt.engines.backends.torch.TorchRunner.infer", broken_infer)
     _bench_one(bench, "torch-eager", 2, report, named=False)
     assert "RuntimeError: kernel exploded" in report["failed"]["torch-eager"]
     assert "Traceback" in report["failed"]["torch-eager"] and not report["skipped"]

@@ -18,23 +18,13 @@ from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model
 from wan_trt.model.checkpoint import save_checkpoint
 from wan_trt.spec import PassSpec
-from wan_trt.validate.transformer import check_export
+from wan_trt.validate.check import CheckOptions, check_export
 from tests.conftest import SMALL
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """fp32 exports of the three small shapes (opset 23) and one opset-18 export."""
-    root = tmp_path_factory.mktemp("exports")
-    out = {name: export_transformer(load_config(name), root / name, "fp32", seed=3) and root / name for name in SMALL}
-    out["opset18"] = root / "opset18"
-    export_transformer(load_config("universal-small"), out["opset18"], "fp32", seed=3, opset=18)
-    return out
 
 
 @pytest.mark.parametrize("name", SMALL + ["opset18"])
 def test_export_and_check_pass_on_onnxruntime_cpu(exports, name):
-    report = check_export(exports[name], "cpu", blocks=8, seed=1)
+    report = check_export(exports[name], CheckOptions(provider="cpu", blocks=8, seed=1))
     assert report.ok, report.table()
     assert [b["block"] for b in report.stream] == list(range(8)) + [339, 340]  # + the end of the RoPE table
     assert len(report.outputs) == len(Manifest.read(exports[name]).spec.outputs)
@@ -72,7 +62,7 @@ def test_check_fails_when_a_graph_weight_is_perturbed(exports, tmp_path):
     target.CopyFrom(onnx.numpy_helper.from_array(values, target.name))
     onnx.save(model, str(bad / "model.onnx"))
     Manifest.read(bad, verify=False).write(bad)  # record the new graph's hash: the accuracy check must catch it
-    report = check_export(bad, "cpu", blocks=2, seed=1)
+    report = check_export(bad, CheckOptions(provider="cpu", blocks=2, seed=1))
     assert not report.ok
     assert any(not o.ok for o in report.outputs) and report.problems()
 
@@ -89,7 +79,7 @@ def test_check_refuses_a_graph_with_random_bytes_before_parsing_it(exports, tmp_
     with open(bad / "model.onnx", "r+b") as f:
         f.truncate(1000)
     with pytest.raises(WanTrtError, match="model.onnx is 1000 bytes"):
-        check_export(bad, "cpu", blocks=1)
+        check_export(bad, CheckOptions(provider="cpu", blocks=1))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -130,7 +120,7 @@ def test_incomplete_export_is_refused(tmp_path, exports):
 
 
 def test_wrong_shapes_fed_to_the_graph(exports):
-    from wan_trt.engines.onnxruntime_runner import OnnxRuntimeRunner
+    from wan_trt.engines.backends.onnxruntime import OnnxRuntimeRunner
     manifest = Manifest.read(exports["universal-small"])
     feeds = manifest.spec.sample_inputs()
     feeds["mouse_window"] = feeds["mouse_window"][:, :2].contiguous()
@@ -160,12 +150,12 @@ def test_cli_export_and_check(tmp_path):
 def test_check_without_polygraphy_is_a_clear_error(exports, monkeypatch):
     monkeypatch.setitem(sys.modules, "polygraphy", None)  # what an install without the dependency looks like
     with pytest.raises(WanTrtError, match="pip install 'polygraphy"):
-        check_export(exports["universal-small"], "cpu", blocks=1)
+        check_export(exports["universal-small"], CheckOptions(provider="cpu", blocks=1))
 
 
 def test_fp16_graph_passes_the_same_check(tmp_path):
     """fp16 (fp32 residual stream and norms) against fp32, yardstick: the fp16 PyTorch model."""
     export_transformer(load_config("universal-small"), tmp_path / "fp16", "fp16", seed=3)
-    report = check_export(tmp_path / "fp16", "cpu", blocks=8, seed=1)
+    report = check_export(tmp_path / "fp16", CheckOptions(provider="cpu", blocks=8, seed=1))
     assert report.ok, report.table()
     assert report.precision == "fp16" and all(o.stats.non_finite == 0 for o in report.outputs)

@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from wan_trt.config import load_config
-from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.export.transformer import export_transformer
 from wan_trt.validate.metrics import rel_l2_floor, tolerance
-from wan_trt.validate.transformer import check_runner
+from wan_trt.validate.check import CheckOptions, check_runner
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +36,14 @@ def test_floors_by_precision():
 
 def test_an_exact_fp32_backend_passes(export_dir):
     manifest, backend = _backend(export_dir, None)
-    report = check_runner(export_dir, manifest, backend, blocks=2, seed=1, save_results=False)
+    report = check_runner(export_dir, manifest, backend, CheckOptions(blocks=2, seed=1, save_results=False))
     assert report.ok, report.table()
 
 
 def test_one_slightly_wrong_weight_row_fails_an_fp32_check(export_dir):
     """0.5 % off in one of 256 rows of one FFN weight: far below the old 1e-3 floor, far above fp32 rounding."""
     manifest, backend = _backend(export_dir, 1.005)
-    report = check_runner(export_dir, manifest, backend, blocks=2, seed=1, save_results=False)
+    report = check_runner(export_dir, manifest, backend, CheckOptions(blocks=2, seed=1, save_results=False))
     flow = next(o for o in report.outputs if o.name == "flow")
     assert 1e-5 < flow.stats.rel_l2 < 1e-3, flow.stats  # what the old floor let through
     assert not report.ok and any("flow" in p for p in report.problems())
@@ -55,7 +55,7 @@ def test_the_stream_check_covers_the_end_of_the_rope_table(export_dir):
     rope = backend.static_pass.model.rope
     with torch.no_grad():
         rope.frame_cos[-6:] = rope.frame_cos[:6].clone()  # rows 1018..1023 swapped for rows 0..5
-    report = check_runner(export_dir, manifest, backend, blocks=2, seed=1, save_results=False)
+    report = check_runner(export_dir, manifest, backend, CheckOptions(blocks=2, seed=1, save_results=False))
     early = [b for b in report.stream if b["block"] < 2]
     deep = [b for b in report.stream if b["block"] >= 2]
     assert [b["block"] for b in deep] == [339, 340] and deep[-1]["start_frame"] == 1020
@@ -68,7 +68,7 @@ def test_a_non_finite_block_is_a_failing_row_not_a_crash(export_dir):
     manifest, backend = _backend(export_dir, None)
     with torch.no_grad():
         backend.static_pass.model.blocks[0].ffn[0].weight[0, 0] = float("nan")
-    report = check_runner(export_dir, manifest, backend, blocks=2, seed=1, save_results=False)
+    report = check_runner(export_dir, manifest, backend, CheckOptions(blocks=2, seed=1, save_results=False))
     assert not report.ok and report.stream[0]["non_finite"] and "non-finite" in report.stream[0]["error"]
     assert any(p.startswith("stream block 0: ") for p in report.problems())
     assert "block 0" in report.table()

@@ -12,7 +12,8 @@ from torch import nn
 
 from wan_trt.model.caches import StaticCaches
 from wan_trt.model.transformer import CausalWanModel
-from wan_trt.spec import PassSpec
+from wan_trt.spec import (COND_CONCAT, FLOW, KEYBOARD_WINDOW, LATENTS, MOUSE_WINDOW, ROPE_OFFSET, TIMESTEP,
+                          VALID_FRAMES, VISUAL_CONTEXT, PassSpec)
 
 
 class StaticPass(nn.Module):
@@ -31,15 +32,15 @@ class StaticPass(nn.Module):
         caches = StaticCaches(
             prev_k={c.kind: feeds.get(c.prev_k) for c in spec.caches},
             prev_v={c.kind: feeds.get(c.prev_v) for c in spec.caches},
-            valid_frames=feeds.get("valid_frames"),
+            valid_frames=feeds.get(VALID_FRAMES),
             prev_frames=spec.config.prev_frames,
             units={c.kind: c.units for c in spec.caches},
             layer_index={c.kind: {layer: i for i, layer in enumerate(c.layers)} for c in spec.caches},
         )
-        flow = model(feeds["latents"], feeds["timestep"], feeds["cond_concat"],
-                     model.encode_context(feeds["visual_context"]), feeds.get("mouse_window"),
-                     feeds.get("keyboard_window"), feeds["rope_offset"], caches)
-        outputs = {"flow": flow}
+        flow = model(feeds[LATENTS], feeds[TIMESTEP], feeds[COND_CONCAT],
+                     model.encode_context(feeds[VISUAL_CONTEXT]), feeds.get(MOUSE_WINDOW),
+                     feeds.get(KEYBOARD_WINDOW), feeds[ROPE_OFFSET], caches)
+        outputs = {FLOW: flow}
         for c in spec.caches:
             outputs[c.cur_k], outputs[c.cur_v] = caches.stacked_current(c.kind)
         return tuple(outputs[name] for name in self.output_names)

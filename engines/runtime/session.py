@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from wan_trt.engines.runner import Runner
+from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
-from wan_trt.log import logger
+from wan_trt.log import logger, progress
 from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
-from wan_trt.spec import CacheSpec
+from wan_trt.spec import (ACTION_WINDOWS, COND_CONCAT, FLOW, LATENTS, ROPE_OFFSET, TIMESTEP, VALID_FRAMES,
+                          VISUAL_CONTEXT, CacheSpec)
 from wan_trt.stream import ActionHistory, NoiseSource, blocks_in_rope_table, first_raw_frame, raw_frames_in_block
 
 
@@ -106,10 +107,10 @@ class StreamingSession:
         Activates the runner if it is not active yet (the caller still owns deactivating it).
         """
         self._check_start_block(start_block)
-        visual_context = self._checked("visual_context", visual_context, self.spec.tensor("visual_context").shape)
-        self._check_finite({"visual_context": visual_context}, "of the stream")
+        visual_context = self._checked(VISUAL_CONTEXT, visual_context, self.spec.tensor(VISUAL_CONTEXT).shape)
+        self._check_finite({VISUAL_CONTEXT: visual_context}, "of the stream")
         self.runner.__enter__()
-        self.feeds["visual_context"].copy_(visual_context)
+        self.feeds[VISUAL_CONTEXT].copy_(visual_context)
         for name in self.feeds:
             if name.endswith("_prev"):
                 self.feeds[name].zero_()
@@ -161,11 +162,11 @@ class StreamingSession:
         if start + frames > limit:
             raise WanTrtError(f"block {self.block} would end at latent frame {start + frames}, past the "
                               f"{limit}-frame RoPE table ({4 * limit - 3} video frames): start a new stream")
-        cond = self._checked("cond_concat", cond_concat, self.spec.tensor("cond_concat").shape)
+        cond = self._checked(COND_CONCAT, cond_concat, self.spec.tensor(COND_CONCAT).shape)
         raw = self._raw_actions(mouse, keyboard)
-        self._check_finite({"cond_concat": cond, **raw}, f"of block {self.block}")
+        self._check_finite({COND_CONCAT: cond, **raw}, f"of block {self.block}")
         histories = {name: self.histories[name].appended(value) for name, value in raw.items()}
-        windows = {f"{name}_window": h.windows(start, frames) for name, h in histories.items()}
+        windows = {ACTION_WINDOWS[name]: h.windows(start, frames) for name, h in histories.items()}
         return BlockInputs(cond, windows, histories)
 
     def _raw_actions(self, mouse: torch.Tensor | None, keyboard: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -179,7 +180,7 @@ class StreamingSession:
                 continue
             if value is None:
                 raise WanTrtError(f"config '{self.cfg.name}' needs {name} actions for every block")
-            dim = self.spec.tensor(f"{name}_window").shape[-1]
+            dim = self.spec.tensor(ACTION_WINDOWS[name]).shape[-1]
             if isinstance(value, torch.Tensor) and value.ndim == 2:  # one action held over the block
                 value = value[:, None, :].expand(-1, n, -1)
             raw[name] = self._checked(name, value, (1, n, dim))
@@ -215,7 +216,7 @@ class StreamingSession:
     def _check_outputs(self, x0: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
         """Refuse a block whose latents or new cache entries are non-finite, before they are committed."""
         committed = [cur for cache in self.spec.caches for _, cur in cache.pairs] if self.cfg.prev_frames else []
-        name = first_non_finite({"latents": x0, **{cur: outputs[cur] for cur in committed}})
+        name = first_non_finite({LATENTS: x0, **{cur: outputs[cur] for cur in committed}})
         if name is not None:
             raise NonFiniteBlock(f"{name} of block {self.block} came out non-finite (NaN or Inf): the block was not "
                                  f"committed and the session is as before it; check the weights and the inputs "
@@ -226,23 +227,23 @@ class StreamingSession:
     def _new_histories(self, start_block: int) -> dict[str, ActionHistory]:
         a, base = self.cfg.model.action_config, first_raw_frame(self.cfg, start_block)
         return {name: ActionHistory(a.window_frames, a.vae_time_compression_ratio, base)
-                for name in ("mouse", "keyboard") if f"{name}_window" in self.feeds}
+                for name, window in ACTION_WINDOWS.items() if window in self.feeds}
 
     def _feed(self, block: BlockInputs) -> None:
         """Per-block feeds (overwritten by every step; the caches are not touched)."""
-        self.feeds["cond_concat"].copy_(block.cond_concat)
+        self.feeds[COND_CONCAT].copy_(block.cond_concat)
         for name, window in block.windows.items():
             self.feeds[name].copy_(window)
-        self.feeds["rope_offset"].fill_(self.start_frame)
-        if "valid_frames" in self.feeds:
-            self.feeds["valid_frames"].fill_(self.valid_frames)
+        self.feeds[ROPE_OFFSET].fill_(self.start_frame)
+        if VALID_FRAMES in self.feeds:
+            self.feeds[VALID_FRAMES].fill_(self.valid_frames)
 
     def _denoise(self, sync: bool) -> tuple[torch.Tensor, list[float]]:
-        latents = self.spec.tensor("latents")
+        latents = self.spec.tensor(LATENTS)
         x = self.noise(self.block, 0, latents.shape, self.device, self.dtype)
         sched, seconds = self.schedule, []
         for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas)):
-            x0 = flow_to_x0(self._run(x, t, seconds, sync)["flow"], x, sigma)
+            x0 = flow_to_x0(self._run(x, t, seconds, sync)[FLOW], x, sigma)
             if i + 1 < len(sched.timesteps):
                 x = renoise(x0, self.noise(self.block, i + 1, latents.shape, self.device, self.dtype),
                             sched.sigmas[i + 1])
@@ -250,8 +251,8 @@ class StreamingSession:
 
     def _run(self, x: torch.Tensor, t: float, seconds: list[float], sync: bool = False) -> dict[str, torch.Tensor]:
         begin = time.perf_counter()
-        self.feeds["latents"].copy_(x)
-        self.feeds["timestep"].fill_(t)
+        self.feeds[LATENTS].copy_(x)
+        self.feeds[TIMESTEP].fill_(t)
         outputs = self.runner.infer(self.feeds)
         if sync and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -285,8 +286,6 @@ def stream_blocks(session: StreamingSession, inputs, blocks: int, sync: bool = T
                   start_block: int = 0) -> list[BlockResult]:
     """Run ``blocks`` blocks of a :class:`~wan_trt.stream.StreamInputs` through a fresh stream
     that starts at block ``start_block`` (``inputs`` cover the stream from block 0)."""
-    from wan_trt.log import progress
-
     cfg = session.cfg
     session.start(inputs.visual_context.to(session.device, session.dtype), start_block=start_block)
     results = []

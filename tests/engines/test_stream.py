@@ -19,7 +19,7 @@ def test_stream_command_matches_reference(tmp_path):
 
 def _refused(tmp_path, monkeypatch, *args):
     """Run `stream` with ``args``; it must fail with one error line, build no model and write nothing."""
-    import wan_trt.engines.run as run
+    import wan_trt.engines.stream as run
 
     def no_model(*a, **k):
         raise AssertionError("a model was built before the arguments were checked")
@@ -51,7 +51,7 @@ def test_cuda_without_a_gpu_is_one_error_line(tmp_path, monkeypatch):
 
 def test_stream_request_checks(tmp_path):
     from wan_trt.config import load_config
-    from wan_trt.engines.run import check_stream_request
+    from wan_trt.engines.stream import check_stream_request
     from wan_trt.errors import WanTrtError
 
     cfg = load_config("gta_drive-small")

@@ -22,7 +22,7 @@ def small_export(tmp_path_factory):
 
 @pytest.mark.skipif(HAS_TRT, reason="TensorRT is installed here: the missing-TensorRT message is not reachable")
 def test_build_without_tensorrt_says_what_to_install(small_export):
-    from wan_trt.engines.tensorrt import build_tensorrt
+    from wan_trt.engines.backends.tensorrt import build_tensorrt
     with pytest.raises(WanTrtError, match="pip install tensorrt"):
         build_tensorrt(small_export)
     res = CliRunner().invoke(main, ["build", str(small_export)])
@@ -39,9 +39,19 @@ def test_bad_build_flags_fail_before_tensorrt(small_export, tmp_path):
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
 def test_build_inspect_and_check_tensorrt(small_export):
-    from wan_trt.engines.tensorrt import build_tensorrt, inspect_tensorrt
-    from wan_trt.validate.transformer import check_engine
+    from wan_trt.engines.backends.tensorrt import build_tensorrt, inspect_tensorrt
+    from wan_trt.validate.check import CheckOptions, check_engine
     engine = build_tensorrt(small_export)
     info = inspect_tensorrt(engine)
     assert info["counts"]["layers"] > 0
-    assert check_engine(engine, blocks=8).ok
+    assert check_engine(engine, CheckOptions(blocks=8)).ok
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
+def test_bench_runs_the_tensorrt_engine(small_export, tmp_path):
+    from wan_trt.engines.backends.tensorrt import build_tensorrt
+    engine = build_tensorrt(small_export)
+    res = CliRunner().invoke(main, ["bench", str(small_export), "--device", "cuda", "--blocks", "2",
+                                    "--trt-engine", str(engine), "--backends", "tensorrt"])
+    assert res.exit_code == 0 and "tensorrt" in res.output and "FAILED" not in res.output, res.output

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from wan_trt.config import load_config
-from wan_trt.engines.session import NonFiniteBlock, StreamingSession, stream_blocks
-from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.engines.runtime.session import NonFiniteBlock, StreamingSession, stream_blocks
+from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.errors import WanTrtError
 from wan_trt.model import build_model
 from wan_trt.spec import PassSpec

@@ -1,20 +1,24 @@
-"""``wan-trt stream``: synthetic input through the static-cache runtime, optionally checked."""
+"""``wan-trt stream``: synthetic input through the static-cache runtime (the registry's ``torch-eager``
+backend), optionally checked against the reference pipeline."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from wan_trt.config import WanConfig
-from wan_trt.engines.session import StreamingSession, stream_blocks
-from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.engines.backends import RunnerSources, make_runner
+from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
 from wan_trt.model import build_model
 from wan_trt.spec import PassSpec, precision_dtype
 from wan_trt.stream import NoiseSource, blocks_in_rope_table, synthetic_stream
+from wan_trt.validate.metrics import error_stats
+from wan_trt.validate.stream import reference_stream
 
 # rel-L2 allowed between the two pipelines: same model, same precision, different cache form
 PIPELINE_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}
@@ -58,29 +62,52 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
         raise WanTrtError(f"--out {out}: exists and is not a directory; pass a directory")
 
 
-def run_stream(cfg: WanConfig, blocks: int, *, precision: str = "fp32", device: str = "cpu",
-               weights: str | None = None, seed: int = 0, reference: bool = False,
-               out: Path | None = None) -> dict[str, Any]:
-    """Stream ``blocks`` blocks; with ``reference`` also run the upstream-semantics pipeline.
+@dataclass(frozen=True)
+class StreamOptions:
+    """What `wan-trt stream` was asked for, beside the config.
+
+    Attributes:
+        blocks: blocks to stream (at most what the RoPE table holds).
+        precision: compute precision ('bf16', 'fp16', 'fp32').
+        device: torch device ('cpu', 'cuda', 'cuda:N').
+        weights: checkpoint path; seeded random weights when None.
+        seed: seed of random weights, inputs and noise.
+        reference: also run the upstream-semantics pipeline and report per-block errors.
+        out: write latents.pt and report.json here.
+        backend: the registered backend that runs the passes.
+    """
+
+    blocks: int = 8
+    precision: str = "fp32"
+    device: str = "cpu"
+    weights: str | None = None
+    seed: int = 0
+    reference: bool = False
+    out: Path | None = None
+    backend: str = "torch-eager"
+
+
+def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
+    """Stream ``options.blocks`` blocks; with ``options.reference`` also run the upstream-semantics pipeline.
 
     Every argument is checked before the model is built; nothing is written unless every block ran.
     """
-    from wan_trt.validate.metrics import error_stats
-    from wan_trt.validate.stream import reference_stream
-
-    check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=weights, out=out)
+    o = options
+    blocks, precision, device, seed, out = o.blocks, o.precision, o.device, o.seed, o.out
+    check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=o.weights, out=out)
     with stage(f"build {cfg.name} ({precision}, {device})"):
-        model = build_model(cfg, precision_dtype(precision), device, weights, seed)
+        model = build_model(cfg, precision_dtype(precision), device, o.weights, seed)
     spec = PassSpec.from_config(cfg, precision)
     inputs = synthetic_stream(cfg, blocks, seed)
-    with stage(f"stream {blocks} blocks"), TorchRunner(model, spec) as runner:
+    sources = RunnerSources(spec, device, lambda ops="native": model)
+    with stage(f"stream {blocks} blocks"), make_runner(o.backend, sources) as runner:
         results = stream_blocks(StreamingSession(runner, noise=NoiseSource(seed)), inputs, blocks)
     for r in results:
         logger.info("block %d (frame %d): %.1f ms", r.index, r.start_frame, 1e3 * r.seconds)
     report: dict[str, Any] = {"config": cfg.name, "precision": precision, "device": device,
                               "block_ms": [1e3 * r.seconds for r in results]}
     summary = {"blocks": blocks, "mean_block_ms": sum(report["block_ms"]) / blocks}
-    if reference:
+    if o.reference:
         with stage("reference pipeline (upstream semantics)"):
             expected = reference_stream(model, inputs, blocks, seed)
         stats = [error_stats(r.latents, e) for r, e in zip(results, expected)]

@@ -1,4 +1,5 @@
-"""AOTInductor engine on the CPU: build, check, Python and C++ runtimes, bench, bad input."""
+"""AOTInductor engine on the CPU: build, check, Python runtime, bench, bad input (the C++ runtime:
+tests/engines/runtime/test_cpp.py; the package is the session-wide ``aoti`` fixture of tests/conftest.py)."""
 import json
 import shutil
 from pathlib import Path
@@ -9,67 +10,13 @@ from click.testing import CliRunner
 
 from wan_trt.cli import main
 from wan_trt.config import load_config
-from wan_trt.engines.aoti import AotiRunner, build_aoti, make_libstdcxx_global
-from wan_trt.engines.session import StreamingSession, stream_blocks
+from wan_trt.engines.backends.aoti import AotiRunner, build_aoti
+from wan_trt.engines.backends.inductor_fixes import make_libstdcxx_global
+from wan_trt.engines.runtime.session import StreamingSession
 from wan_trt.errors import WanTrtError
-from wan_trt.export.manifest import Manifest, reference_model
+from wan_trt.export.manifest import Manifest
 from wan_trt.export.transformer import export_transformer
-from wan_trt.stream import NoiseSource, synthetic_stream
-from wan_trt.validate.metrics import error_stats
-from wan_trt.validate.stream import reference_stream
-
-BLOCKS = 8
-
-
-@pytest.fixture(scope="module")
-def aoti(tmp_path_factory):
-    """universal-small fp32 export (no ONNX graph: the package does not need one) and its CPU
-    AOTInductor package (built once: ~1 min)."""
-    root = tmp_path_factory.mktemp("aoti")
-    export_transformer(load_config("universal-small"), root / "export", "fp32", seed=2, onnx=False)
-    return root / "export", build_aoti(root / "export", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def wan_stream(tmp_path_factory):
-    """The C++ runtime's wan_stream executable (built once: ~20 s)."""
-    from wan_trt.engines.cpp import build_cpp
-    return build_cpp(tmp_path_factory.mktemp("cpp") / "build")
-
-
-def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream, tmp_path):
-    from wan_trt.engines.cpp import run_wan_stream, write_stream_inputs
-    export_dir, engine = aoti
-    manifest = Manifest.read(export_dir)
-    inputs = synthetic_stream(manifest.spec.config, BLOCKS, seed=9)
-    with AotiRunner(engine, manifest) as runner:
-        python = torch.cat([r.latents for r in stream_blocks(StreamingSession(runner, noise=NoiseSource(4)),
-                                                             inputs, BLOCKS)], dim=2)
-    cpp, block_ms = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), BLOCKS,
-                                   tmp_path / "out.pt", seed=4)
-    assert len(block_ms) == BLOCKS
-    torch.testing.assert_close(cpp, python, rtol=0, atol=1e-6)
-    expected = torch.cat(reference_stream(reference_model(manifest, torch.float32, "cpu"), inputs, BLOCKS, 4), dim=2)
-    for b in range(BLOCKS):
-        f = slice(3 * b, 3 * b + 3)
-        stats = error_stats(cpp[:, :, f], expected[:, :, f])
-        assert stats.rel_l2 < 1e-3 and stats.non_finite == 0, (b, stats)
-
-
-def test_cpp_runtime_refuses_non_finite_input_and_blocks(aoti, wan_stream, tmp_path):
-    """NaN conditioning is refused as input; finite but huge conditioning overflows inside the model and
-    the block is refused. Both name the block, exit 1 and write no latents."""
-    from wan_trt.engines.cpp import run_wan_stream, write_stream_inputs
-    export_dir, engine = aoti
-    cfg = Manifest.read(export_dir).spec.config
-    for value, message in ((float("nan"), r"error: cond_concat of block 1 holds non-finite values"),
-                           (3e38, r"error: \w+ of block 1 came out non-finite .*not committed")):
-        inputs = synthetic_stream(cfg, 2, seed=9)
-        inputs.cond_concat[:, 4:, cfg.block_frames:] = value
-        out = tmp_path / "out.pt"
-        with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): " + message):
-            run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 2, out)
-        assert not out.exists()
+from wan_trt.stream import synthetic_stream
 
 
 def test_aoti_step_before_start_is_an_error(aoti):
@@ -165,7 +112,7 @@ def test_bench_refuses_an_engine_of_another_export(aoti, tmp_path):
 
 
 def test_cuda_graph_runner_needs_cuda(aoti):
-    from wan_trt.engines.cuda_graph import CudaGraphRunner
+    from wan_trt.engines.runtime.cuda_graph import CudaGraphRunner
     with pytest.raises(WanTrtError, match="CUDA graphs need a CUDA runner"):
         CudaGraphRunner(AotiRunner(aoti[1], Manifest.read(aoti[0])))
 
@@ -208,3 +155,20 @@ def test_check_engine_refuses_an_export_changed_since_the_build(aoti, tmp_path):
     res = CliRunner().invoke(main, ["check", str(copy), "--blocks", "1"])
     assert res.exit_code == 1 and "the export it was built from is not found" in res.output, res.output
     assert "another export" in res.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA packages and CUDA graphs need a CUDA device")
+def test_cuda_packages_and_their_cuda_graphs_bench(aoti, tmp_path):
+    """The registry's CUDA variants: the native and --ops plugins packages, each also as CUDA graphs."""
+    export_dir = aoti[0]
+    native = build_aoti(export_dir, tmp_path / "native.pt2", device="cuda")
+    plugins = build_aoti(export_dir, tmp_path / "plugins.pt2", device="cuda", ops="plugins")
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", str(export_dir), "--device", "cuda", "--blocks", "2",
+                                    "--aoti-engine", str(native), "--aoti-plugins-engine", str(plugins),
+                                    "--backends", "aoti,aoti+cudagraph,aoti-plugins,aoti-plugins+cudagraph",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert set(json.loads(out.read_text())["backends"]) == {"aoti", "aoti+cudagraph", "aoti-plugins",
+                                                             "aoti-plugins+cudagraph"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from wan_trt.engines.runner import Runner
+from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 
 

@@ -6,30 +6,23 @@ export directory's manifest), loads in Python (:class:`AotiRunner`) and in C++
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 import time
+import zipfile
 from pathlib import Path
 
 import torch
 
-from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, engine_key, install_engine, staged_file,
-                                     up_to_date)
-from wan_trt.engines.inductor_fixes import apply_inductor_fixes
-from wan_trt.engines.runner import Runner
-from wan_trt.engines.runtime_file import write_runtime_file
+from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_engine_path, engine_key,
+                                     install_engine, staged_file, up_to_date)
+from wan_trt.engines.backends.inductor_fixes import apply_inductor_fixes, make_libstdcxx_global
+from wan_trt.engines.runtime.cuda_graph import CudaGraphRunner
+from wan_trt.engines.runtime.runner import Runner
+from wan_trt.engines.runtime.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
-from wan_trt.log import logger, stage
-from wan_trt.outputs import output_lock
+from wan_trt.log import stage
 from wan_trt.model.static_pass import StaticPass
-
-LIBSTDCXX = "libstdc++.so.6"
-
-
-def default_engine_path(directory: Path, backend: str, device: str) -> Path:
-    return directory / f"engine_{backend}_{device}.{'pt2' if backend.startswith('aoti') else 'plan'}"
-
+from wan_trt.outputs import output_lock
 
 def build_aoti(directory: str | Path, out: str | Path | None = None, device: str = "cuda",
                force: bool = False, ops: str | None = None) -> Path:
@@ -86,9 +79,8 @@ def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device
                               f"With a working compiler this is likely a PyTorch {torch.__version__} code-generation "
                               "error rather than a problem with the export; try --ops native or another torch "
                               "version") from exc
-        meta = EngineMetadata("aoti", device, key, spec.fingerprint(), spec.config.name, spec.precision, ops,
-                              manifest.weights["sha256"], str(directory.resolve()), manifest_sha256=manifest.sha256,
-                              build_seconds=time.perf_counter() - begin)
+        meta = EngineMetadata.of_build(manifest, directory, backend="aoti", device=device, key=key, ops=ops,
+                                       build_seconds=time.perf_counter() - begin)
         install_engine(partial, engine, meta)
 
 
@@ -103,27 +95,6 @@ def _cpp_compile_error(exc: BaseException) -> BaseException | None:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-@functools.cache
-def make_libstdcxx_global() -> bool:
-    """Make libstdc++ part of the process's global symbol scope (once), before loading a package.
-
-    Observed on the GPU machine (torch 2.11, Ubuntu g++ 13.3): the package's shared library had no
-    NEEDED entry for libstdc++, and loading it in a Python process crashed (SIGSEGV in std::regex
-    inside AOTInductorModel's constructor) for CPU and CUDA packages alike; with the system
-    libstdc++ loaded RTLD_GLOBAL first they load and run (bench/results/aoti_diagnosis*_h100.json,
-    scripts/diagnose_aoti.py). Opened by its soname, so the copy torch already loaded is the one
-    promoted (no second copy). C++ executables (wan_stream) link libstdc++ themselves.
-    """
-    try:
-        ctypes.CDLL(LIBSTDCXX, mode=ctypes.RTLD_GLOBAL)
-    except OSError as exc:
-        logger.warning("could not make %s global (%s): AOTInductor packages may crash while loading "
-                       "(see scripts/diagnose_aoti.py)", LIBSTDCXX, exc)
-        return False
-    logger.debug("%s made global for AOTInductor packages", LIBSTDCXX)
-    return True
 
 
 class AotiRunner(Runner):
@@ -149,3 +120,34 @@ class AotiRunner(Runner):
         self.spec.check_feeds(feeds)
         outputs = self.compiled(*(feeds[n] for n in self.spec.input_names))
         return dict(zip(self.spec.output_names, outputs))
+
+
+# ---- the registry's entry points (engines/backends/__init__.py) ----------------------------------
+
+def build(directory: Path, options) -> Path:
+    """``wan-trt build --backend aoti``: the package of the export in ``directory`` (a BuildOptions)."""
+    return build_aoti(directory, options.out, options.device, options.force, options.ops)
+
+
+def make_runner(backend, sources) -> Runner:
+    """The runner of an ``aoti*`` entry: its package, as CUDA graphs where the entry says so."""
+    runner = AotiRunner(sources.engine(backend), sources.manifest, single_threaded=backend.cuda_graph)
+    return CudaGraphRunner(runner) if backend.cuda_graph else runner
+
+
+def check_runners(engine: Path, manifest: Manifest) -> tuple[Runner, None]:
+    """``wan-trt check ENGINE``: the runner to check (the same one runs the single pass and the stream)."""
+    return AotiRunner(engine, manifest), None
+
+
+def inspect(engine: Path, meta: EngineMetadata) -> dict:
+    """Files, generated kernels and wan-trt custom kernels inside an AOTInductor package."""
+    with zipfile.ZipFile(engine) as pkg:
+        names = pkg.namelist()
+        sources = [n for n in names if n.endswith((".cpp", ".py", ".wrapper.cpp"))]
+        text = "\n".join(pkg.read(n).decode(errors="ignore") for n in sources)
+    kernels = sorted({n.rsplit("/", 1)[-1].split(".")[0] for n in names if n.endswith((".cubin", ".ptx", ".hsaco"))})
+    custom = sorted({line.split("(")[0].strip() for line in text.splitlines() if "wan_trt" in line and "(" in line})
+    summary = {"backend": "aoti", "device": meta.device, "config": meta.config, "precision": meta.precision,
+               "files": len(names), "gpu_kernels": len(kernels), "wan_trt_custom_op_lines": len(custom)}
+    return {"summary": summary, "files": names, "kernels": kernels, "custom_ops": custom[:200]}

@@ -5,7 +5,7 @@ from itertools import count
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.utils import IndentedBuffer
 
-from wan_trt.engines.inductor_fixes import (apply_inductor_fixes, has_transient_int_array_key,
+from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, has_transient_int_array_key,
                                             int_array_var_keyed_by_buffer)
 
 

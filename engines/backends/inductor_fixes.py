@@ -1,4 +1,5 @@
-"""Work-arounds for PyTorch Inductor bugs that break the AOTInductor build, applied at build time.
+"""Work-arounds for PyTorch Inductor bugs: the AOTInductor build (applied at build time) and the package
+loader (:func:`make_libstdcxx_global`, applied before a package loads).
 
 Each fix checks that the installed torch still has the bug and does nothing otherwise.
 
@@ -16,6 +17,8 @@ does: holding it would tie the weights it owns into a reference cycle).
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import inspect
 
 from wan_trt.log import logger
@@ -55,3 +58,27 @@ def apply_inductor_fixes() -> list[str]:
     if applied:
         logger.info("Inductor work-arounds applied: %s", ", ".join(applied))
     return applied
+
+
+LIBSTDCXX = "libstdc++.so.6"
+
+
+@functools.cache
+def make_libstdcxx_global() -> bool:
+    """Make libstdc++ part of the process's global symbol scope (once), before loading a package.
+
+    Observed on the GPU machine (torch 2.11, Ubuntu g++ 13.3): the package's shared library had no
+    NEEDED entry for libstdc++, and loading it in a Python process crashed (SIGSEGV in std::regex
+    inside AOTInductorModel's constructor) for CPU and CUDA packages alike; with the system
+    libstdc++ loaded RTLD_GLOBAL first they load and run (bench/results/aoti_diagnosis*_h100.json,
+    scripts/diagnose_aoti.py). Opened by its soname, so the copy torch already loaded is the one
+    promoted (no second copy). C++ executables (wan_stream) link libstdc++ themselves.
+    """
+    try:
+        ctypes.CDLL(LIBSTDCXX, mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        logger.warning("could not make %s global (%s): AOTInductor packages may crash while loading "
+                       "(see scripts/diagnose_aoti.py)", LIBSTDCXX, exc)
+        return False
+    logger.debug("%s made global for AOTInductor packages", LIBSTDCXX)
+    return True

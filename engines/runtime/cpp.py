@@ -11,7 +11,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.log import stage
 from wan_trt.stream import StreamInputs
 
-SOURCE = Path(__file__).resolve().parent / "cpp"
+SOURCE = Path(__file__).resolve().parent.parent / "cpp"  # the C++ sources: engines/cpp
 
 
 def build_cpp(build_dir: str | Path, tensorrt: bool = False, jobs: int | None = None) -> Path:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
 import torch
 
-from wan_trt.engines.runner import Runner
+from wan_trt.engines.backends import Unavailable
+from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.export.graph import ONNX_TYPES
+from wan_trt.export.manifest import Manifest
 from wan_trt.spec import PassSpec
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -81,7 +84,7 @@ class OnnxRuntimeRunner(Runner):
 
     def _graph_for(self, options) -> Path:
         """The graph to load: plugin graphs run their wan_trt::* nodes as reference Python ops (CPU only)."""
-        import onnx
+        # deferred: the plugin ops (onnxruntime-extensions) are needed only by --ops plugins graphs
         from wan_trt.plugins.onnxruntime_ops import contrib_copy, has_plugin_nodes, register_reference_ops
         if not has_plugin_nodes(onnx.load(str(self.graph), load_external_data=False)):
             return self.graph
@@ -112,3 +115,22 @@ class OnnxRuntimeRunner(Runner):
                                 self.outputs[t.name].data_ptr())
         self.session.run_with_iobinding(binding)
         return dict(self.outputs)
+
+
+def make_runner(backend, sources) -> Runner:
+    """The ``onnxruntime`` entry: the export's graph on the CUDA provider on a GPU, the CPU provider otherwise."""
+    spec, manifest = sources.spec, sources.manifest
+    provider = "cuda" if str(sources.device).startswith("cuda") else "cpu"
+    if spec.precision != "fp32" and provider == "cpu":
+        raise Unavailable(f"ONNX Runtime's CPU provider has no {spec.precision} kernels (a --device cuda "
+                          "bench runs the CUDA provider; or export --precision fp32)")
+    if manifest.graph is None:
+        raise Unavailable(f"{sources.directory} was exported with --no-onnx: it has no ONNX graph")
+    if provider == "cuda" and "CUDAExecutionProvider" not in available_providers():
+        raise Unavailable("this ONNX Runtime has no CUDA provider: pip install onnxruntime-gpu")
+    return OnnxRuntimeRunner(manifest.graph_path(sources.directory), spec, provider)
+
+
+def check_runners(directory: Path, manifest: Manifest, provider: str) -> tuple[Runner, None]:
+    """``wan-trt check DIR``: the export's graph on ``provider`` (the same runner for single pass and stream)."""
+    return OnnxRuntimeRunner(manifest.graph_path(directory), manifest.spec, provider), None

@@ -1,0 +1,225 @@
+"""TensorRT engine build and inspection (TensorRT 10.9+ and 11.x Python API).
+
+TensorRT 11 builds strongly typed networks only: the precision lives in the ONNX graph
+(bf16 or fp16 tensors with fp32 islands), so the network is created STRONGLY_TYPED and
+no precision flag is set. On TensorRT 10.x the same strongly typed build is the default;
+``weak_typing=True`` instead builds an untyped network with the BF16/FP16 builder flag
+(and OBEY_PRECISION_CONSTRAINTS), as 10.x users may expect.
+
+Everything that can be checked without TensorRT (manifest, files, flags, plugins) is
+checked before TensorRT is imported; without TensorRT the build stops with a message
+naming what to install. Nothing here is faked: no engine is written unless TensorRT
+built it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_engine_path, engine_key,
+                                     install_engine, staged_file, up_to_date)
+from wan_trt.engines.runtime.runner import Runner
+from wan_trt.engines.runtime.runtime_file import write_runtime_file
+from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest import Manifest
+from wan_trt.log import stage
+from wan_trt.outputs import output_lock
+
+MIN_VERSION = (10, 9)
+
+
+def import_tensorrt():
+    """The tensorrt module, or a WanTrtError saying what to install."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        raise WanTrtError(
+            "TensorRT is not installed: `pip install tensorrt` (10.9 or newer; it needs NVIDIA's package index "
+            "and a CUDA GPU). Other backends: `wan-trt build DIR --backend aoti`, or `wan-trt check DIR` with "
+            "ONNX Runtime.") from None
+    if tuple(int(x) for x in trt.__version__.split(".")[:2]) < MIN_VERSION:
+        raise WanTrtError(f"TensorRT {trt.__version__} is too old: wan-trt needs {'.'.join(map(str, MIN_VERSION))}+")
+    return trt
+
+
+def register_plugins() -> None:
+    """Register the wan_trt::* plugin creators with TensorRT (for --ops plugins engines)."""
+    # deferred: the plugin module imports the Triton kernels, needed only by --ops plugins engines
+    from wan_trt.plugins.tensorrt_plugins import register_plugins as register
+    register()
+
+
+def _major(trt) -> int:
+    return int(trt.__version__.split(".")[0])
+
+
+def _check_inputs(manifest: Manifest, directory: Path, opt_level: int, timing_cache: Path | None) -> None:
+    if not 0 <= opt_level <= 5:
+        raise WanTrtError(f"--opt-level {opt_level}: expected 0..5")
+    if timing_cache is not None and not timing_cache.parent.is_dir():
+        raise WanTrtError(f"--timing-cache {timing_cache}: folder {timing_cache.parent} does not exist")
+    if manifest.ops == "plugins":
+        # deferred like register_plugins; imported here to fail early if the plugin code is missing
+        from wan_trt.plugins import tensorrt_plugins  # noqa: F401
+
+
+def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_level: int = 3,
+                   timing_cache: str | Path | None = None, weak_typing: bool = False, force: bool = False) -> Path:
+    """Build a TensorRT engine from the export in ``directory``; returns the engine path."""
+    directory = Path(directory)
+    manifest = Manifest.read(directory)
+    cache_path = Path(timing_cache) if timing_cache else None
+    _check_inputs(manifest, directory, opt_level, cache_path)
+    engine = Path(out) if out else default_engine_path(directory, "tensorrt", "cuda")
+    check_engine_out(engine)
+    trt = import_tensorrt()
+    key = engine_key(manifest, "tensorrt", "cuda", {"opt_level": opt_level, "weak_typing": weak_typing})
+    engine.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(engine, "build"):
+        if force or not up_to_date(engine, key, manifest):
+            _build(trt, manifest, directory, engine, key, opt_level=opt_level, cache_path=cache_path,
+                   weak_typing=weak_typing)
+    write_runtime_file(manifest.spec, engine)
+    return engine
+
+
+def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, opt_level: int,
+           cache_path: Path | None, weak_typing: bool) -> None:
+    """Parse the graph, build the serialized engine and install it at ``engine`` (staged, then renamed)."""
+    begin = time.perf_counter()
+    if manifest.ops == "plugins":
+        register_plugins()
+    trt_logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(trt_logger)
+    network = _parse(trt, builder, trt_logger, manifest.graph_path(directory), weak_typing)
+    config = builder.create_builder_config()
+    config.builder_optimization_level = opt_level
+    if weak_typing:
+        config.set_flag(trt.BuilderFlag.BF16 if manifest.spec.precision == "bf16" else trt.BuilderFlag.FP16)
+        config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+    cache = config.create_timing_cache(cache_path.read_bytes() if cache_path and cache_path.is_file() else b"")
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    with stage(f"TensorRT {trt.__version__} build (opt level {opt_level})"):
+        serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise WanTrtError("TensorRT could not build the engine (see its log above)")
+    with staged_file(engine) as partial:
+        partial.write_bytes(bytes(serialized))
+        meta = EngineMetadata.of_build(manifest, directory, backend="tensorrt", device="cuda", key=key,
+                                       ops=manifest.ops, build_seconds=time.perf_counter() - begin,
+                                       extra={"opt_level": opt_level, "weak_typing": weak_typing,
+                                              "layers": inspect_tensorrt(partial)["counts"]})
+        install_engine(partial, engine, meta)
+    if cache_path:
+        cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+
+
+def _parse(trt, builder, trt_logger, graph: Path, weak_typing: bool):
+    if weak_typing and _major(trt) >= 11:
+        raise WanTrtError("--weak-typing: TensorRT 11 builds strongly typed networks only")
+    flags = 0 if weak_typing else 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, trt_logger)
+    with stage(f"parse {graph.name}"):
+        ok = parser.parse_from_file(str(graph))  # finds model.onnx.data beside the graph
+    if not ok:
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise WanTrtError("TensorRT's ONNX parser refused the graph:\n  " + "\n  ".join(errors[:20]))
+    return network
+
+
+def inspect_tensorrt(engine: str | Path) -> dict[str, Any]:
+    """Layers of a serialized engine and how many are plugins (needs TensorRT)."""
+    trt = import_tensorrt()
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    deserialized = runtime.deserialize_cuda_engine(Path(engine).read_bytes())
+    if deserialized is None:
+        raise WanTrtError(f"{engine}: TensorRT cannot deserialize it (built by another TensorRT version?)")
+    inspector = deserialized.create_engine_inspector()
+    info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+    layers = [layer if isinstance(layer, dict) else {"Name": layer} for layer in info.get("Layers", [])]
+    plugins = [layer for layer in layers if "Plugin" in str(layer.get("LayerType", ""))]
+    return {"layers": layers, "counts": {"layers": len(layers), "plugin_layers": len(plugins)},
+            "plugin_layers": [p.get("Name") for p in plugins]}
+
+
+class TensorRTRunner(Runner):
+    """Runs a TensorRT engine; outputs are owned buffers (allocated once), inputs bound by address."""
+
+    owns_outputs = True
+
+    def __init__(self, engine: str | Path, manifest: Manifest):
+        self.engine_path = Path(engine)
+        EngineMetadata.read(self.engine_path).check_against(manifest, self.engine_path)  # export + engine file
+        super().__init__(manifest.spec, "cuda")
+        self.ops = manifest.ops
+        self.name = "tensorrt"
+        self.engine = self.context = None
+        self.outputs: dict[str, torch.Tensor] = {}
+
+    def activate(self) -> None:
+        trt = import_tensorrt()
+        if self.ops == "plugins":
+            register_plugins()
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self.engine = runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
+        if self.engine is None:
+            raise WanTrtError(f"{self.engine_path}: TensorRT cannot deserialize it; rebuild with this TensorRT")
+        names = {self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)}
+        expected = set(self.spec.input_names) | set(self.spec.output_names)
+        if names != expected:
+            raise WanTrtError(f"{self.engine_path} I/O {sorted(names)} differs from the spec {sorted(expected)}")
+        self.context = self.engine.create_execution_context()
+        self.outputs = self.spec.allocate("outputs", self.device)
+
+    def deactivate(self) -> None:
+        self.context = self.engine = None
+        self.outputs = {}
+
+    def rebind_output(self, name: str, tensor: torch.Tensor) -> None:
+        self.outputs[name] = tensor
+
+    def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.spec.check_feeds(feeds)
+        for name in self.spec.input_names:
+            self.context.set_tensor_address(name, feeds[name].data_ptr())
+        for name, tensor in self.outputs.items():
+            self.context.set_tensor_address(name, tensor.data_ptr())
+        if not self.context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
+            raise WanTrtError("TensorRT execute_async_v3 failed")
+        return dict(self.outputs)
+
+
+# ---- the registry's entry points (engines/backends/__init__.py) ----------------------------------
+
+def build(directory: Path, options) -> Path:
+    """``wan-trt build --backend tensorrt``: the engine of the export in ``directory`` (a BuildOptions)."""
+    return build_tensorrt(directory, options.out, options.opt_level, options.timing_cache, options.weak_typing,
+                          options.force)
+
+
+def make_runner(backend, sources) -> Runner:
+    """The runner of the ``tensorrt`` entry (TensorRT installed and the engine given: checked by the registry)."""
+    return TensorRTRunner(sources.engine(backend), sources.manifest)
+
+
+def check_runners(engine: Path, manifest: Manifest):
+    """``wan-trt check ENGINE``: the stream runner, and Polygraphy's own ``TrtRunner`` for the single pass."""
+    # polygraphy's TensorRT backend imports tensorrt: deferred, like every TensorRT import here
+    from polygraphy.backend.common import BytesFromPath
+    from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+    backend = TensorRTRunner(engine, manifest)
+    if manifest.ops == "plugins":
+        register_plugins()
+    return backend, TrtRunner(EngineFromBytes(BytesFromPath(str(engine))), name="tensorrt")
+
+
+def inspect(engine: Path, meta: EngineMetadata) -> dict:
+    """Layers and plugin layers of a TensorRT engine, with the summary `wan-trt inspect` prints."""
+    info = inspect_tensorrt(engine)
+    return {"summary": {"backend": "tensorrt", **info["counts"], "plugins": info["plugin_layers"]}, **info}

@@ -1,0 +1,77 @@
+"""The backend registry: every entry is exercised, and every command reads its names from it."""
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from wan_trt.cli import main
+from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, RunnerSources, why_not
+from wan_trt.engines.bench import BenchOptions, run_bench
+from wan_trt.engines.build import BuildOptions, build_engine
+from wan_trt.errors import WanTrtError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def report(exports):
+    """The default set benched on this machine's CPU: what can run runs, the rest is skipped."""
+    return run_bench(exports["universal-small"], BenchOptions(blocks=2, device="cpu"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+def test_every_backend_runs_here_or_is_skipped_with_its_reason(report, exports, backend):
+    assert backend.name not in report["failed"], report["failed"].get(backend.name)
+    if backend.name in report["backends"]:
+        assert report["backends"][backend.name]["block_ms"]["mean"] > 0
+        return
+    sources = RunnerSources(None, "cpu", lambda ops="native": None, engines={})
+    reason = report["skipped"][backend.name]
+    assert reason and reason == (why_not(backend, sources) or reason), reason
+    # what cannot run here is run by the test the entry names (on a machine that has what it needs)
+    test = (ROOT / backend.test).read_text()
+    assert f'"{backend.name}"' in test or f"{backend.name}," in test or backend.engine_flag in test, backend.test
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch-compile-plugins needs a CUDA device")
+def test_cuda_only_torch_backend_runs_on_a_gpu(exports):
+    report = run_bench(exports["universal-small"], BenchOptions(backends=("torch-compile-plugins",), blocks=2,
+                                                               device="cuda"))
+    assert set(report["backends"]) == {"torch-compile-plugins"} and not report["failed"], report["failed"]
+
+
+def test_every_backend_has_a_test_file_that_names_it():
+    for backend in BACKENDS:
+        assert (ROOT / backend.test).is_file(), f"{backend.name}: {backend.test} does not exist"
+
+
+def test_the_cli_choices_are_the_registry(tmp_path):
+    bench_help = CliRunner().invoke(main, ["bench", "--help"], terminal_width=1000).output
+    assert all(name in bench_help for name in ALL_BACKENDS), bench_help
+    build_help = CliRunner().invoke(main, ["build", "--help"], terminal_width=1000).output
+    assert f"[{'|'.join(BUILDABLE)}]" in build_help, build_help
+
+
+def test_build_refuses_a_backend_that_builds_no_engine():
+    with pytest.raises(WanTrtError, match="--backend onnxruntime: not an engine that `wan-trt build` makes; "
+                                          "expected one of aoti, tensorrt"):
+        build_engine(None, "universal-small", BuildOptions(backend="onnxruntime"))
+    with pytest.raises(WanTrtError, match="--backend tensorrtt: not an engine that `wan-trt build` makes"):
+        build_engine(None, "universal-small", BuildOptions(backend="tensorrtt"))
+
+
+def test_build_precision_and_its_alias_must_agree(tmp_path):
+    res = CliRunner().invoke(main, ["build", str(tmp_path), "--precision", "fp32", "--bf16"])
+    assert res.exit_code == 1 and "error: --precision fp32 and --bf16 disagree; pass one of them" in res.output
+
+
+def test_profiling_the_reference_pipeline_is_refused_before_any_work(exports, tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", str(exports["universal-small"]), "--device", "cpu",
+                                    "--backends", "reference-eager", "--profile", "reference-eager",
+                                    "--out", str(out)])
+    assert res.exit_code == 1 and "error: --profile reference-eager: the reference pipeline has no single pass" \
+        in res.output, res.output
+    assert not out.exists()

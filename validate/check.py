@@ -1,0 +1,280 @@
+"""``wan-trt check DIR``: accuracy of an exported pass against PyTorch, single pass and stream.
+
+Single pass (Polygraphy): the fp32 PyTorch model (reference), the PyTorch model in the
+graph's precision (the yardstick) and the backend run on the export's sample inputs
+through Polygraphy's Comparator; RunResults are saved. Per output the backend passes
+when its rel-L2 error against fp32 is at most 2x the yardstick's (floor 1e-3) with no
+NaN/Inf, and Polygraphy's ``CompareFunc.simple`` agrees (mean |error| within 2x the
+yardstick's mean |error|).
+
+Stream: the backend runs the static-cache session over ``blocks`` blocks (past the
+window), then over the last blocks the RoPE table holds (a stream started there), and each
+block's latents are compared with the upstream-semantics reference pipeline in fp32; the
+yardstick is the PyTorch model's own static stream in the graph's precision. A block the
+session refuses as non-finite is a failing row.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from wan_trt.engines.artifact import EngineMetadata, export_for_engine
+from wan_trt.engines.backends import backend_module, get_backend
+from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.runtime.runner import Runner
+from wan_trt.engines.runtime.session import NonFiniteBlock
+from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest import Manifest, reference_model, verify_weights
+from wan_trt.log import logger, stage
+from wan_trt.spec import PassSpec
+from wan_trt.stream import blocks_in_rope_table
+from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
+from wan_trt.validate.stream import compare_stream
+
+RESULTS_DIR = "check"
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    stats: ErrorStats
+    yardstick: ErrorStats
+    allowed_rel_l2: float
+    polygraphy_ok: bool
+
+    @property
+    def ok(self) -> bool:
+        return passes(self.stats, self.allowed_rel_l2) and self.polygraphy_ok
+
+
+@dataclass
+class CheckReport:
+    backend: str
+    precision: str
+    outputs: list[OutputCheck] = field(default_factory=list)
+    stream: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs) and all(b["ok"] for b in self.stream)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "precision": self.precision, "ok": self.ok,
+                "single_pass": [{"output": o.name, **o.stats.as_dict(), "yardstick_rel_l2": o.yardstick.rel_l2,
+                                 "allowed_rel_l2": o.allowed_rel_l2, "polygraphy_ok": o.polygraphy_ok, "ok": o.ok}
+                                for o in self.outputs],
+                "stream": self.stream}
+
+    def problems(self) -> list[str]:
+        """One line per failing output or block, saying what to do where we know."""
+        lines = []
+        for o in self.outputs:
+            if not o.ok:
+                lines.append(f"{o.name}: rel-L2 {o.stats.rel_l2:.3e} > allowed {o.allowed_rel_l2:.3e}"
+                             f"{f', {o.stats.non_finite} NaN/Inf' if o.stats.non_finite else ''}"
+                             f"{'' if o.polygraphy_ok else ', Polygraphy mean-error check failed'}")
+        lines += [f"stream block {b['block']}: " + (b["error"] if "error" in b else
+                                                     f"rel-L2 {b['rel_l2']:.3e} > allowed {b['allowed_rel_l2']:.3e}")
+                  for b in self.stream if not b["ok"]]
+        non_finite = any(o.stats.non_finite for o in self.outputs) or any(b["non_finite"] for b in self.stream)
+        if self.precision == "fp16" and non_finite:
+            lines.append("the fp16 graph overflows (NaN/Inf): this model does not run in fp16; use --precision bf16")
+        return lines
+
+    def table(self) -> str:
+        rows = [f"{'output':16} {'max abs':>10} {'mean abs':>10} {'rel-L2':>10} {'allowed':>10} {'cosine':>10} "
+                f"{'NaN/Inf':>8}  result"]
+        for o in self.outputs:
+            s = o.stats
+            rows.append(f"{o.name:16} {s.max_abs:10.3e} {s.mean_abs:10.3e} {s.rel_l2:10.3e} {o.allowed_rel_l2:10.3e} "
+                        f"{s.cosine:10.6f} {s.non_finite:8d}  {'ok' if o.ok else 'FAIL'}")
+        for b in self.stream:
+            rows.append(f"{'block ' + str(b['block']):16} {b['max_abs']:10.3e} {b['mean_abs']:10.3e} "
+                        f"{b['rel_l2']:10.3e} {b['allowed_rel_l2']:10.3e} {b['cosine']:10.6f} {b['non_finite']:8d}  "
+                        f"{'ok' if b['ok'] else 'FAIL'}")
+        return "\n".join(rows)
+
+
+def _sample_feeds(directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
+    return load_file(str(directory / manifest.sample_inputs))
+
+
+def require_polygraphy() -> None:
+    """The single-pass check runs Polygraphy's Comparator: a clear error where it is missing."""
+    try:
+        import polygraphy  # noqa: F401
+    except ImportError as exc:
+        raise WanTrtError("the accuracy check compares through Polygraphy, which is not installed: "
+                          "pip install 'polygraphy>=0.49'") from exc
+
+
+def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict[str, torch.Tensor],
+                      feed_spec: PassSpec, save_to: Path | None = None) -> list[OutputCheck]:
+    """Polygraphy Comparator over the three runners on one feed dict.
+
+    ``backend`` is a wan-trt Runner or a native Polygraphy runner (e.g. TensorRT's ``TrtRunner``);
+    :func:`check_runner`, its caller, has made sure Polygraphy is installed.
+    """
+    # deferred: Polygraphy is optional until a check runs (require_polygraphy says what to install)
+    from polygraphy.backend.base import BaseRunner
+    from polygraphy.comparator import Comparator
+    from polygraphy.logger import G_LOGGER
+
+    from wan_trt.validate.polygraphy_runner import FloatOutputs, PolygraphyAdapter
+
+    runners = [PolygraphyAdapter(r, feed_spec) for r in (reference, yardstick)]
+    runners.append(FloatOutputs(backend) if isinstance(backend, BaseRunner) else PolygraphyAdapter(backend, feed_spec))
+    with G_LOGGER.verbosity(G_LOGGER.ERROR):
+        results = Comparator.run(runners, data_loader=[feeds])
+    if save_to is not None:
+        save_to.mkdir(parents=True, exist_ok=True)
+        path = save_to / f"run_results_{runners[-1].name}.json"
+        with G_LOGGER.verbosity(G_LOGGER.ERROR):  # Polygraphy announces saves on stdout; we log it instead
+            results.save(str(path))
+        logger.info("Polygraphy RunResults saved to %s", path)
+    (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
+    names = feed_spec.output_names
+    yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
+    # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (floor x the mean |reference|)
+    floor = rel_l2_floor(feed_spec.precision)
+    atol = {n: 2 * max(yard[n].mean_abs, floor * float(np.abs(ref_out[n]).mean())) for n in names}
+    compare = _simple_compare(atol=atol, rtol={n: 0.0 for n in names}, check_error_stat="mean")
+    with G_LOGGER.verbosity(G_LOGGER.ERROR):
+        accuracy = Comparator.compare_accuracy(results, comparisons=[(0, 2)], compare_func=compare)
+    (pair_results,) = accuracy[0].values()  # one comparison function, one runner pair
+    poly = pair_results[0]  # first (only) iteration
+    allowed = {n: tolerance(yard[n].rel_l2, feed_spec.precision) for n in names}
+    return [OutputCheck(n, error_stats(back_out[n], ref_out[n]), yard[n], allowed[n], bool(poly[n])) for n in names]
+
+
+def _simple_compare(**kwargs):
+    """Polygraphy's simple compare function (SimpleCompareFunc from 0.53, CompareFunc.simple before)."""
+    try:
+        from polygraphy.comparator import SimpleCompareFunc
+        return SimpleCompareFunc(**kwargs)
+    except ImportError:
+        from polygraphy.comparator import CompareFunc
+        return CompareFunc.simple(**kwargs)
+
+
+# Blocks streamed at the end of the RoPE table besides the first ones, so that rows deep in the
+# table (and any position-dependent bug) are checked too, not only the first few frames.
+DEEP_BLOCKS = 2
+
+
+def check_stream(backend: Runner, reference_model, yardstick: Runner, blocks: int, seed: int) -> list[dict]:
+    """Per-block errors of the backend's stream vs the fp32 upstream-semantics pipeline.
+
+    Two streams: ``blocks`` blocks from block 0, then :data:`DEEP_BLOCKS` blocks that end at the
+    last frame the RoPE table holds (started there with empty caches, as a stream can be).
+    """
+    rows = _stream_rows(backend, reference_model, yardstick, blocks, seed, 0)
+    deep = blocks_in_rope_table(backend.spec.config) - DEEP_BLOCKS
+    if deep >= blocks:
+        rows += _stream_rows(backend, reference_model, yardstick, DEEP_BLOCKS, seed, deep)
+    return rows
+
+
+def _stream_rows(backend: Runner, reference_model, yardstick: Runner, blocks: int, seed: int,
+                 start_block: int) -> list[dict]:
+    """Rows of one stream; a block refused as non-finite ends the stream with a failing row."""
+    frames = backend.spec.config.block_frames
+    try:
+        base = compare_stream(reference_model, yardstick, blocks, seed, start_block=start_block)
+        got = compare_stream(reference_model, backend, blocks, seed, start_block=start_block)
+    except NonFiniteBlock as exc:
+        nan = float("nan")
+        return [{"block": exc.block, "start_frame": exc.block * frames, "max_abs": nan, "mean_abs": nan,
+                 "rel_l2": float("inf"), "cosine": nan, "non_finite": 1, "yardstick_rel_l2": nan,
+                 "allowed_rel_l2": nan, "seconds": nan, "ok": False, "error": str(exc)}]
+    rows = []
+    for i, (b, y) in enumerate(zip(got.blocks, base.blocks)):
+        allowed = tolerance(y.rel_l2, backend.spec.precision)
+        rows.append({"block": start_block + i, "start_frame": (start_block + i) * frames, **b.as_dict(),
+                     "yardstick_rel_l2": y.rel_l2, "allowed_rel_l2": allowed, "seconds": got.block_seconds[i],
+                     "ok": passes(b, allowed)})
+    return rows
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What `wan-trt check` was asked for, beside the target.
+
+    Attributes:
+        provider: ONNX Runtime execution provider for an export directory ('cpu' or 'cuda').
+        blocks: blocks of the multi-block stream check.
+        seed: seed of the stream's inputs and noise.
+        stream: run the stream check.
+        save_results: save Polygraphy's RunResults under check/.
+    """
+
+    provider: str = "cpu"
+    blocks: int = 8
+    seed: int = 0
+    stream: bool = True
+    save_results: bool = True
+
+
+def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: CheckOptions, *,
+                 single_pass_backend=None) -> CheckReport:
+    """Single pass (Polygraphy) and stream checks of ``backend`` against the PyTorch references.
+
+    ``single_pass_backend`` replaces ``backend`` in the Polygraphy comparison (TensorRT's own
+    ``TrtRunner``); the stream always runs ``backend`` in the static-cache session.
+    """
+    require_polygraphy()  # before minutes of reference building
+    spec, o = manifest.spec, options
+    device = str(backend.device)
+    with stage("rebuild the PyTorch references"):
+        low = reference_model(manifest, spec.dtype, device)
+        verify_weights(manifest, low)
+        fp32 = low if spec.precision == "fp32" else reference_model(manifest, torch.float32, device)
+    report = CheckReport(backend.name, spec.precision)
+    reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))
+    reference.name = "torch-fp32"
+    yardstick = TorchRunner(low, spec)
+    yardstick.name = f"torch-{spec.precision}"
+    with stage("single pass (Polygraphy Comparator)"):
+        report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
+                                           _sample_feeds(directory, manifest), spec,
+                                           directory / RESULTS_DIR if o.save_results else None)
+    if o.stream:
+        with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
+            report.stream = check_stream(backend, fp32, yardstick, o.blocks, o.seed)
+    (directory / RESULTS_DIR).mkdir(exist_ok=True)
+    (directory / RESULTS_DIR / f"report_{backend.name}.json").write_text(json.dumps(report.as_dict(), indent=2))
+    logger.info("check %s: %s", backend.name, "passed" if report.ok else "FAILED")
+    return report
+
+
+def check_export(directory: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
+    """Check an export directory's graph with ONNX Runtime (``options.provider``) against PyTorch.
+
+    The manifest and the size + sha256 of every file it names are verified before any parse.
+    """
+    directory = Path(directory)
+    manifest = Manifest.read(directory)  # verifies the graph, external data and sample inputs
+    onnxruntime = backend_module(get_backend("onnxruntime"))
+    backend, single_pass = onnxruntime.check_runners(directory, manifest, options.provider)
+    return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass)
+
+
+def check_engine(engine: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
+    """Check a built engine (any registered backend that builds one) against PyTorch.
+
+    The export checked against is the one the engine was built from (found by the manifest hash its
+    metadata records, and logged); the engine file must have the size and sha256 recorded at build.
+    """
+    engine = Path(engine)
+    meta = EngineMetadata.read(engine)
+    directory, manifest = export_for_engine(engine, meta)
+    meta.check_against(manifest, engine)  # the engine file itself, before any deserialization
+    require_polygraphy()
+    backend, single_pass = backend_module(get_backend(meta.backend)).check_runners(engine, manifest)
+    return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass)
