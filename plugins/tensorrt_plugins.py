@@ -28,7 +28,7 @@ def register_plugins() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
-    from wan_trt.engines.tensorrt import import_tensorrt  # deferred: it imports tensorrt
+    from wan_trt.engines.backends.tensorrt import import_tensorrt  # deferred: it imports tensorrt
     import_tensorrt()
     import tensorrt.plugin as trtp
 

@@ -36,7 +36,7 @@ case "$step" in
     shopt -s nullglob; wheels=("${WHEELS:-.whl}"/*.whl)
     [ ${#wheels[@]} -eq 0 ] || python3 -m pip install -q --no-deps "${wheels[@]}"
     python3 -m pip install -q --no-deps --no-build-isolation -e .
-    python3 -c "import torch, wan_trt.engines.session; print('torch', torch.__version__, torch.cuda.get_device_name())"
+    python3 -c "import torch, wan_trt.engines.runtime.session; print('torch', torch.__version__, torch.cuda.get_device_name())"
     ;;
   build)
     run_step export wan-trt export --config "$CONFIG" --precision "$PRECISION" --no-onnx --out "$EXPORT" --overwrite

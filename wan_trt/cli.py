@@ -17,7 +17,7 @@ from typing import Callable
 import click
 
 from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS, parse_backends
-from wan_trt.errors import WanTrtError
+from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger, setup_logging
 
 
@@ -70,12 +70,6 @@ def pick_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-# What the file system says about a user's path (full disk, no permission, a file where a folder
-# should be ...): the user's to fix, so one line, not a traceback.
-USER_OS_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ENOTDIR,
-                  errno.EISDIR, errno.EEXIST, errno.ENOENT, errno.ENAMETOOLONG, errno.ENOTEMPTY, errno.EXDEV}
-
-
 def user_errors(fn: Callable) -> Callable:
     """Turn WanTrtError (and file-system errors on the user's paths) into one 'error: ...' line on
     stderr and exit status 1; with -v the traceback is logged too. Anything else is a bug and keeps
@@ -87,7 +81,7 @@ def user_errors(fn: Callable) -> Callable:
         except WanTrtError as exc:
             _fail(str(exc))
         except OSError as exc:
-            if exc.errno not in USER_OS_ERRORS:
+            if exc.errno not in USER_ERRNOS:
                 raise
             where = exc.filename if exc.filename is not None else "a file"
             _fail(f"{where}: {exc.strerror or exc} (errno {errno.errorcode.get(exc.errno, exc.errno)}); "

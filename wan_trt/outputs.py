@@ -10,7 +10,6 @@ directory or the input checkpoint. Engine files follow the same rules (:func:`ch
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import glob
 import os
@@ -20,13 +19,11 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from wan_trt.errors import WanTrtError
+from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger
 
 MARKER = ".wan-trt-export"  # inside every staging and finished export directory
 CHECK_FILES = ("check/report_*.json", "check/run_results_*.json")  # what `wan-trt check` adds to an export
-USER_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR,
-               errno.ENOENT, errno.EEXIST, errno.EISDIR}
 
 
 def os_error_message(exc: OSError, doing: str, fix: str) -> WanTrtError | None:

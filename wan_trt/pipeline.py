@@ -12,7 +12,7 @@ Per block of F latent frames starting at latent frame ``sf``:
 
 Caches are upstream's rolling buffers (:class:`RollingCaches`); the action windows are
 cut from the full raw history the way upstream's ``cond_current`` + ActionModule do.
-This is the ground truth the static-cache runtime (engines/session.py) is tested against.
+This is the ground truth the static-cache runtime (engines/runtime/session.py) is tested against.
 
 A stream may start at a later block N (``start_block``): RoPE and noise at their absolute
 positions, empty caches, and every raw action frame before block N's first one reads as

@@ -1,5 +1,4 @@
 """Export outputs: --overwrite replaces only wan-trt exports, staging and locking, failed writes, manifests."""
-import json
 import resource
 import shutil
 import signal

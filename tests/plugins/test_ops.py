@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from wan_trt.config import load_config
-from wan_trt.engines.torch_runner import TorchRunner
+from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.export.manifest import Manifest
 from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model
 from wan_trt.plugins.registry import FUSED_OPS, NAMESPACE
 from wan_trt.spec import PassSpec
 from wan_trt.validate.stream import compare_stream
-from wan_trt.validate.transformer import check_export
+from wan_trt.validate.check import CheckOptions, check_export
 from tests.conftest import SMALL
 
 PLUGIN_OPS = [f"{NAMESPACE}::{op.op_type}" for op in FUSED_OPS]
@@ -51,6 +51,6 @@ def test_plugin_graph_passes_the_check_and_counts_its_plugins(tmp_path, name):
     assert counts["wan_trt::WindowAttention"] == layers and counts["wan_trt::QkNormRope"] == layers
     assert counts["wan_trt::AddAdaln"] == layers and counts["wan_trt::Adaln"] == 2 * layers + 1  # + the head
     assert "Attention" not in counts or counts["Attention"] == layers  # only cross-attention stays native
-    report = check_export(tmp_path / "plugins", "cpu", blocks=8, seed=1)
+    report = check_export(tmp_path / "plugins", CheckOptions(provider="cpu", blocks=8, seed=1))
     assert report.ok, report.table()
     assert Manifest.read(tmp_path / "plugins").ops == "plugins"

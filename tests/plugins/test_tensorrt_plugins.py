@@ -81,7 +81,7 @@ def test_plans_refuse_arguments_out_of_kernel_order():
 @pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
 def test_tensorrt_plugins_register_and_build(tmp_path):
     import tensorrt.plugin as trtp
-    from wan_trt.engines.tensorrt import build_tensorrt, inspect_tensorrt
+    from wan_trt.engines.backends.tensorrt import build_tensorrt, inspect_tensorrt
     from wan_trt.plugins.tensorrt_plugins import register_plugins
     register_plugins()
     for op in FUSED_OPS:
