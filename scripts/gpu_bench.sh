@@ -8,7 +8,8 @@
 #   scripts/gpu_bench.sh bench RESULTS       wan-trt bench of the engine (CUDA graphs and not) beside
 #                                            torch.compile and eager; JSON + chart in RESULTS
 #   scripts/gpu_bench.sh check RESULTS       wan-trt check of the engine (--blocks 4) as JSON in RESULTS
-#   scripts/gpu_bench.sh all RESULTS         the four in turn
+#   scripts/gpu_bench.sh checks RESULTS      what the session's per-block checks cost (scripts/bench_session_checks.py)
+#   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
 # the environment. Each step logs to RESULTS/<step>.log; the engine lives under out/.
@@ -48,7 +49,11 @@ case "$step" in
     ;;
   check)
     wan-trt check "$ENGINE" --blocks 4 --json --no-save-results > "$results/check_${tag}_aoti_plugins.json" \
-      2> >(tee "$results/check.log")
+      2> "$results/check.log" || { tail -20 "$results/check.log"; exit 1; }
+    tail -3 "$results/check.log"
+    ;;
+  checks)
+    python3 scripts/bench_session_checks.py "$EXPORT" "$ENGINE" --out "$results/session_checks_${tag}.json"
     ;;
   all)
     for s in build bench check; do "$0" "$s" "$results"; done

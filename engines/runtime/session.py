@@ -64,8 +64,15 @@ class NonFiniteBlock(WanTrtError):
 
 
 def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
-    """Name of the first tensor holding NaN or Inf, or None: one fused reduction, one device sync."""
-    finite = torch.stack([torch.isfinite(t).all() for t in tensors.values()]).tolist()
+    """Name of the first tensor holding NaN or Inf, or None: one device sync.
+
+    Each tensor is read once for its min and max (NaN propagates into both, +-Inf shows in one),
+    with no tensor-sized intermediate: 0.45 ms for one universal block's outputs on an H100
+    (bench/results/session_checks_universal_bf16_h100.json), where ``isfinite(t).all()`` took
+    four times as long.
+    """
+    extremes = torch.stack([torch.stack(torch.aminmax(t)).float() for t in tensors.values()])  # [n, 2]
+    finite = torch.isfinite(extremes).all(dim=1).tolist()
     return next((name for name, ok in zip(tensors, finite) if not ok), None)
 
 
