@@ -62,3 +62,12 @@ def aoti(tmp_path_factory):
     root = tmp_path_factory.mktemp("aoti")
     export_transformer(load_config("universal-small"), root / "export", "fp32", seed=2, onnx=False)
     return root / "export", build_aoti(root / "export", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def plain_export(tmp_path_factory):
+    """universal-small fp32 export without an ONNX graph (seconds), seed 2. Read-only: a test that
+    changes an export copies this one first."""
+    out = tmp_path_factory.mktemp("plain") / "export"
+    export_transformer(load_config("universal-small"), out, "fp32", seed=2, onnx=False)
+    return out

@@ -15,19 +15,10 @@ from wan_trt.config import load_config
 from wan_trt.engines.artifact import EngineMetadata, engine_key, install_engine, up_to_date
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest
-from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model
 from wan_trt.model.checkpoint import save_checkpoint
 
 CFG = "universal-small"
-
-
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    """fp32 export without ONNX graph (seconds), random weights, seed 2."""
-    out = tmp_path_factory.mktemp("artifacts") / "export"
-    export_transformer(load_config(CFG), out, "fp32", seed=2, onnx=False)
-    return out
 
 
 def _build(*args):
@@ -35,44 +26,44 @@ def _build(*args):
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
-def test_build_refuses_a_seed_the_export_was_not_made_with(export_dir, backend):
-    res = _build(str(export_dir), "--fp32", "--backend", backend, "--device", "cpu", "--seed", "5")
+def test_build_refuses_a_seed_the_export_was_not_made_with(plain_export, backend):
+    res = _build(str(plain_export), "--fp32", "--backend", backend, "--device", "cpu", "--seed", "5")
     assert res.exit_code == 1 and "--seed 5" in res.output and "exported with --seed 2" in res.output, res.output
 
 
-def test_build_refuses_weights_the_export_was_not_made_from(export_dir, tmp_path):
+def test_build_refuses_weights_the_export_was_not_made_from(plain_export, tmp_path):
     ckpt = save_checkpoint(build_model(load_config(CFG)), tmp_path / "other.safetensors")
-    res = _build(str(export_dir), "--fp32", "--backend", "tensorrt", "--weights", str(ckpt))
+    res = _build(str(plain_export), "--fp32", "--backend", "tensorrt", "--weights", str(ckpt))
     assert res.exit_code == 1 and "exported with random weights (seed 2)" in res.output, res.output
 
 
-def test_build_with_config_checks_the_existing_export(export_dir, tmp_path, monkeypatch):
+def test_build_with_config_checks_the_existing_export(plain_export, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    shutil.copytree(export_dir, tmp_path / "out" / f"{CFG}_fp32_native")
+    shutil.copytree(plain_export, tmp_path / "out" / f"{CFG}_fp32_native")
     res = _build("--config", CFG, "--fp32", "--backend", "tensorrt", "--seed", "7")
     assert res.exit_code == 1 and "--seed 7" in res.output and "exported with --seed 2" in res.output, res.output
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
-def test_engine_out_never_replaces_a_file_build_did_not_write(export_dir, tmp_path, backend):
+def test_engine_out_never_replaces_a_file_build_did_not_write(plain_export, tmp_path, backend):
     notes = tmp_path / "notes.plan"
     notes.write_text("mine")
-    for target in (notes, export_dir / "manifest.json"):
+    for target in (notes, plain_export / "manifest.json"):
         before = target.read_bytes()
-        res = _build(str(export_dir), "--fp32", "--backend", backend, "--device", "cpu", "--out", str(target))
+        res = _build(str(plain_export), "--fp32", "--backend", backend, "--device", "cpu", "--out", str(target))
         assert res.exit_code == 1 and "were not written by `wan-trt build`" in res.output, res.output
         assert target.read_bytes() == before
-    Manifest.read(export_dir)
+    Manifest.read(plain_export)
 
 
 @pytest.fixture
-def installed(export_dir, tmp_path):
+def installed(plain_export, tmp_path):
     """An engine file installed with its metadata (the bytes stand for a package; nothing here loads it)."""
-    manifest = Manifest.read(export_dir)
+    manifest = Manifest.read(plain_export)
     key = engine_key(manifest, "aoti", "cpu", {"ops": "native"})
     engine, partial = tmp_path / "engine.pt2", tmp_path / "partial.pt2"
     partial.write_bytes(bytes(range(256)) * 64)
-    meta = EngineMetadata.of_build(manifest, export_dir, backend="aoti", device="cpu", key=key, ops="native")
+    meta = EngineMetadata.of_build(manifest, plain_export, backend="aoti", device="cpu", key=key, ops="native")
     install_engine(partial, engine, meta)
     return engine, key, manifest
 

@@ -1,45 +1,34 @@
 """``wan-trt bench``: names checked before any work, named backends must run, failures are failures."""
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from wan_trt.cli import main
-from wan_trt.config import load_config
 from wan_trt.engines.backends import ALL_BACKENDS
 from wan_trt.engines.bench import Bench, _bench_one
-from wan_trt.export.transformer import export_transformer
-
-
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    """universal-small fp32, manifest and sample inputs only (seconds)."""
-    out = tmp_path_factory.mktemp("bench") / "export"
-    export_transformer(load_config("universal-small"), out, "fp32", seed=2, onnx=False)
-    return out
 
 
 def _bench(args):
     return CliRunner().invoke(main, ["bench", *args])
 
 
-def test_unknown_backend_is_refused_before_any_work(export_dir, tmp_path):
+def test_unknown_backend_is_refused_before_any_work(plain_export, tmp_path):
     out = tmp_path / "bench.json"
-    res = _bench([str(export_dir), "--device", "cpu", "--backends", "torch-eagre", "--out", str(out)])
+    res = _bench([str(plain_export), "--device", "cpu", "--backends", "torch-eagre", "--out", str(out)])
     assert res.exit_code == 1, res.output
     assert "unknown backend(s) 'torch-eagre'" in res.output and "torch-eager" in res.output
     assert "Traceback" not in res.output and not out.exists()  # nothing ran, nothing written
 
 
-def test_the_old_upstream_name_is_gone(export_dir):
-    res = _bench([str(export_dir), "--device", "cpu", "--backends", "upstream-eager"])
+def test_the_old_upstream_name_is_gone(plain_export):
+    res = _bench([str(plain_export), "--device", "cpu", "--backends", "upstream-eager"])
     assert res.exit_code == 1 and "reference-eager" in res.output
     assert "upstream-eager" not in ALL_BACKENDS
 
 
-def test_a_named_backend_that_cannot_run_fails_and_the_others_are_written(export_dir, tmp_path):
+def test_a_named_backend_that_cannot_run_fails_and_the_others_are_written(plain_export, tmp_path):
     out = tmp_path / "bench.json"
-    res = _bench([str(export_dir), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager,onnxruntime",
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager,onnxruntime",
                   "--out", str(out)])
     assert res.exit_code == 1, res.output
     assert "1 backend(s) failed: onnxruntime" in res.output and "no ONNX graph" in res.output
@@ -47,15 +36,15 @@ def test_a_named_backend_that_cannot_run_fails_and_the_others_are_written(export
     assert set(report["backends"]) == {"torch-eager"} and set(report["failed"]) == {"onnxruntime"}
 
 
-def test_only_unavailable_backends_is_an_error(export_dir):
-    res = _bench([str(export_dir), "--device", "cpu", "--backends", "tensorrt"])
+def test_only_unavailable_backends_is_an_error(plain_export):
+    res = _bench([str(plain_export), "--device", "cpu", "--backends", "tensorrt"])
     assert res.exit_code == 1 and "tensorrt" in res.output and "FAILED" in res.output, res.output
 
 
-def test_default_set_skips_what_this_machine_cannot_run(export_dir):
+def test_default_set_skips_what_this_machine_cannot_run(plain_export):
     """Without --backends an unavailable backend is skipped with its reason, not failed."""
     report = {"backends": {}, "skipped": {}, "failed": {}}
-    bench = Bench(export_dir, "cpu", {})
+    bench = Bench(plain_export, "cpu", {})
     _bench_one(bench, "aoti", 2, report, named=False)
     _bench_one(bench, "onnxruntime", 2, report, named=False)
     assert set(report["skipped"]) == {"aoti", "onnxruntime"} and not report["failed"]
@@ -64,9 +53,9 @@ def test_default_set_skips_what_this_machine_cannot_run(export_dir):
     assert "cannot run on this machine" in report["failed"]["aoti"]
 
 
-def test_a_backend_that_raises_is_a_failure_with_its_traceback(export_dir, monkeypatch):
+def test_a_backend_that_raises_is_a_failure_with_its_traceback(plain_export, monkeypatch):
     report = {"backends": {}, "skipped": {}, "failed": {}}
-    bench = Bench(export_dir, "cpu", {})
+    bench = Bench(plain_export, "cpu", {})
 
     def broken_infer(self, feeds):
         raise RuntimeError("kernel exploded")
@@ -76,9 +65,9 @@ def test_a_backend_that_raises_is_a_failure_with_its_traceback(export_dir, monke
     assert "Traceback" in report["failed"]["torch-eager"] and not report["skipped"]
 
 
-def test_unwritable_out_fails_before_benchmarking(export_dir, tmp_path):
+def test_unwritable_out_fails_before_benchmarking(plain_export, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
-    res = _bench([str(export_dir), "--device", "cpu", "--backends", "torch-eager", "--out", str(afile / "b.json")])
+    res = _bench([str(plain_export), "--device", "cpu", "--backends", "torch-eager", "--out", str(afile / "b.json")])
     assert res.exit_code == 1 and res.output.startswith("error:") and "Traceback" not in res.output, res.output
     assert "afile" in res.output

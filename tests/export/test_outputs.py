@@ -20,14 +20,6 @@ from wan_trt.model.checkpoint import save_checkpoint
 CFG = "universal-small"
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """One fp32 export without ONNX graph (seconds), copied by the tests that change it."""
-    out = tmp_path_factory.mktemp("base") / "export"
-    export_transformer(load_config(CFG), out, "fp32", seed=2, onnx=False)
-    return out
-
-
 def _export(out, **kwargs):
     return export_transformer(load_config(CFG), out, "fp32", seed=2, onnx=False, **kwargs)
 
@@ -36,19 +28,19 @@ def _tree(path):
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
-def test_overwrite_refuses_a_folder_of_user_files(tmp_path, base):
+def test_overwrite_refuses_a_folder_of_user_files(tmp_path, plain_export):
     user = tmp_path / "mine"
     user.mkdir()
     (user / "notes.txt").write_text("keep me")
     with pytest.raises(WanTrtError, match=r"not a wan-trt export \(notes.txt\)"):
         _export(user, overwrite=True)
     mixed = tmp_path / "mixed"
-    shutil.copytree(base, mixed)
+    shutil.copytree(plain_export, mixed)
     (mixed / "notes.txt").write_text("keep me too")
     with pytest.raises(WanTrtError, match=r"holds files wan-trt did not write \(notes.txt\)"):
         _export(mixed, overwrite=True)
     assert (user / "notes.txt").read_text() == "keep me" and (mixed / "notes.txt").read_text() == "keep me too"
-    assert _tree(mixed) == sorted(_tree(base) + ["notes.txt"])
+    assert _tree(mixed) == sorted(_tree(plain_export) + ["notes.txt"])
 
 
 def test_out_holding_the_checkpoint_is_refused(tmp_path):
@@ -72,12 +64,12 @@ def test_out_holding_the_current_directory_is_refused(tmp_path, monkeypatch):
     assert (proj / "src" / "code.py").read_text() == "print(1)"
 
 
-def test_user_partial_folder_is_kept_and_overwrite_swaps_cleanly(tmp_path, base):
+def test_user_partial_folder_is_kept_and_overwrite_swaps_cleanly(tmp_path, plain_export):
     out = tmp_path / "export"
     user_partial = tmp_path / "export.partial"
     user_partial.mkdir()
     (user_partial / "draft.txt").write_text("mine")
-    shutil.copytree(base, out)
+    shutil.copytree(plain_export, out)
     (out / "check").mkdir()
     (out / "check" / "report_onnxruntime-cpu.json").write_text("{}")  # what `wan-trt check` adds
     manifest = _export(out, overwrite=True)
@@ -108,9 +100,9 @@ def _limit_file_size():
     resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))  # sample inputs are ~60 kB
 
 
-def test_full_disk_is_one_error_line_and_keeps_the_old_export(tmp_path, base):
+def test_full_disk_is_one_error_line_and_keeps_the_old_export(tmp_path, plain_export):
     out = tmp_path / "export"
-    shutil.copytree(base, out)
+    shutil.copytree(plain_export, out)
     res = subprocess.run([sys.executable, "-m", "wan_trt.cli", "export", "--config", CFG, "--precision", "fp32",
                           "--no-onnx", "--seed", "5", "--out", str(out), "--overwrite"],
                          preexec_fn=_limit_file_size, capture_output=True, text=True, timeout=300)
@@ -141,19 +133,19 @@ def test_unwritable_out_is_one_error_line(tmp_path, monkeypatch, out, expected):
     (lambda raw: raw.replace(b'"sample_inputs": "sample_inputs.safetensors"',
                              b'"sample_inputs": "../sample_inputs.safetensors"'), "a file name inside the export"),
 ])
-def test_damaged_manifest_is_refused_by_name(tmp_path, base, damage, expected):
+def test_damaged_manifest_is_refused_by_name(tmp_path, plain_export, damage, expected):
     bad = tmp_path / "bad"
-    shutil.copytree(base, bad)
-    (bad / "manifest.json").write_bytes(damage((base / "manifest.json").read_bytes()))
+    shutil.copytree(plain_export, bad)
+    (bad / "manifest.json").write_bytes(damage((plain_export / "manifest.json").read_bytes()))
     with pytest.raises(WanTrtError, match=f"manifest.json.*{expected}"):
         Manifest.read(bad)
     res = CliRunner().invoke(main, ["build", str(bad), "--backend", "aoti", "--device", "cpu", "--fp32"])
     assert res.exit_code == 1 and res.output.startswith("error:") and "manifest.json" in res.output, res.output
 
 
-def test_changed_sample_inputs_are_refused_before_use(tmp_path, base):
+def test_changed_sample_inputs_are_refused_before_use(tmp_path, plain_export):
     bad = tmp_path / "bad"
-    shutil.copytree(base, bad)
+    shutil.copytree(plain_export, bad)
     data = bytearray((bad / "sample_inputs.safetensors").read_bytes())
     data[-64:] = bytes(64)  # same size, other contents
     (bad / "sample_inputs.safetensors").write_bytes(bytes(data))
@@ -164,11 +156,11 @@ def test_changed_sample_inputs_are_refused_before_use(tmp_path, base):
         Manifest.read(bad)
 
 
-def test_overwrite_waits_for_no_build_writing_into_the_export(tmp_path, base):
+def test_overwrite_waits_for_no_build_writing_into_the_export(tmp_path, plain_export):
     from wan_trt.outputs import output_lock
 
     out = tmp_path / "export"
-    shutil.copytree(base, out)
+    shutil.copytree(plain_export, out)
     with output_lock(out / "engine_aoti_cpu.pt2", "build"):  # what `wan-trt build` holds while it writes
         with pytest.raises(WanTrtError, match="a wan-trt build is writing into it"):
             _export(out, overwrite=True)
