@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wan_trt.digest import bytes_digest, file_digest, verify_file
 from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest_schema import FORMAT, parse_manifest
+from wan_trt.model import build_model
+from wan_trt.model.checkpoint import weights_fingerprint
 from wan_trt.spec import PassSpec
 
 MANIFEST = "manifest.json"
@@ -63,7 +67,6 @@ class Manifest:
         return [n for n in (self.graph, self.external_data, self.sample_inputs) if n]
 
     def to_dict(self) -> dict[str, Any]:
-        from wan_trt.export.manifest_schema import FORMAT
 
         return {"format": FORMAT, "spec": self.spec.to_dict(), "fingerprint": self.spec.fingerprint(),
                 "ops": self.ops, "opset": self.opset, "weights": self.weights, "graph": self.graph,
@@ -73,7 +76,6 @@ class Manifest:
 
     def write(self, directory: Path) -> Path:
         """Hash every file of the export (size + sha256), then write manifest.json last."""
-        from wan_trt.digest import bytes_digest, file_digest
 
         self.files = {name: file_digest(Path(directory) / name) for name in self.file_names()}
         text = json.dumps(self.to_dict(), indent=2)
@@ -91,7 +93,6 @@ class Manifest:
 
     def verify_files(self, directory: str | Path) -> None:
         """Refuse a graph, external data or sample inputs whose size or sha256 is not the recorded one."""
-        from wan_trt.digest import verify_file
 
         for name in self.file_names():
             verify_file(Path(directory) / name, self.files[name], f"the export is incomplete or damaged; {REMAKE}")
@@ -99,7 +100,6 @@ class Manifest:
     @classmethod
     def read(cls, directory: str | Path, verify: bool = True) -> "Manifest":
         """Load and check a manifest; with ``verify`` every file it names must have its recorded size and hash."""
-        from wan_trt.export.manifest_schema import parse_manifest
 
         directory = Path(directory)
         path = directory / MANIFEST
@@ -108,7 +108,6 @@ class Manifest:
         raw = path.read_bytes()
         data = parse_manifest(raw, path)
         manifest = cls(**data)
-        from wan_trt.digest import bytes_digest
         manifest.sha256 = bytes_digest(raw)
         if verify:
             manifest.verify_files(directory)
@@ -117,7 +116,6 @@ class Manifest:
 
 def reference_model(manifest: "Manifest", dtype, device):
     """The PyTorch model holding the graph's weights (same seed or checkpoint), in ``dtype`` on ``device``."""
-    from wan_trt.model import build_model
 
     w = manifest.weights
     path = w.get("path") if w["source"] == "checkpoint" else None
@@ -129,7 +127,6 @@ def reference_model(manifest: "Manifest", dtype, device):
 
 def verify_weights(manifest: "Manifest", model) -> None:
     """Fail if ``model`` (in the graph's precision) does not hold the weights the graph was exported with."""
-    from wan_trt.model.checkpoint import weights_fingerprint
 
     if weights_fingerprint(model) != manifest.weights["sha256"]:
         raise WanTrtError("the rebuilt PyTorch reference does not hold the graph's weights (checkpoint changed "

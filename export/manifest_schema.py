@@ -10,7 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from wan_trt.digest import check_digest_record
 from wan_trt.errors import WanTrtError
+from wan_trt.spec import PassSpec
 
 FORMAT = "wan-trt-export/1"
 OPS = ("native", "plugins")
@@ -50,8 +52,6 @@ def _plain_name(name: str | None, path: Path, key: str) -> None:
 
 def parse_manifest(raw: bytes, path: Path) -> dict[str, Any]:
     """The keyword arguments of :class:`Manifest` from the bytes of ``path``; WanTrtError on any defect."""
-    from wan_trt.digest import check_digest_record
-    from wan_trt.spec import PassSpec
 
     try:
         data = json.loads(raw.decode("utf-8"))  # json.loads refuses trailing bytes ("Extra data")

@@ -6,6 +6,9 @@ from pathlib import Path
 import torch
 
 from wan_trt.config import WanConfig, validate
+from wan_trt.model.checkpoint import load_checkpoint
+from wan_trt.model.init import random_init
+from wan_trt.model.rope import RopeTables
 from wan_trt.model.transformer import CausalWanModel
 
 
@@ -18,9 +21,6 @@ def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str 
             or the checkpoint is unreadable, does not match ``cfg`` or holds NaN/Inf.
     """
     validate(cfg, f"config '{cfg.name}'")
-    from wan_trt.model.checkpoint import load_checkpoint
-    from wan_trt.model.init import random_init
-    from wan_trt.model.rope import RopeTables
 
     if weights is not None:
         with torch.device("meta"):
