@@ -24,7 +24,7 @@ import torch
 
 from wan_trt.engines.backends import (ALL_BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
                                      parse_backends)
-from wan_trt.engines.runtime.runner import Runner
+from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model
@@ -134,6 +134,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     Named backends must run: one that cannot, or that raises, lands in ``report["failed"]``.
     """
     o = options
+    check_device(o.device)  # before any model is built
     named = o.backends is not None
     backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))
     not_benched = [p for p in o.profile if p not in backends]

@@ -11,6 +11,7 @@ import torch
 
 from wan_trt.config import WanConfig
 from wan_trt.engines.backends import RunnerSources, make_runner
+from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
@@ -22,25 +23,6 @@ from wan_trt.validate.stream import reference_stream
 
 # rel-L2 allowed between the two pipelines: same model, same precision, different cache form
 PIPELINE_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}
-
-
-def check_device(device: str) -> torch.device:
-    """The torch device ``device`` names, if this machine has it (cpu, cuda, cuda:N)."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise WanTrtError(f"--device {device!r} is not a torch device; pass cpu, cuda or cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise WanTrtError(f"--device {device}: the stream runs on cpu or cuda (cuda:N), not '{dev.type}'")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            built = "" if torch.version.cuda else f" (torch {torch.__version__} is built without CUDA)"
-            raise WanTrtError(f"--device {device}: no CUDA GPU is visible on this machine{built}; pass --device cpu")
-        count = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= count:
-            raise WanTrtError(f"--device {device}: no CUDA device cuda:{dev.index} (this machine has {count}); "
-                              f"pass --device cuda:0 .. cuda:{count - 1}")
-    return dev
 
 
 def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device: str, weights: str | None,

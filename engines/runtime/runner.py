@@ -20,6 +20,25 @@ from wan_trt.errors import WanTrtError
 from wan_trt.spec import PassSpec
 
 
+def check_device(device: str) -> torch.device:
+    """The torch device ``device`` names, if this machine has it (cpu, cuda, cuda:N)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise WanTrtError(f"--device {device!r} is not a torch device; pass cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise WanTrtError(f"--device {device}: wan-trt runs on cpu or cuda (cuda:N), not '{dev.type}'")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            built = "" if torch.version.cuda else f" (torch {torch.__version__} is built without CUDA)"
+            raise WanTrtError(f"--device {device}: no CUDA GPU is visible on this machine{built}; pass --device cpu")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise WanTrtError(f"--device {device}: no CUDA device cuda:{dev.index} (this machine has {count}); "
+                              f"pass --device cuda:0 .. cuda:{count - 1}")
+    return dev
+
+
 class Runner(abc.ABC):
     """Base class: ``activate``/``deactivate`` around ``infer``; usable as a context manager."""
 

@@ -71,3 +71,10 @@ def test_unwritable_out_fails_before_benchmarking(plain_export, tmp_path):
     res = _bench([str(plain_export), "--device", "cpu", "--backends", "torch-eager", "--out", str(afile / "b.json")])
     assert res.exit_code == 1 and res.output.startswith("error:") and "Traceback" not in res.output, res.output
     assert "afile" in res.output
+
+
+def test_a_bad_device_is_one_error_line_before_any_work(plain_export, tmp_path):
+    out = tmp_path / "bench.json"
+    res = _bench([str(plain_export), "--device", "gpu0", "--backends", "torch-eager", "--out", str(out)])
+    assert res.exit_code == 1 and "--device 'gpu0' is not a torch device" in res.output, res.output
+    assert "Traceback" not in res.output and not out.exists()
