@@ -21,7 +21,7 @@ from wan_trt.digest import check_digest_record, file_digest, verify_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, tool_versions
 from wan_trt.log import logger
-from wan_trt.outputs import check_parent_chain
+from wan_trt.outputs import check_parent_chain, written_by_build
 
 REBUILD = "rebuild it with `wan-trt build`"
 _NONE = type(None)
@@ -156,25 +156,6 @@ def install_engine(partial: Path, engine: Path, meta: EngineMetadata) -> None:
     finally:
         Path(tmp).unlink(missing_ok=True)
     os.replace(partial, engine)
-
-
-def written_by_build(meta: Path) -> bool:
-    """Whether ``meta`` is engine metadata `wan-trt build` wrote (also a damaged or older one)."""
-    try:
-        data = json.loads(meta.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and {"backend", "key", "spec_fingerprint", "export_dir"} <= set(data)
-
-
-def engine_files_in(directory: Path) -> list[Path]:
-    """Engines built by wan-trt in ``directory`` with their metadata and runtime files."""
-    found = []
-    for meta in directory.glob("*.json"):
-        engine = meta.with_name(meta.name[: -len(".json")])
-        if written_by_build(meta):
-            found += [p for p in (engine, meta, engine.with_name(engine.name + ".runtime.txt")) if p.is_file()]
-    return found
 
 
 @contextlib.contextmanager

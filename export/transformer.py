@@ -17,7 +17,7 @@ from wan_trt.config import WanConfig
 from wan_trt.digest import file_digest
 from wan_trt.errors import WanTrtError
 from wan_trt.export.graph import check_graph
-from wan_trt.export.manifest import GRAPH, SAMPLE_INPUTS, Manifest
+from wan_trt.export.manifest import GRAPH, SAMPLE_INPUTS, Manifest, owned_export_files
 from wan_trt.log import logger, stage
 from wan_trt.model import build_model
 from wan_trt.model.checkpoint import weights_fingerprint
@@ -53,8 +53,9 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
         raise WanTrtError(f"--weights {weights}: no such file")
     spec = PassSpec.from_config(cfg, precision)
     protect = [Path(weights)] if weights else []
-    check_out_dir(out, overwrite=overwrite, protect=protect)  # before minutes of work; again under the lock
-    with staged_dir(out, overwrite=overwrite, protect=protect) as staging:
+    # before minutes of work; again under the lock
+    check_out_dir(out, owned_export_files, overwrite=overwrite, protect=protect)
+    with staged_dir(out, owned_export_files, overwrite=overwrite, protect=protect) as staging:
         manifest = _export_into(staging, cfg, spec, weights=weights, seed=seed, ops=ops, opset=opset, onnx=onnx)
     logger.info("exported %s (%s, %s, opset %d%s) to %s", cfg.name, precision, ops, opset,
                 "" if onnx else ", no ONNX graph", out)

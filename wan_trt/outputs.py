@@ -6,24 +6,31 @@ An export is written into a staging directory that wan-trt creates itself
 moved aside first, so it survives a failed run, and only the files wan-trt wrote into it
 are removed afterwards. ``--out`` is refused when it holds anything else, the current
 directory or the input checkpoint. Engine files follow the same rules (:func:`check_engine_out`).
+
+Which files of a folder an export wrote is the caller's to say (``owned_files``, e.g.
+``wan_trt.export.manifest.owned_export_files``); engines `wan-trt build` wrote are recognised
+here (:func:`engine_files_in`); this module imports only wan_trt.errors and wan_trt.log.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import glob
+import json
 import os
 import secrets
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger
 
 MARKER = ".wan-trt-export"  # inside every staging and finished export directory
 CHECK_FILES = ("check/report_*.json", "check/run_results_*.json")  # what `wan-trt check` adds to an export
+# the files wan-trt wrote into an existing output folder, or None if it is not wan-trt's
+OwnedFiles = Callable[[Path], list[Path] | None]
 
 
 def os_error_message(exc: OSError, doing: str, fix: str) -> WanTrtError | None:
@@ -68,19 +75,23 @@ def output_lock(target: Path, what: str) -> Iterator[None]:
         os.close(fd)
 
 
-def owned_export_files(directory: Path) -> list[Path] | None:
-    """Every file wan-trt wrote into the export ``directory``, or None if it is not a wan-trt export."""
-    from wan_trt.engines.artifact import engine_files_in
-    from wan_trt.export.manifest import GRAPH, MANIFEST, SAMPLE_INPUTS
-    from wan_trt.export.manifest_schema import recorded_files
+def written_by_build(meta: Path) -> bool:
+    """Whether ``meta`` is engine metadata `wan-trt build` wrote (also a damaged or older one)."""
+    try:
+        data = json.loads(meta.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and {"backend", "key", "spec_fingerprint", "export_dir"} <= set(data)
 
-    names = recorded_files(directory / MANIFEST)
-    if names is None and not (directory / MARKER).is_file():
-        return None
-    names = names if names is not None else [GRAPH, GRAPH + ".data", SAMPLE_INPUTS]
-    owned = [directory / n for n in [MARKER, MANIFEST, *names]]
-    owned += [p for pattern in CHECK_FILES for p in directory.glob(pattern)]
-    return [p for p in owned if p.is_file()] + engine_files_in(directory)
+
+def engine_files_in(directory: Path) -> list[Path]:
+    """Engines built by wan-trt in ``directory`` with their metadata and runtime files."""
+    found = []
+    for meta in directory.glob("*.json"):
+        engine = meta.with_name(meta.name[: -len(".json")])
+        if written_by_build(meta):
+            found += [p for p in (engine, meta, engine.with_name(engine.name + ".runtime.txt")) if p.is_file()]
+    return found
 
 
 def foreign_files(directory: Path, owned: list[Path]) -> list[str]:
@@ -95,12 +106,13 @@ def foreign_files(directory: Path, owned: list[Path]) -> list[str]:
     return sorted(found)
 
 
-def check_out_dir(out: Path, *, overwrite: bool, protect: Sequence[Path] = ()) -> list[Path]:
+def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: Sequence[Path] = ()) -> list[Path]:
     """Refuse an ``--out`` that may not be (re)written; return the old export's files to remove (if any).
 
     Refused: a path under a file or in an unwritable folder, a file, the current directory or a folder
     holding it, a folder holding a file in ``protect`` (the input checkpoint), a folder holding files
-    wan-trt did not write, and an existing export without ``overwrite``. An empty folder is used as is.
+    wan-trt did not write (``owned_files`` of the folder), and an existing export without ``overwrite``.
+    An empty folder is used as is.
     """
     resolved = out.resolve()
     check_parent_chain(resolved, "--out")
@@ -118,7 +130,7 @@ def check_out_dir(out: Path, *, overwrite: bool, protect: Sequence[Path] = ()) -
         raise WanTrtError(f"--out {out} is a file, not a folder; pick another --out")
     if not any(out.iterdir()):
         return []
-    owned = owned_export_files(out)
+    owned = owned_files(out)
     foreign = foreign_files(out, owned or [])
     busy = [f for f in foreign if f.startswith(".") and (f.endswith(".lock") or ".partial-" in f)]
     if busy:
@@ -134,8 +146,10 @@ def check_out_dir(out: Path, *, overwrite: bool, protect: Sequence[Path] = ()) -
 
 
 @contextlib.contextmanager
-def staged_dir(out: Path, *, overwrite: bool, protect: Sequence[Path] = ()) -> Iterator[Path]:
+def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: Sequence[Path] = ()) -> Iterator[Path]:
     """Lock ``out``, yield a fresh staging folder, and swap it into place when the block succeeds.
+
+    ``owned_files`` says what in an existing ``out`` wan-trt wrote (:func:`check_out_dir`).
 
     A failed or interrupted block removes only its own staging folder; the previous export survives.
     OSErrors a user can fix (disk full, permissions) become one WanTrtError naming ``out``.
@@ -146,7 +160,7 @@ def staged_dir(out: Path, *, overwrite: bool, protect: Sequence[Path] = ()) -> I
     except OSError as exc:
         raise os_error_message(exc, f"creating the folder of --out {out}", "pick another --out") or exc
     with output_lock(out, "export"):
-        old = check_out_dir(out, overwrite=overwrite, protect=protect)  # again, now that we hold the lock
+        old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect)  # again, now that we hold the lock
         _remove_stale_staging(out)
         staging = None
         try:
