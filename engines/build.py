@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.digest import file_digest
 from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import BUILDABLE, DEFAULT_BUILD, backend_module, get_backend

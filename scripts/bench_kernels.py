@@ -185,7 +185,7 @@ def norm_cases() -> dict:
 
 
 def full_pass() -> dict:
-    from wan_trt.config import load_config
+    from wan_trt.config_load import load_config
     from wan_trt.model import build_model
     from wan_trt.model.static_pass import StaticPass
     from wan_trt.spec import PassSpec

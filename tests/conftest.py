@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.engines.backends.aoti import build_aoti
 from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model

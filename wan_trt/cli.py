@@ -111,7 +111,7 @@ def main(verbose: bool) -> None:
 @user_errors
 def info(config_name: str, list_presets: bool, as_json: bool) -> None:
     """Parameters, tokens, cache sizes and FLOPs of a config."""
-    from wan_trt.config import load_config, preset_names
+    from wan_trt.config_load import load_config, preset_names
     from wan_trt.info import format_info, model_info
 
     if list_presets:
@@ -135,7 +135,7 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
 @user_errors
 def stream(config_name, weights, precision, device, seed, blocks, reference, out) -> None:
     """Stream blocks of synthetic input through the static-cache runtime (PyTorch backend)."""
-    from wan_trt.config import load_config
+    from wan_trt.config_load import load_config
     from wan_trt.engines.stream import StreamOptions, run_stream
 
     options = StreamOptions(blocks=blocks, precision=precision, device=pick_device(device), weights=weights,
@@ -164,7 +164,7 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
 @user_errors
 def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no_onnx) -> None:
     """ONNX of one denoising pass, KV caches as static-shaped inputs and outputs."""
-    from wan_trt.config import load_config
+    from wan_trt.config_load import load_config
     from wan_trt.export.transformer import export_transformer
 
     cfg = load_config(config_name)

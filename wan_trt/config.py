@@ -4,27 +4,16 @@ A :class:`WanConfig` holds the upstream model fields (``ModelConfig``, upstream
 ``config.json`` names kept so users can pass their own file), the streaming
 settings (``InferenceConfig``, upstream ``inference_*.yaml`` names) and the
 quantities derived from both. Every cross-field check happens here, once, before
-any expensive work.
-
-Presets live in ``wan_trt/configs/<name>.json`` as ``{"model": ..., "inference": ...}``.
-``load_config`` accepts a preset name, one of those files, or an upstream
-``config.json`` (model fields only; the streaming settings then come from the
-preset with the same action signature).
+any expensive work. Presets and files are read by :mod:`wan_trt.config_load`.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from wan_trt.config_json import build, field_error, read_json_object
-from wan_trt.errors import WanTrtError
-from wan_trt.log import logger
+from wan_trt.config_json import field_error
 from wan_trt.sizes import check_sizes
-
-PRESET_DIR = Path(__file__).parent / "configs"
-FULL_PRESETS = ("universal", "gta_drive", "templerun")
 
 
 @dataclass(frozen=True)
@@ -103,7 +92,7 @@ class InferenceConfig:
 
 @dataclass(frozen=True)
 class WanConfig:
-    """Model + streaming settings + derived geometry. Build it with :func:`load_config`."""
+    """Model + streaming settings + derived geometry. Build it with :func:`wan_trt.config_load.load_config`."""
 
     name: str
     model: ModelConfig
@@ -161,7 +150,7 @@ class WanConfig:
         return self.model.in_dim - self.model.out_dim
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict that :func:`config_from_dict` reads back."""
+        """A JSON-able dict that :func:`wan_trt.config_load.config_from_dict` reads back."""
         return {"name": self.name, "model": _plain(self.model), "inference": _plain(self.inference)}
 
     def replace(self, **inference_changes: Any) -> "WanConfig":
@@ -178,83 +167,6 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return [_plain(v) for v in obj]
     return obj
-
-
-# ---- building from dicts -----------------------------------------------------------------
-
-# Fields every upstream config.json sets (Matrix-Game-2/configs/distilled_model/*/config.json):
-# required, so a missing num_layers is an error, not a silent 30. The others (patch_size,
-# qk_norm, cross_attn_norm; the mouse fields of a keyboard-only model) keep upstream's
-# constructor defaults, which the dataclass defaults equal.
-UPSTREAM_REQUIRED = {
-    "ModelConfig": ("action_config", "dim", "eps", "ffn_dim", "freq_dim", "in_dim", "local_attn_size",
-                    "model_type", "num_heads", "num_layers", "out_dim", "sink_size", "text_len"),
-    "ActionConfig": ("blocks", "enable_keyboard", "enable_mouse", "heads_num", "hidden_size",
-                     "img_hidden_size", "keyboard_dim_in", "keyboard_hidden_dim", "patch_size", "qk_norm",
-                     "qkv_bias", "rope_dim_list", "rope_theta", "vae_time_compression_ratio", "windows_size"),
-}
-MOUSE_REQUIRED = ("mouse_dim_in", "mouse_hidden_dim", "mouse_qk_dim_list")  # when enable_mouse is true
-
-
-def _required(cls: type, data: Mapping[str, Any]) -> tuple[str, ...]:
-    """Fields ``data`` must hold to build ``cls`` (an empty action_config means no action module)."""
-    if cls is ActionConfig and not data:
-        return ()
-    names = UPSTREAM_REQUIRED.get(cls.__name__, ())
-    return names + MOUSE_REQUIRED if cls is ActionConfig and data.get("enable_mouse") is True else names
-
-
-def config_from_dict(data: Mapping[str, Any], name: str, where: str = "<dict>") -> WanConfig:
-    """A checked :class:`WanConfig` from ``{"model": ..., "inference": ...}`` or an upstream config.json dict."""
-    if "model" in data:
-        model = build(ModelConfig, data["model"], where, "model.", _required)
-        inference = (build(InferenceConfig, data["inference"], where, "inference.", _required)
-                     if "inference" in data else _inference_for(model, where))
-    else:
-        model = build(ModelConfig, data, where, "", _required)
-        inference = _inference_for(model, where)
-    cfg = WanConfig(name=str(data.get("name", name)), model=model, inference=inference)
-    validate(cfg, where)
-    return cfg
-
-
-def _inference_for(model: ModelConfig, where: str) -> InferenceConfig:
-    """Streaming settings for an upstream config.json: those of the preset with its action signature."""
-    signature = (model.action_config.keyboard_dim_in, model.action_config.enable_mouse)
-    for preset in FULL_PRESETS:
-        candidate = read_json_object(PRESET_DIR / f"{preset}.json")
-        action = candidate["model"]["action_config"]
-        if (action["keyboard_dim_in"], action["enable_mouse"]) == signature:
-            logger.info("%s has no inference settings: using those of preset '%s'", where, preset)
-            return build(InferenceConfig, candidate["inference"], preset, "inference.", _required)
-    logger.info("%s has no inference settings: using the defaults (3 steps, shift 5)", where)
-    return InferenceConfig()
-
-
-def preset_names() -> list[str]:
-    """Names of the built-in presets, full-size first."""
-    names = sorted(p.stem for p in PRESET_DIR.glob("*.json"))
-    return [n for n in FULL_PRESETS if n in names] + [n for n in names if n not in FULL_PRESETS]
-
-
-def load_config(name_or_path: str | Path) -> WanConfig:
-    """A preset name (``universal``, ``universal-small``...) or a path to a JSON config.
-
-    Raises:
-        WanTrtError: unknown preset, unreadable file, or a field with a bad value.
-    """
-    text = str(name_or_path)
-    preset = PRESET_DIR / f"{text}.json"
-    if preset.is_file():
-        return config_from_dict(read_json_object(preset), text, f"preset '{text}'")
-    path = Path(text)
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
-    if not path.is_file():
-        raise WanTrtError(
-            f"--config '{text}' is neither a preset nor a file; presets: {', '.join(preset_names())}")
-    name = path.parent.name if path.name == "config.json" else path.stem
-    return config_from_dict(read_json_object(path), name, str(path))
 
 
 # ---- validation --------------------------------------------------------------------------

@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from wan_trt.config import WanConfig, config_from_dict
+from wan_trt.config import WanConfig
+from wan_trt.config_load import config_from_dict
 from wan_trt.errors import WanTrtError
 from wan_trt.scheduler import BlockSchedule
 

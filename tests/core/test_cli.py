@@ -4,7 +4,7 @@ import torch
 from click.testing import CliRunner
 
 from wan_trt.cli import main
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.export.transformer import export_transformer
 
 NO_GPU = not torch.cuda.is_available()

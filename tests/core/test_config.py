@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from wan_trt.config import load_config, preset_names
+from wan_trt.config_load import load_config, preset_names
 from wan_trt.errors import WanTrtError
 from tests.conftest import FULL, SMALL
 
@@ -72,7 +72,7 @@ def test_unknown_preset_and_bad_json(tmp_path):
 
 
 def test_round_trip_through_dict():
-    from wan_trt.config import config_from_dict
+    from wan_trt.config_load import config_from_dict
     for name in FULL + SMALL:
         cfg = load_config(name)
         assert config_from_dict(json.loads(json.dumps(cfg.to_dict())), name) == cfg

@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from wan_trt.cli import main
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.info import flops_per_pass, model_info
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.errors import WanTrtError
 from wan_trt.scheduler import BlockSchedule
 from wan_trt.spec import PassSpec

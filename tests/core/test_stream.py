@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.pipeline import upstream_windows
 from wan_trt.stream import ActionHistory, NoiseSource, raw_frames_in_block, raw_frames_until, synthetic_stream
 

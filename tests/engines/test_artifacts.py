@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from wan_trt.cli import main
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.engines.artifact import EngineMetadata, engine_key, install_engine, up_to_date
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest

@@ -50,7 +50,7 @@ def test_cuda_without_a_gpu_is_one_error_line(tmp_path, monkeypatch):
 
 
 def test_stream_request_checks(tmp_path):
-    from wan_trt.config import load_config
+    from wan_trt.config_load import load_config
     from wan_trt.engines.stream import check_stream_request
     from wan_trt.errors import WanTrtError
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from wan_trt.cli import main
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest
 from wan_trt.export.transformer import export_transformer

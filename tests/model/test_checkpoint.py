@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.errors import WanTrtError
 from wan_trt.model import build_model
 from wan_trt.model.checkpoint import read_state_dict, save_checkpoint

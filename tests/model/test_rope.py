@@ -1,7 +1,7 @@
 """RoPE tables against independent transcriptions of upstream's complex128 / interleaved code."""
 import torch
 
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.model.rope import RopeTables, apply_rope, rope_split
 from tests.conftest import assert_close
 

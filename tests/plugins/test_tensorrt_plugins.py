@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.export.transformer import export_transformer
 from wan_trt.plugins.launch import GPU_TILINGS
 from wan_trt.plugins.registry import FUSED_OPS, fused_op

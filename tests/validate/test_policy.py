@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.export.transformer import export_transformer

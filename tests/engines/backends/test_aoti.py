@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from wan_trt.cli import main
-from wan_trt.config import load_config
+from wan_trt.config_load import load_config
 from wan_trt.engines.backends.aoti import AotiRunner, build_aoti
 from wan_trt.engines.backends.inductor_fixes import make_libstdcxx_global
 from wan_trt.engines.runtime.session import StreamingSession
