@@ -16,58 +16,11 @@ from typing import Callable
 
 import click
 
+from wan_trt.cli_options import (config_option, device_option, pick_device, pick_precision, precision_aliases,
+                                 precision_option, seed_option, weights_option)
 from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS, parse_backends
 from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger, setup_logging
-
-
-# ---- reusable option groups ------------------------------------------------------------------
-
-def config_option(fn: Callable) -> Callable:
-    return click.option("--config", "config_name", default="universal", show_default=True,
-                        help="Preset name (see `wan-trt info --list`) or path to a config.json.")(fn)
-
-
-def weights_option(fn: Callable) -> Callable:
-    return click.option("--weights", type=click.Path(dir_okay=False), default=None,
-                        help="Checkpoint (.safetensors/.pt) with upstream keys; seeded random weights if omitted.")(fn)
-
-
-PRECISIONS = ("bf16", "fp16", "fp32")
-
-
-def precision_option(default: str | None = "bf16") -> Callable:
-    return click.option("--precision", type=click.Choice(PRECISIONS), default=default,
-                        show_default=default is not None, help="Compute precision of the graph / model.")
-
-
-def precision_aliases(fn: Callable) -> Callable:
-    """``--bf16`` / ``--fp16`` / ``--fp32``: short spellings of ``--precision`` (``build`` keeps them)."""
-    for name in reversed(PRECISIONS):
-        fn = click.option(f"--{name}", "precision_alias", flag_value=name, default=None,
-                          help=f"Same as --precision {name}.")(fn)
-    return fn
-
-
-def pick_precision(precision: str | None, alias: str | None, default: str = "bf16") -> str:
-    """The precision asked by ``--precision`` or its alias flag; both given, they must agree."""
-    if precision is not None and alias is not None and precision != alias:
-        raise WanTrtError(f"--precision {precision} and --{alias} disagree; pass one of them")
-    return precision or alias or default
-
-
-def device_option(fn: Callable) -> Callable:
-    return click.option("--device", default=None, help="torch device; defaults to cuda when available, else cpu.")(fn)
-
-
-def seed_option(fn: Callable) -> Callable:
-    return click.option("--seed", type=int, default=0, show_default=True,
-                        help="Seed of random weights, inputs and noise.")(fn)
-
-
-def pick_device(device: str | None) -> str:
-    import torch
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -239,8 +192,9 @@ def build(directory, config_name, backend, precision, precision_alias, ops, devi
     """
     from wan_trt.engines.build import BuildOptions, build_engine
 
-    options = BuildOptions(backend=backend, precision=pick_precision(precision, precision_alias), ops=ops, device=device, timing_cache=timing_cache,
-                           opt_level=opt_level, weak_typing=weak_typing, out=out, force=force)
+    options = BuildOptions(backend=backend, precision=pick_precision(precision, precision_alias), ops=ops,
+                           device=device, timing_cache=timing_cache, opt_level=opt_level, weak_typing=weak_typing,
+                           out=out, force=force)
     engine = build_engine(directory, config_name, options, weights=weights, seed=seed)
     click.echo(str(engine))
 
