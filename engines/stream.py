@@ -17,7 +17,8 @@ from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
 from wan_trt.model import build_model
 from wan_trt.spec import PassSpec, precision_dtype
-from wan_trt.stream import NoiseSource, blocks_in_rope_table, synthetic_stream
+from wan_trt.rotary import MAX_STREAM_FRAMES
+from wan_trt.stream import NoiseSource, max_stream_blocks, synthetic_stream
 from wan_trt.validate.metrics import error_stats
 from wan_trt.validate.stream import reference_stream
 
@@ -30,11 +31,10 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
     """Everything about a stream that can be known before the model is built: refuse it up front."""
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
         raise WanTrtError(f"--blocks: expected an int >= 1, got {blocks!r}")
-    most = blocks_in_rope_table(cfg)
+    most = max_stream_blocks(cfg)
     if blocks > most:
-        raise WanTrtError(f"--blocks {blocks}: the {cfg.inference.rope_max_frames}-frame RoPE table of "
-                          f"'{cfg.name}' holds at most {most} blocks of {cfg.block_frames} latent frames; "
-                          f"pass --blocks {most} or fewer")
+        raise WanTrtError(f"--blocks {blocks}: a stream reaches {MAX_STREAM_FRAMES} latent frames, "
+                          f"{most} blocks of {cfg.block_frames}; pass --blocks {most} or fewer")
     if precision not in PIPELINE_TOLERANCE:
         raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PIPELINE_TOLERANCE)}")
     check_device(device)
@@ -49,7 +49,7 @@ class StreamOptions:
     """What `wan-trt stream` was asked for, beside the config.
 
     Attributes:
-        blocks: blocks to stream (at most what the RoPE table holds).
+        blocks: blocks to stream.
         precision: compute precision ('bf16', 'fp16', 'fp32').
         device: torch device ('cpu', 'cuda', 'cuda:N').
         weights: checkpoint path; seeded random weights when None.

@@ -9,6 +9,8 @@
 #                                            torch.compile and eager; JSON + chart in RESULTS
 #   scripts/gpu_bench.sh check RESULTS       wan-trt check of the engine (--blocks 4) as JSON in RESULTS
 #   scripts/gpu_bench.sh checks RESULTS      what the session's per-block checks cost (scripts/bench_session_checks.py)
+#   scripts/gpu_bench.sh long RESULTS        one stream of LONG_BLOCKS (1500) blocks: memory, time and finiteness
+#                                            over the whole stream (scripts/long_stream.py)
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
@@ -21,7 +23,7 @@ BLOCKS=${BLOCKS:-6}
 BACKENDS=${BACKENDS:-aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager}
 EXPORT=out/${CONFIG}_${PRECISION}_aoti
 ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
-step=${1:?"step: setup | build | bench | check | all"}
+step=${1:?"step: setup | build | bench | check | checks | long | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || mkdir -p "$results"
 tag=${CONFIG}_${PRECISION}
@@ -54,6 +56,10 @@ case "$step" in
     ;;
   checks)
     python3 scripts/bench_session_checks.py "$EXPORT" "$ENGINE" --out "$results/session_checks_${tag}.json"
+    ;;
+  long)
+    python3 scripts/long_stream.py "$EXPORT" "$ENGINE" --blocks "${LONG_BLOCKS:-1500}" \
+      --out "$results/long_stream_${tag}.json" 2> "$results/long.log"
     ;;
   all)
     for s in build bench check; do "$0" "$s" "$results"; done

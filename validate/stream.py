@@ -41,10 +41,10 @@ def compare_stream(reference: CausalWanModel, runner: Runner, blocks: int, seed:
     """Stream ``blocks`` blocks through ``runner`` and through the reference; compare block by block.
 
     Both draw the same noise and start at block ``start_block`` (absolute RoPE position, empty
-    caches); ``inputs`` cover the stream from block 0 and default to :func:`synthetic_stream` (seeded).
+    caches); ``inputs`` default to :func:`synthetic_stream` (seeded) for those blocks.
     """
     cfg = runner.spec.config
-    inputs = inputs or synthetic_stream(cfg, start_block + blocks, seed)
+    inputs = inputs or synthetic_stream(cfg, blocks, seed, first_block=start_block)
     expected = reference_stream(reference, inputs, blocks, seed, start_block=start_block)
     with runner:
         results = stream_blocks(StreamingSession(runner, noise=NoiseSource(seed)), inputs, blocks,

@@ -87,7 +87,6 @@ class InferenceConfig:
     latent_height: int = 44
     latent_width: int = 80
     num_train_timesteps: int = 1000
-    rope_max_frames: int = 1024
 
 
 @dataclass(frozen=True)
@@ -189,7 +188,7 @@ def validate(cfg: WanConfig, where: str = "config") -> None:
     _positive_ints(m, ["dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads",
                        "num_layers", "local_attn_size", "clip_dim", "clip_tokens"], "model.", where)
     _positive_ints(inf, ["num_frame_per_block", "latent_height", "latent_width",
-                         "num_train_timesteps", "rope_max_frames"], "inference.", where)
+                         "num_train_timesteps"], "inference.", where)
     _check(m.model_type == "i2v", "model_type", "'i2v'", m.model_type, where)
     _check(m.sink_size == 0, "sink_size", "0 (attention sinks are not supported)", m.sink_size, where)
     _check(isinstance(m.eps, (int, float)) and 0 < m.eps < 1, "eps", "a small positive number", m.eps, where)
@@ -216,8 +215,6 @@ def validate(cfg: WanConfig, where: str = "config") -> None:
     _check(inf.timestep_shift > 0, "inference.timestep_shift", "a positive number", inf.timestep_shift, where)
     _check(inf.context_noise == 0, "inference.context_noise", "0 (the clean pass runs at t=0)",
            inf.context_noise, where)
-    _check(inf.rope_max_frames >= m.local_attn_size, "inference.rope_max_frames",
-           "at least local_attn_size", inf.rope_max_frames, where)
     if a.blocks:
         _validate_action(cfg, where)
     check_sizes(cfg, where)

@@ -28,6 +28,8 @@ MAX_INT = 1 << 20
 
 # Keys of upstream config.json files that carry no information for wan-trt.
 IGNORED_KEYS = frozenset({"_class_name", "_diffusers_version", "_name_or_path", "inject_sample_info"})
+# Fields earlier wan-trt versions wrote, and why they are gone.
+REMOVED_KEYS = {"rope_max_frames": "streams have no RoPE table and no length limit any more; remove the field"}
 
 Required = Callable[[type, Mapping[str, Any]], Iterable[str]]
 
@@ -73,6 +75,8 @@ def build(cls: type, data: Any, where: str, path: str, required: Required) -> An
     for key, value in data.items():
         if key in IGNORED_KEYS or key.startswith("_"):
             continue
+        if key not in known and key in REMOVED_KEYS:
+            raise WanTrtError(f"config field '{path}{key}' (in {where}): {REMOVED_KEYS[key]}")
         if key not in known:
             raise WanTrtError(
                 f"config field '{path}{key}' is not a known field (in {where}); "

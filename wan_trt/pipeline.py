@@ -26,21 +26,32 @@ import torch
 
 from wan_trt.config import WanConfig
 from wan_trt.model.caches import RollingCaches, RollingKV
+from wan_trt.model.rope import BlockRope
 from wan_trt.model.transformer import CausalWanModel
 from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
 from wan_trt.stream import NoiseSource, StreamInputs, first_raw_frame
 
 
-def upstream_windows(cfg: WanConfig, history: torch.Tensor | None, start_frame: int) -> torch.Tensor | None:
-    """Upstream's slicing: history up to the block, padded, re-sliced, grouped -> [B, F, 12, D]."""
+def upstream_windows(cfg: WanConfig, history: torch.Tensor | None, start_frame: int,
+                     offset: int = 0) -> torch.Tensor | None:
+    """Upstream's slicing: history up to the block, padded, re-sliced, grouped -> [B, F, 12, D].
+
+    ``offset`` > 0: ``history`` starts at absolute raw frame ``offset`` and every earlier raw frame
+    equals its first (a stream started later, :func:`history_from`); the same slicing is done on
+    the tail only, so memory does not grow with the position.
+    """
     if history is None:
         return None
     a, f = cfg.model.action_config, cfg.block_frames
     ratio, pad = a.vae_time_compression_ratio, a.window_frames
-    cond = history[:, :1 + ratio * (start_frame + f - 1)]  # cond_current
-    n_feats = (cond.shape[1] - 1) // ratio + 1
-    padded = torch.cat([cond[:, :1].expand(-1, pad, -1), cond], dim=1)
-    sliced = padded[:, ratio * (n_feats - f - a.windows_size) + pad:]
+    cond_len = 1 + ratio * (start_frame + f - 1)  # cond_current
+    cond = history[:, :cond_len - offset]
+    n_feats = (cond_len - 1) // ratio + 1
+    padded = torch.cat([cond[:, :1].expand(-1, pad, -1), cond], dim=1)  # upstream's padded[offset:]
+    first = ratio * (n_feats - f - a.windows_size) + pad - offset
+    if offset and first < 0:
+        raise ValueError(f"windows of latent frame {start_frame} reach before raw frame {offset}")
+    sliced = padded[:, first:]
     groups = [sliced[:, ratio * (i - a.windows_size) + pad:i * ratio + pad] for i in range(f)]
     return torch.stack(groups, dim=1)
 
@@ -98,18 +109,23 @@ class ReferencePipeline:
         caches = rolling_caches(model, start_frame=start_block * f)
         context_kv = model.encode_context(inputs.visual_context.to(dev))  # upstream crossattn_cache
         shape = (1, cfg.model.out_dim, f, cfg.inference.latent_height, cfg.inference.latent_width)
-        mouse_history, keyboard_history = (history_from(cfg, h, start_block) for h in (inputs.mouse, inputs.keyboard))
+        if inputs.first_block not in (0, start_block):
+            raise ValueError(f"inputs from block {inputs.first_block} cannot start a stream at block {start_block}")
+        offset = inputs.first_raw_frame(cfg)
+        mouse_history, keyboard_history = (h if offset else history_from(cfg, h, start_block)
+                                           for h in (inputs.mouse, inputs.keyboard))
         for block in range(start_block, start_block + blocks):
             start = block * f
             caches.start_frame = start
             cond = inputs.block_cond(cfg, block).to(dev, dt)
-            mouse = upstream_windows(cfg, mouse_history, start)
-            keyboard = upstream_windows(cfg, keyboard_history, start)
+            mouse = upstream_windows(cfg, mouse_history, start, offset)
+            keyboard = upstream_windows(cfg, keyboard_history, start, offset)
             mouse, keyboard = (None if w is None else w.to(dev, dt) for w in (mouse, keyboard))
+            rope = BlockRope.at(cfg, start, dev)
 
             def call(x: torch.Tensor, t: float) -> torch.Tensor:
                 timestep = torch.full((1, f), t, dtype=torch.float32, device=dev)
-                return model(x, timestep, cond, context_kv, mouse, keyboard, start, caches)
+                return model(x, timestep, cond, context_kv, mouse, keyboard, rope, caches)
 
             x = noise(block, 0, shape, dev, dt)
             for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas)):

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 MAX_PARAMETERS = 100_000_000_000  # 60x Matrix-Game 2.0 (1.6 B); 400 GB in fp32
 MAX_LAYERS = 1024
 MAX_TOKENS_PER_FRAME = 1 << 16  # upstream: 22 x 40 = 880
-MAX_ROPE_FRAMES = 1 << 16  # upstream: 1024
 
 
 def _linear(n_in: int, n_out: int, bias: bool = True) -> int:
@@ -66,8 +65,6 @@ def check_sizes(cfg: "WanConfig", where: str) -> None:
     if cfg.tokens_per_frame > MAX_TOKENS_PER_FRAME:
         raise field_error("inference.latent_height/latent_width", f"a latent frame of at most "
                           f"{MAX_TOKENS_PER_FRAME} patches", (inf.latent_height, inf.latent_width), where)
-    if inf.rope_max_frames > MAX_ROPE_FRAMES:
-        raise field_error("inference.rope_max_frames", f"at most {MAX_ROPE_FRAMES}", inf.rope_max_frames, where)
     count = parameter_count(cfg)
     if count > MAX_PARAMETERS:
         a = m.action_config

@@ -15,8 +15,12 @@ L = layers, La = action layers, dtype = the graph's compute precision):
     self_k_prev/_v   [L, B, P*S, 12, 128]      post-RoPE K/V of the previous P frames
     mouse_k_prev/_v  [La, B*S, P, 16, 64]
     keyboard_k_prev/_v [La, B, P, 16, 64]
-    rope_offset      [1]              int32    absolute latent frame of the block's first frame
+    frame_rope_cos/_sin  [F, 22]      fp32     cos/sin of (absolute frame * frequency), main RoPE
+    action_rope_cos/_sin [F, 4]       fp32     the same for the action attentions' temporal RoPE
     valid_frames     [1]              int32    how many of the P previous frames hold data (at the end)
+
+The rotary inputs carry the block's absolute position (formed on the host in float64, see
+:mod:`wan_trt.rotary`; :attr:`PassSpec.rotaries` says how), so a stream has no length limit.
 
 Outputs:
 
@@ -40,19 +44,22 @@ import torch
 from wan_trt.config import WanConfig
 from wan_trt.config_load import config_from_dict
 from wan_trt.errors import WanTrtError
+from wan_trt.rotary import block_frequencies, rotary_factors
 from wan_trt.scheduler import BlockSchedule
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
                torch.int32: "int32", torch.int64: "int64"}
 DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
-SPEC_VERSION = 1
+SPEC_VERSION = 2  # 2: rotary factors as inputs instead of rope_offset
 
 # The graph's tensor names, typed here only: other modules use these or a PassSpec's name lists.
 LATENTS, TIMESTEP, COND_CONCAT, VISUAL_CONTEXT = "latents", "timestep", "cond_concat", "visual_context"
 MOUSE_WINDOW, KEYBOARD_WINDOW = "mouse_window", "keyboard_window"
 ACTION_WINDOWS = {"mouse": MOUSE_WINDOW, "keyboard": KEYBOARD_WINDOW}  # action -> its window input
-ROPE_OFFSET, VALID_FRAMES = "rope_offset", "valid_frames"
+VALID_FRAMES = "valid_frames"
+ROTARY_INPUTS = {"frame": ("frame_rope_cos", "frame_rope_sin"),  # rotary (wan_trt.rotary) -> its inputs
+                 "action": ("action_rope_cos", "action_rope_sin")}
 FLOW = "flow"
 
 
@@ -82,6 +89,21 @@ class TensorSpec:
         for d in self.shape:
             n *= d
         return n * torch.empty((), dtype=self.torch_dtype).element_size()
+
+
+@dataclass(frozen=True)
+class RotarySpec:
+    """A position-dependent rotary input pair: fp32 cos/sin [F, len(inv_freq)] of (frame * inv_freq)."""
+
+    kind: str  # "frame" | "action"
+    cos: str
+    sin: str
+    inv_freq: tuple[float, ...]
+
+    def factors(self, start_frame: int, frames: int, device: str | torch.device = "cpu"
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of the block of ``frames`` frames starting at absolute latent frame ``start_frame``."""
+        return rotary_factors(self.inv_freq, start_frame, frames, device)
 
 
 @dataclass(frozen=True)
@@ -129,6 +151,7 @@ class PassSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     caches: tuple[CacheSpec, ...]
+    rotaries: tuple[RotarySpec, ...]
 
     @classmethod
     def from_config(cls, cfg: WanConfig, precision: str = "bf16") -> "PassSpec":
@@ -167,10 +190,13 @@ class PassSpec:
             shape = (len(c.layers), batch[c.kind], f * c.units, nh, hd)
             outputs += [TensorSpec(c.cur_k, shape, dt, f"{c.kind} keys of this block"),
                         TensorSpec(c.cur_v, shape, dt, f"{c.kind} values of this block")]
-        inputs.append(TensorSpec(ROPE_OFFSET, (1,), "int32", "absolute latent frame of the block start"))
+        rotaries = tuple(RotarySpec(kind, *ROTARY_INPUTS[kind], freqs) for kind, freqs in block_frequencies(cfg).items())
+        for r in rotaries:
+            inputs += [TensorSpec(name, (f, len(r.inv_freq)), "float32", f"{part} of the block's {r.kind} rotary angles")
+                       for name, part in ((r.cos, "cos"), (r.sin, "sin"))]
         if p > 0:
             inputs.append(TensorSpec(VALID_FRAMES, (1,), "int32", "valid previous frames (0..P)"))
-        return cls(cfg, precision, tuple(inputs), tuple(outputs), tuple(caches))
+        return cls(cfg, precision, tuple(inputs), tuple(outputs), tuple(caches), rotaries)
 
     # ---- lookups ------------------------------------------------------------------------
     @property
@@ -210,7 +236,7 @@ class PassSpec:
         cfg = self.config
         feeds: dict[str, torch.Tensor] = {}
         for t in self.inputs:
-            if t.torch_dtype == torch.int32:
+            if t.torch_dtype == torch.int32 or any(t.name in (r.cos, r.sin) for r in self.rotaries):
                 continue
             scale = 0.1 if t.name == MOUSE_WINDOW else 1.0
             feeds[t.name] = (torch.randn(t.shape, generator=gen) * scale).to(t.torch_dtype)
@@ -222,10 +248,17 @@ class PassSpec:
         pick = steps[torch.randint(0, len(steps), (1,), generator=gen)]
         feeds[TIMESTEP] = pick.expand(self.tensor(TIMESTEP).shape).contiguous()
         first = cfg.prev_frames if start_frame is None else start_frame
-        feeds[ROPE_OFFSET] = torch.tensor([first], dtype=torch.int32)
+        feeds.update(self.rotary_feeds(first))
         if cfg.prev_frames > 0:
             feeds[VALID_FRAMES] = torch.tensor([min(cfg.prev_frames, first)], dtype=torch.int32)
         return {k: v.to(device) for k, v in feeds.items()}
+
+    def rotary_feeds(self, start_frame: int, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        """The rotary inputs of the block starting at absolute latent frame ``start_frame``."""
+        feeds = {}
+        for r in self.rotaries:
+            feeds[r.cos], feeds[r.sin] = r.factors(start_frame, self.config.block_frames, device)
+        return feeds
 
     def check_feeds(self, feeds: dict[str, torch.Tensor]) -> None:
         """Raise WanTrtError naming every missing, unexpected or mis-shaped/typed input."""
@@ -248,6 +281,7 @@ class PassSpec:
             "inputs": [dataclasses.asdict(t) for t in self.inputs],
             "outputs": [dataclasses.asdict(t) for t in self.outputs],
             "caches": [dataclasses.asdict(c) for c in self.caches],
+            "rotaries": [dataclasses.asdict(r) for r in self.rotaries],
         }
 
     @classmethod

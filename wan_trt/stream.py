@@ -13,6 +13,7 @@ import torch
 
 from wan_trt.config import WanConfig
 from wan_trt.errors import WanTrtError
+from wan_trt.rotary import MAX_STREAM_FRAMES
 
 
 def raw_frames_in_block(cfg: WanConfig, block: int) -> int:
@@ -33,9 +34,9 @@ def first_raw_frame(cfg: WanConfig, block: int) -> int:
     return raw_frames_until(cfg, block + 1) - raw_frames_in_block(cfg, block)
 
 
-def blocks_in_rope_table(cfg: WanConfig) -> int:
-    """How many blocks from block 0 fit the RoPE table (341 for 1024 frames of 3)."""
-    return cfg.inference.rope_max_frames // cfg.block_frames
+def max_stream_blocks(cfg: WanConfig) -> int:
+    """How many blocks from block 0 a stream can reach (:data:`~wan_trt.rotary.MAX_STREAM_FRAMES`)."""
+    return MAX_STREAM_FRAMES // cfg.block_frames
 
 
 class ActionHistory:
@@ -88,40 +89,53 @@ class ActionHistory:
 
 @dataclass
 class StreamInputs:
-    """Everything a whole stream is conditioned on.
+    """Everything a stream is conditioned on, from block ``first_block`` on.
 
-    cond_concat: [B, 20, F_total, H, W]; visual_context: [B, 257, 1280];
-    mouse / keyboard: [B, N_raw, D] raw action histories (None when disabled).
+    cond_concat: [B, 20, F_total, H, W] of the blocks from ``first_block``; visual_context:
+    [B, 257, 1280]; mouse / keyboard: [B, N_raw, D] raw action frames from the first one of
+    ``first_block`` on (:meth:`first_raw_frame`; None when disabled).
     """
 
     cond_concat: torch.Tensor
     visual_context: torch.Tensor
     mouse: torch.Tensor | None
     keyboard: torch.Tensor | None
+    first_block: int = 0
 
     def block_cond(self, cfg: WanConfig, block: int) -> torch.Tensor:
-        f = cfg.block_frames
-        return self.cond_concat[:, :, block * f:(block + 1) * f]
+        f, first = cfg.block_frames, block - self.first_block
+        if first < 0 or (first + 1) * f > self.cond_concat.shape[2]:
+            raise WanTrtError(f"these stream inputs hold blocks {self.first_block} .. "
+                              f"{self.first_block + self.cond_concat.shape[2] // f - 1}, not block {block}")
+        return self.cond_concat[:, :, first * f:(first + 1) * f]
+
+    def first_raw_frame(self, cfg: WanConfig) -> int:
+        """Absolute index of the first raw action frame held (0 for inputs from block 0)."""
+        return first_raw_frame(cfg, self.first_block)
 
     def block_actions(self, cfg: WanConfig, block: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The new raw frames of ``block`` (what a live user would send for it)."""
-        end = raw_frames_until(cfg, block + 1)
+        end = raw_frames_until(cfg, block + 1) - self.first_raw_frame(cfg)
         start = end - raw_frames_in_block(cfg, block)
+        if start < 0:
+            raise WanTrtError(f"these stream inputs start at block {self.first_block}, not block {block}")
         return tuple(None if h is None else h[:, start:end] for h in (self.mouse, self.keyboard))
 
 
-def synthetic_stream(cfg: WanConfig, blocks: int, seed: int = 0) -> StreamInputs:
-    """Deterministic, plausible stream inputs: mask 1 on frame 0 only, random image latents,
-    one-hot-ish keyboard presses and +-0.1 camera moves held for 12 raw frames (as upstream's demo)."""
+def synthetic_stream(cfg: WanConfig, blocks: int, seed: int = 0, *, first_block: int = 0) -> StreamInputs:
+    """Deterministic, plausible inputs of blocks ``first_block`` .. ``first_block + blocks - 1``: mask 1 on
+    frame 0 only, random image latents, one-hot-ish keyboard presses and +-0.1 camera moves held for
+    12 raw frames (as upstream's demo)."""
     gen = torch.Generator().manual_seed(seed)
     m, a = cfg.model, cfg.model.action_config
     frames = blocks * cfg.block_frames
     h, w = cfg.inference.latent_height, cfg.inference.latent_width
     mask = torch.zeros(1, 4, frames, h, w)
-    mask[:, :, 0] = 1
+    if first_block == 0:
+        mask[:, :, 0] = 1
     image = torch.randn(1, m.out_dim, frames, h, w, generator=gen)
     visual = torch.randn(1, m.clip_tokens, m.clip_dim, generator=gen)
-    n_raw = raw_frames_until(cfg, blocks)
+    n_raw = raw_frames_until(cfg, first_block + blocks) - first_raw_frame(cfg, first_block)
     held = (n_raw + 11) // 12
 
     def held_actions(dim: int, values: torch.Tensor) -> torch.Tensor:
@@ -135,7 +149,7 @@ def synthetic_stream(cfg: WanConfig, blocks: int, seed: int = 0) -> StreamInputs
     if cfg.has_keyboard:
         keys = torch.cat([torch.zeros(1, a.keyboard_dim_in), torch.eye(a.keyboard_dim_in)])
         keyboard = held_actions(a.keyboard_dim_in, keys)
-    return StreamInputs(torch.cat([mask, image], dim=1), visual, mouse, keyboard)
+    return StreamInputs(torch.cat([mask, image], dim=1), visual, mouse, keyboard, first_block)
 
 
 class NoiseSource:

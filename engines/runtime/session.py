@@ -22,10 +22,11 @@ import torch
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, progress
+from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
-from wan_trt.spec import (ACTION_WINDOWS, COND_CONCAT, FLOW, LATENTS, ROPE_OFFSET, TIMESTEP, VALID_FRAMES,
-                          VISUAL_CONTEXT, CacheSpec)
-from wan_trt.stream import ActionHistory, NoiseSource, blocks_in_rope_table, first_raw_frame, raw_frames_in_block
+from wan_trt.spec import (ACTION_WINDOWS, COND_CONCAT, FLOW, LATENTS, TIMESTEP, VALID_FRAMES, VISUAL_CONTEXT,
+                          CacheSpec)
+from wan_trt.stream import ActionHistory, NoiseSource, first_raw_frame, max_stream_blocks, raw_frames_in_block
 
 
 @dataclass
@@ -165,10 +166,9 @@ class StreamingSession:
         if not self.started:
             raise WanTrtError("step() before start(): call session.start(visual_context) first")
         start, frames = self.start_frame, self.cfg.block_frames
-        limit = self.cfg.inference.rope_max_frames
-        if start + frames > limit:
+        if start + frames > MAX_STREAM_FRAMES:
             raise WanTrtError(f"block {self.block} would end at latent frame {start + frames}, past the "
-                              f"{limit}-frame RoPE table ({4 * limit - 3} video frames): start a new stream")
+                              f"{MAX_STREAM_FRAMES} latent frames a stream can reach: start a new stream")
         cond = self._checked(COND_CONCAT, cond_concat, self.spec.tensor(COND_CONCAT).shape)
         raw = self._raw_actions(mouse, keyboard)
         self._check_finite({COND_CONCAT: cond, **raw}, f"of block {self.block}")
@@ -208,11 +208,10 @@ class StreamingSession:
     def _check_start_block(self, start_block: int) -> None:
         if isinstance(start_block, bool) or not isinstance(start_block, int) or start_block < 0:
             raise WanTrtError(f"start_block: expected an int >= 0, got {start_block!r}")
-        end = (start_block + 1) * self.cfg.block_frames
-        if end > self.cfg.inference.rope_max_frames:
-            raise WanTrtError(f"start_block {start_block} would end at latent frame {end}, past the "
-                              f"{self.cfg.inference.rope_max_frames}-frame RoPE table: start at block "
-                              f"{blocks_in_rope_table(self.cfg) - 1} or earlier")
+        most = max_stream_blocks(self.cfg)
+        if start_block >= most:
+            raise WanTrtError(f"start_block {start_block}: a stream reaches {MAX_STREAM_FRAMES} latent frames "
+                              f"({most} blocks of {self.cfg.block_frames}); start at block {most - 1} or earlier")
 
     def _check_finite(self, tensors: dict[str, torch.Tensor], where: str) -> None:
         """Refuse non-finite inputs: the first non-finite tensor is named with ``where``."""
@@ -241,9 +240,14 @@ class StreamingSession:
         self.feeds[COND_CONCAT].copy_(block.cond_concat)
         for name, window in block.windows.items():
             self.feeds[name].copy_(window)
-        self.feeds[ROPE_OFFSET].fill_(self.start_frame)
+        for name, factors in self._rotary_feeds().items():
+            self.feeds[name].copy_(factors)
         if VALID_FRAMES in self.feeds:
             self.feeds[VALID_FRAMES].fill_(self.valid_frames)
+
+    def _rotary_feeds(self) -> dict[str, torch.Tensor]:
+        """The block's rotary factors (its absolute position), formed on the host in float64."""
+        return self.spec.rotary_feeds(self.start_frame)
 
     def _denoise(self, sync: bool) -> tuple[torch.Tensor, list[float]]:
         latents = self.spec.tensor(LATENTS)

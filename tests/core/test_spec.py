@@ -19,7 +19,8 @@ def test_universal_bf16_contract():
     assert shapes["mouse_k_prev"] == ((15, 880, 3, 16, 64), "bfloat16")
     assert shapes["keyboard_v_cur"] == ((15, 1, 3, 16, 64), "bfloat16")
     assert shapes["mouse_window"] == ((1, 3, 12, 2), "bfloat16")
-    assert shapes["rope_offset"] == ((1,), "int32") and shapes["valid_frames"] == ((1,), "int32")
+    assert shapes["frame_rope_cos"] == ((3, 22), "float32") and shapes["action_rope_sin"] == ((3, 4), "float32")
+    assert shapes["valid_frames"] == ((1,), "int32") and "rope_offset" not in shapes
     assert spec.output_names[0] == "flow"
 
 
@@ -55,12 +56,12 @@ def test_check_feeds_names_each_problem():
     spec.check_feeds(feeds)
     feeds["latents"] = feeds["latents"][:, :, :2]
     feeds["timestep"] = feeds["timestep"].double()
-    del feeds["rope_offset"]
+    del feeds["frame_rope_cos"]
     feeds["extra"] = torch.zeros(1)
     with pytest.raises(WanTrtError) as err:
         spec.check_feeds(feeds)
     msg = str(err.value)
-    for part in ("missing input 'rope_offset'", "unexpected input 'extra'", "input 'latents': expected [1, 16, 3, 4, 6]",
+    for part in ("missing input 'frame_rope_cos'", "unexpected input 'extra'", "input 'latents': expected [1, 16, 3, 4, 6]",
                  "input 'timestep'"):
         assert part in msg
 
@@ -74,3 +75,20 @@ def test_sample_timesteps_come_from_the_config_schedule(name):
     spec = PassSpec.from_config(cfg, "fp32")
     seen = {float(spec.sample_inputs(seed=s)["timestep"][0, 0]) for s in range(40)}
     assert seen == expected, (seen, expected)
+
+
+def test_manifest_of_the_rope_offset_contract_is_refused():
+    """A manifest written before the rotary inputs (spec_version 1, an int32 rope_offset) says to re-export."""
+    data = PassSpec.from_config(load_config("universal-small"), "fp32").to_dict()
+    data["spec_version"] = 1
+    with pytest.raises(WanTrtError, match="re-export"):
+        PassSpec.from_dict(data)
+
+
+def test_sample_inputs_carry_the_rotary_factors_of_their_start_frame():
+    spec = PassSpec.from_config(load_config("universal-small"), "fp32")
+    feeds = spec.sample_inputs(start_frame=5000)
+    for r in spec.rotaries:
+        cos, sin = r.factors(5000, 3)
+        assert torch.equal(feeds[r.cos], cos) and torch.equal(feeds[r.sin], sin)
+    assert not torch.equal(feeds["frame_rope_cos"], spec.sample_inputs(start_frame=3)["frame_rope_cos"])

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from wan_trt.config_load import load_config
+from wan_trt.errors import WanTrtError
 from wan_trt.pipeline import upstream_windows
 from wan_trt.stream import ActionHistory, NoiseSource, raw_frames_in_block, raw_frames_until, synthetic_stream
 
@@ -84,4 +85,16 @@ def test_history_started_at_a_later_block_equals_upstream_slicing_of_the_padded_
         start = block * cfg.block_frames
         torch.testing.assert_close(hist.windows(start, cfg.block_frames), upstream_windows(cfg, seen, start),
                                    rtol=0, atol=0)
+        offset = first_raw_frame(cfg, first_block)  # the tail alone, as inputs from block N hold it
+        assert torch.equal(upstream_windows(cfg, history[:, offset:], start, offset), upstream_windows(cfg, seen, start))
         hist.trim(start + cfg.block_frames)
+
+
+def test_inputs_from_a_later_block_hold_only_that_blocks_frames_on():
+    """Memory of inputs far into a stream does not grow with the position."""
+    cfg = load_config("universal-small")
+    s = synthetic_stream(cfg, 2, seed=0, first_block=10 ** 6)
+    assert s.mouse.shape[1] == raw_frames_until(cfg, 10 ** 6 + 2) - (12 * 10 ** 6 - 3) == 24
+    assert s.block_actions(cfg, 10 ** 6)[0].shape == (1, 12, 2) and s.block_cond(cfg, 10 ** 6 + 1).shape[2] == 3
+    with pytest.raises(WanTrtError, match="hold blocks 1000000 .. 1000001, not block 2"):
+        s.block_cond(cfg, 2)

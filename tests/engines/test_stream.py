@@ -32,9 +32,9 @@ def _refused(tmp_path, monkeypatch, *args):
     return res.output
 
 
-def test_too_many_blocks_for_the_rope_table_are_refused_up_front(tmp_path, monkeypatch):
-    out = _refused(tmp_path, monkeypatch, "--blocks", "400", "--device", "cpu")
-    assert "--blocks 400" in out and "1024-frame RoPE table" in out and "at most 341" in out
+def test_more_blocks_than_a_stream_can_reach_are_refused_up_front(tmp_path, monkeypatch):
+    out = _refused(tmp_path, monkeypatch, "--blocks", "89478486", "--device", "cpu")
+    assert "--blocks 89478486" in out and "268435456 latent frames" in out and "89478485 or fewer" in out
 
 
 @pytest.mark.parametrize("device, message", [("cuda:99", "--device cuda:99: no CUDA"), ("gpu0", "not a torch device"),
@@ -65,3 +65,17 @@ def test_stream_request_checks(tmp_path):
                          (dict(out=file), "exists and is not a directory")):
         with pytest.raises(WanTrtError, match=message):
             check_stream_request(cfg, **{**good, **bad})
+
+
+@pytest.mark.slow
+def test_400_blocks_stream_past_the_old_rope_table_end(tmp_path):
+    """Upstream stops at block 341 (frame 1024); a stream goes on (the default run crosses that end
+    from a stream started just before it: tests/engines/runtime/test_session.py)."""
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "400", "--device", "cpu",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["block_ms"]) == 400
+    latents = torch.load(out / "latents.pt")
+    assert latents.shape[2] == 1200 and torch.isfinite(latents).all()

@@ -18,7 +18,7 @@ def test_upstream_named_checkpoint_loads_strictly(tmp_path, small_cfg, suffix):
     for (name, a), (_, b) in zip(src.state_dict().items(), loaded.state_dict().items()):
         assert b.dtype == torch.bfloat16
         torch.testing.assert_close(b.float(), a.to(torch.bfloat16).float(), msg=name)
-    assert loaded.rope.frame_cos.device.type == "cpu"  # tables rebuilt after the meta-device load
+    assert loaded.rope.hw_cos.device.type == "cpu"  # tables rebuilt after the meta-device load
 
 
 def test_without_prefix_and_wrapped(tmp_path, small_cfg):

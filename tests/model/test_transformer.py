@@ -72,4 +72,4 @@ def test_random_init_redraws_what_upstream_zeroes(small_cfg):
 def test_bf16_model_keeps_fp32_rope(small_cfg):
     model = build_model(small_cfg, torch.bfloat16)
     assert model.dtype == torch.bfloat16
-    assert model.rope.frame_cos.dtype == torch.float32
+    assert model.rope.hw_cos.dtype == torch.float32

@@ -4,6 +4,7 @@ import torch
 
 from wan_trt.config_load import load_config
 from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.runtime.session import StreamingSession
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.export.transformer import export_transformer
 from wan_trt.validate.metrics import rel_l2_floor, tolerance
@@ -49,19 +50,23 @@ def test_one_slightly_wrong_weight_row_fails_an_fp32_check(export_dir):
     assert not report.ok and any("flow" in p for p in report.problems())
 
 
-def test_the_stream_check_covers_the_end_of_the_rope_table(export_dir):
-    """Rows near the end of the frame table are used only by late blocks: the deep stream must catch them."""
+def test_the_stream_check_covers_positions_far_into_a_stream(export_dir, monkeypatch):
+    """A runtime whose frame counter wraps at 2**16 is exact for hours of video and wrong where the
+    wrap falls inside the attention window: the deep stream (across frame 2**17) must catch it."""
     manifest, backend = _backend(export_dir, None)
-    rope = backend.static_pass.model.rope
-    with torch.no_grad():
-        rope.frame_cos[-6:] = rope.frame_cos[:6].clone()  # rows 1018..1023 swapped for rows 0..5
+
+    def wrapping_counter(session):
+        frame = session.start_frame if session.runner is not backend else session.start_frame % (1 << 16)
+        return session.spec.rotary_feeds(frame)
+
+    monkeypatch.setattr(StreamingSession, "_rotary_feeds", wrapping_counter)
     report = check_runner(export_dir, manifest, backend, CheckOptions(blocks=2, seed=1, save_results=False))
     early = [b for b in report.stream if b["block"] < 2]
     deep = [b for b in report.stream if b["block"] >= 2]
-    assert [b["block"] for b in deep] == [339, 340] and deep[-1]["start_frame"] == 1020
-    assert all(b["ok"] for b in early) and all(o.ok for o in report.outputs)  # nothing else sees those rows
-    assert not all(b["ok"] for b in deep) and not report.ok
-    assert any("stream block 34" in p for p in report.problems())
+    assert [b["start_frame"] for b in deep] == [131064, 131067, 131070, 131073]
+    assert all(b["ok"] for b in early) and all(o.ok for o in report.outputs)  # exact before the wrap
+    assert [b["ok"] for b in deep] == [True, True, True, False] and not report.ok  # wraps before block 43691
+    assert any("stream block 43691" in p for p in report.problems())
 
 
 def test_a_non_finite_block_is_a_failing_row_not_a_crash(export_dir):

@@ -1,77 +1,69 @@
-"""Rotary position tables (fp32 cos/sin) and their application.
+"""RoPE in the graph: the constant height/width part, the block's frame factors, and their application.
 
 Main attention (3D RoPE): head_dim d = 2c values form c complex pairs
 (x[2i], x[2i+1]), split into (frame, height, width) parts of sizes
 ``c - 2*(c//3), c//3, c//3`` (22/21/21 for d=128). Part p uses
-``angle = pos * theta**(-2j/d_p)`` with d_p = 2*size_p, theta 10000 and 1024
-positions. The frame position is absolute (the block's start frame + f);
-height and width start at 0. Upstream computes this in complex128; the angles
-are computed in float64 here and stored as fp32 cos/sin, the form every graph
-uses (no complex tensors in any graph).
+``angle = pos * theta**(-2j/d_p)`` with d_p = 2*size_p and theta 10000. Height and width
+positions are the fixed patch grid: their cos/sin are constants of the graph. The frame
+position is absolute; its cos/sin arrive per block as inputs (:class:`BlockRope`, formed on the
+host in float64 by :mod:`wan_trt.rotary`), so no position is limited by a table.
 
-Action attention (1D temporal RoPE, upstream ``get_nd_rotary_pos_embed`` with a
-[7500, 1, 1] grid): the first ``mouse_qk_dim_list[0]`` dims rotate with the
-frame position (theta = rope_theta, computed in fp32 as upstream), the rest see
-position 0, i.e. cos = 1, sin = 0.
+Action attention (1D temporal RoPE, upstream ``get_nd_rotary_pos_embed`` over a [frames, 1, 1]
+grid): the first ``mouse_qk_dim_list[0]`` dims rotate with the frame position (theta =
+rope_theta), the rest see position 0, i.e. cos = 1, sin = 0.
 
 Rotation of an interleaved pair: ``(a, b) -> (a cos - b sin, a sin + b cos)``.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 from wan_trt.config import WanConfig
-
-ACTION_ROPE_FRAMES = 7500
-
-
-def rope_split(head_dim: int) -> tuple[int, int, int]:
-    """Complex pairs given to (frame, height, width): (22, 21, 21) for head_dim 128."""
-    c = head_dim // 2
-    return c - 2 * (c // 3), c // 3, c // 3
+from wan_trt.rotary import MAIN_THETA, block_frequencies, inverse_frequencies, rope_split, rotary_factors
 
 
-def _angles(positions: int, pairs: int, theta: float) -> torch.Tensor:
-    # [positions, pairs] in float64, upstream rope_params: pos / theta**(2j / (2*pairs))
-    inv = 1.0 / torch.pow(theta, torch.arange(0, 2 * pairs, 2, dtype=torch.float64) / (2 * pairs))
-    return torch.outer(torch.arange(positions, dtype=torch.float64), inv)
+class BlockRope(NamedTuple):
+    """The block's position-dependent rotary factors, fp32: what the graph takes instead of a frame index.
 
+    frame_cos/frame_sin: [F, c_f] of the main attention's frame part; action_cos/action_sin:
+    [F, temporal pairs] of the action attentions (None without an action module).
+    """
 
-def main_rope_angles(head_dim: int, max_frames: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Angle tables (frame [max_frames, c_f], height [max_frames, c_h], width [max_frames, c_w]), float64."""
-    cf, ch, cw = rope_split(head_dim)
-    return _angles(max_frames, cf, 10000.0), _angles(max_frames, ch, 10000.0), _angles(max_frames, cw, 10000.0)
+    frame_cos: torch.Tensor
+    frame_sin: torch.Tensor
+    action_cos: torch.Tensor | None = None
+    action_sin: torch.Tensor | None = None
 
-
-def action_rope_angles(head_dim: int, dims: tuple[int, ...], theta: float) -> torch.Tensor:
-    """[ACTION_ROPE_FRAMES, head_dim // 2] fp32 angles: temporal pairs first, zeros after."""
-    pairs_t = dims[0] // 2
-    inv = 1.0 / (theta ** (torch.arange(0, dims[0], 2, dtype=torch.float32)[:pairs_t] / dims[0]))
-    temporal = torch.outer(torch.arange(ACTION_ROPE_FRAMES, dtype=torch.float32), inv)
-    rest = torch.zeros(ACTION_ROPE_FRAMES, head_dim // 2 - pairs_t)
-    return torch.cat([temporal, rest], dim=1)
+    @classmethod
+    def at(cls, cfg: WanConfig, start_frame: int, device: str | torch.device = "cpu") -> "BlockRope":
+        """The factors of the block starting at absolute latent frame ``start_frame``."""
+        factors = [t for freqs in block_frequencies(cfg).values()
+                   for t in rotary_factors(freqs, start_frame, cfg.block_frames, device)]
+        return cls(*factors)
 
 
 class RopeTables(nn.Module):
-    """fp32 cos/sin tables as non-persistent buffers that stay fp32 under ``.to(dtype)``.
+    """The constant part of RoPE as fp32 non-persistent buffers that stay fp32 under ``.to(dtype)``.
 
-    Buffers (c = head_dim // 2 pairs, ca = action head_dim // 2):
-        frame_cos/frame_sin: [max_frames, c_f]; hw_cos/hw_sin: [H*W, c_h + c_w] for the
-        fixed patch grid; action_cos/action_sin: [7500, ca].
+    Buffers: hw_cos/hw_sin [H*W, c_h + c_w] for the fixed patch grid. :meth:`main` and
+    :meth:`action` join them with a block's :class:`BlockRope`.
     """
 
     def __init__(self, cfg: WanConfig):
         super().__init__()
-        frame, height, width = main_rope_angles(cfg.head_dim, cfg.inference.rope_max_frames)
+        _, ch, cw = rope_split(cfg.head_dim)
         h, w = cfg.grid_hw
-        hw = torch.cat([height[:h, None, :].expand(h, w, -1), width[None, :w, :].expand(h, w, -1)], dim=-1)
+        height = _angles(h, inverse_frequencies(ch, 2 * ch, MAIN_THETA))
+        width = _angles(w, inverse_frequencies(cw, 2 * cw, MAIN_THETA))
+        hw = torch.cat([height[:, None, :].expand(h, w, -1), width[None, :, :].expand(h, w, -1)], dim=-1)
         hw = hw.reshape(h * w, -1)
+        self.register_buffer("hw_cos", hw.cos().float(), persistent=False)
+        self.register_buffer("hw_sin", hw.sin().float(), persistent=False)
         a = cfg.model.action_config
-        action = action_rope_angles(a.head_dim, a.mouse_qk_dim_list, float(a.rope_theta))
-        for name, angles in (("frame", frame), ("hw", hw), ("action", action)):
-            self.register_buffer(f"{name}_cos", angles.cos().float(), persistent=False)
-            self.register_buffer(f"{name}_sin", angles.sin().float(), persistent=False)
+        self.action_still = a.head_dim // 2 - a.mouse_qk_dim_list[0] // 2  # pairs at position 0
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
@@ -80,29 +72,26 @@ class RopeTables(nn.Module):
                 self._buffers[key] = buf.float()
         return self
 
-    def main(self, start_frame: torch.Tensor | int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [frames * H * W, c] for a block starting at absolute latent frame ``start_frame``."""
-        rows = _frame_rows(start_frame, frames, self.frame_cos.device)
-        hw = self.hw_cos.shape[0]
+    def main(self, frame_cos: torch.Tensor, frame_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [F * H * W, c] of the main attention from the block's frame factors [F, c_f]."""
+        frames, hw = frame_cos.shape[0], self.hw_cos.shape[0]
 
         def table(frame_t: torch.Tensor, hw_t: torch.Tensor) -> torch.Tensor:
-            f = frame_t[rows]  # [frames, c_f]
-            return torch.cat([f[:, None, :].expand(frames, hw, -1),
+            return torch.cat([frame_t[:, None, :].expand(frames, hw, -1),
                               hw_t[None, :, :].expand(frames, hw, -1)], dim=-1).reshape(frames * hw, -1)
 
-        return table(self.frame_cos, self.hw_cos), table(self.frame_sin, self.hw_sin)
+        return table(frame_cos.float(), self.hw_cos), table(frame_sin.float(), self.hw_sin)
 
-    def action(self, start_frame: torch.Tensor | int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [frames, ca] of the action attentions."""
-        rows = _frame_rows(start_frame, frames, self.action_cos.device)
-        return self.action_cos[rows], self.action_sin[rows]
+    def action(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [F, ca] of the action attentions from the block's temporal factors [F, pairs]."""
+        still = (cos.shape[0], self.action_still)
+        return (torch.cat([cos.float(), cos.new_ones(still, dtype=torch.float32)], dim=1),
+                torch.cat([sin.float(), sin.new_zeros(still, dtype=torch.float32)], dim=1))
 
 
-def _frame_rows(start_frame: torch.Tensor | int, frames: int, device: torch.device) -> torch.Tensor:
-    steps = torch.arange(frames, device=device)
-    if isinstance(start_frame, torch.Tensor):
-        return start_frame.reshape(1).to(device=device, dtype=torch.int64) + steps
-    return steps + int(start_frame)
+def _angles(positions: int, inv_freq: tuple[float, ...]) -> torch.Tensor:
+    """[positions, pairs] float64 angles of positions 0.. (the height/width grid)."""
+    return torch.outer(torch.arange(positions, dtype=torch.float64), torch.tensor(inv_freq, dtype=torch.float64))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from wan_trt.model.caches import StaticCaches
+from wan_trt.model.rope import BlockRope
 from wan_trt.model.transformer import CausalWanModel
-from wan_trt.spec import (COND_CONCAT, FLOW, KEYBOARD_WINDOW, LATENTS, MOUSE_WINDOW, ROPE_OFFSET, TIMESTEP,
-                          VALID_FRAMES, VISUAL_CONTEXT, PassSpec)
+from wan_trt.spec import (COND_CONCAT, FLOW, KEYBOARD_WINDOW, LATENTS, MOUSE_WINDOW, TIMESTEP, VALID_FRAMES,
+                          VISUAL_CONTEXT, PassSpec)
 
 
 class StaticPass(nn.Module):
@@ -37,9 +38,11 @@ class StaticPass(nn.Module):
             units={c.kind: c.units for c in spec.caches},
             layer_index={c.kind: {layer: i for i, layer in enumerate(c.layers)} for c in spec.caches},
         )
+        rope = BlockRope(**{f"{r.kind}_{part}": feeds[name] for r in spec.rotaries
+                            for part, name in (("cos", r.cos), ("sin", r.sin))})
         flow = model(feeds[LATENTS], feeds[TIMESTEP], feeds[COND_CONCAT],
                      model.encode_context(feeds[VISUAL_CONTEXT]), feeds.get(MOUSE_WINDOW),
-                     feeds.get(KEYBOARD_WINDOW), feeds[ROPE_OFFSET], caches)
+                     feeds.get(KEYBOARD_WINDOW), rope, caches)
         outputs = {FLOW: flow}
         for c in spec.caches:
             outputs[c.cur_k], outputs[c.cur_v] = caches.stacked_current(c.kind)

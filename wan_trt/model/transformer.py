@@ -24,7 +24,7 @@ from torch import nn
 from wan_trt.config import WanConfig
 from wan_trt.model.action import ActionModule
 from wan_trt.model.layers import MLPProj, WanLayerNorm, WanRMSNorm, attention, sinusoidal_embedding_1d
-from wan_trt.model.rope import RopeTables, apply_rope
+from wan_trt.model.rope import BlockRope, RopeTables, apply_rope
 
 ContextKV = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
@@ -208,7 +208,7 @@ class CausalWanModel(nn.Module):
 
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, cond_concat: torch.Tensor,
                 context_kv: ContextKV, mouse_window: torch.Tensor | None, keyboard_window: torch.Tensor | None,
-                start_frame: torch.Tensor | int, caches) -> torch.Tensor:
+                rope: BlockRope, caches) -> torch.Tensor:
         """One pass over one block; returns the flow prediction [B, out_dim, F, H, W] in the model dtype.
 
         Args:
@@ -217,7 +217,7 @@ class CausalWanModel(nn.Module):
             cond_concat: [B, in_dim - out_dim, F, H, W] mask + image latent of the block.
             context_kv: from :meth:`encode_context`.
             mouse_window, keyboard_window: [B, F, 12, dim_in] raw action windows (None if disabled).
-            start_frame: absolute latent frame of the block's first frame (RoPE offset).
+            rope: the block's frame factors (:meth:`BlockRope.at` its absolute start frame).
             caches: :class:`RollingCaches` or :class:`StaticCaches`.
         """
         batch, _, frames, height, width = latents.shape
@@ -226,8 +226,8 @@ class CausalWanModel(nn.Module):
         sinusoid = sinusoidal_embedding_1d(self.cfg.model.freq_dim, timestep.flatten(), self.sinusoid_dtype)
         e = self.time_embedding(sinusoid.to(self.dtype))
         e0 = self.time_projection(e).unflatten(1, (6, -1)).unflatten(0, (batch, frames))  # [B, F, 6, C]
-        rope_main = self.rope.main(start_frame, frames)
-        rope_action = self.rope.action(start_frame, frames)
+        rope_main = self.rope.main(rope.frame_cos, rope.frame_sin)
+        rope_action = None if rope.action_cos is None else self.rope.action(rope.action_cos, rope.action_sin)
         for block, kv in zip(self.blocks, context_kv):
             x = block(x, e0, kv, rope_main, rope_action, mouse_window, keyboard_window, caches)
         x = self.head(x, e.unflatten(0, (batch, frames)).unsqueeze(2))

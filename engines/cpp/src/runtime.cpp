@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -44,7 +45,9 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
   RuntimeSpec s;
   std::string line, key;
   std::getline(file, line);
-  if (line != "wan_trt_runtime 1") throw Error(path + " is not a wan-trt runtime file (version 1)");
+  if (line == "wan_trt_runtime 1")
+    throw Error(path + " is from an older wan-trt (a RoPE table with a frame offset input): re-export and rebuild");
+  if (line != "wan_trt_runtime 2") throw Error(path + " is not a wan-trt runtime file (version 2)");
   while (std::getline(file, line)) {
     std::istringstream in(line);
     if (!(in >> key)) continue;
@@ -55,7 +58,7 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
     else if (key == "tokens_per_frame") in >> s.tokens_per_frame;
     else if (key == "window_frames") in >> s.window_frames;
     else if (key == "ratio") in >> s.ratio;
-    else if (key == "rope_max_frames") in >> s.rope_max_frames;
+    else if (key == "max_stream_frames") in >> s.max_stream_frames;
     else if (key == "latent") in >> s.channels >> s.height >> s.width;
     else if (key == "timesteps") for (double v; in >> v;) s.timesteps.push_back(v);
     else if (key == "sigmas") for (double v; in >> v;) s.sigmas.push_back(v);
@@ -66,9 +69,15 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
       CacheSpec c;
       in >> c.kind >> c.units >> c.prev_k >> c.cur_k >> c.prev_v >> c.cur_v;
       s.caches.push_back(c);
+    } else if (key == "rotary") {
+      RotarySpec r;
+      in >> r.cos >> r.sin;
+      for (double v; in >> v;) r.inv_freq.push_back(v);
+      s.rotaries.push_back(r);
     } else throw Error(path + ": unknown key '" + key + "'");
   }
-  if (s.timesteps.empty() || s.timesteps.size() != s.sigmas.size() || s.inputs.empty())
+  if (s.timesteps.empty() || s.timesteps.size() != s.sigmas.size() || s.inputs.empty() || s.rotaries.empty() ||
+      s.max_stream_frames <= 0)
     throw Error(path + ": incomplete runtime file");
   return s;
 }
@@ -189,7 +198,15 @@ static std::string first_non_finite(const std::vector<std::pair<std::string, at:
   return "";
 }
 
-void StreamingSession::start(const at::Tensor& visual_context) {
+// Index of the first new raw action frame of `block` (0, then ratio * F * block - (ratio - 1)).
+static int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block) {
+  return block == 0 ? 0 : 1 + spec.ratio * (block * spec.block_frames - 1);
+}
+
+void StreamingSession::start(const at::Tensor& visual_context, int64_t start_block) {
+  if (start_block < 0 || start_block >= spec_.max_stream_frames / spec_.block_frames)
+    throw Error("start_block " + std::to_string(start_block) + ": a stream reaches " +
+                std::to_string(spec_.max_stream_frames) + " latent frames");
   at::Tensor& slot = feeds_.at("visual_context");
   if (visual_context.sizes() != slot.sizes()) throw Error("visual_context: wrong shape");
   if (!first_non_finite({{"visual_context", visual_context}}).empty())
@@ -202,7 +219,7 @@ void StreamingSession::start(const at::Tensor& visual_context) {
     }
   history_.clear();
   base_.clear();
-  block_ = 0;
+  block_ = start_block;
   valid_frames_ = 0;
   started_ = true;
 }
@@ -229,7 +246,7 @@ void StreamingSession::feed_actions(const std::string& name, const at::Tensor& r
   auto it = history_.find(name);
   if (it == history_.end()) {
     history_[name] = at::cat({raw.narrow(1, 0, 1).expand({-1, w, -1}), raw}, 1);
-    base_[name] = 0;
+    base_[name] = first_raw_frame(spec_, block_);  // a later start: its padding stands in for earlier frames
   } else {
     it->second = at::cat({it->second, raw}, 1);
   }
@@ -238,6 +255,25 @@ void StreamingSession::feed_actions(const std::string& name, const at::Tensor& r
   std::vector<at::Tensor> windows;
   for (int64_t i = 0; i < f; ++i) windows.push_back(frames.narrow(1, first + r * i, w));
   feeds_.at(window).copy_(at::stack(windows, 1));
+}
+
+// cos/sin of (start + f) * inv_freq in double, stored fp32: the same numbers as wan_trt.rotary.
+void StreamingSession::feed_rotaries(int64_t start) {
+  const int64_t f = spec_.block_frames;
+  for (const auto& r : spec_.rotaries) {
+    const int64_t n = static_cast<int64_t>(r.inv_freq.size());
+    at::Tensor cos = at::empty({f, n}, at::kFloat), sin = at::empty({f, n}, at::kFloat);
+    float* c = cos.data_ptr<float>();
+    float* s = sin.data_ptr<float>();
+    for (int64_t i = 0; i < f; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const double angle = static_cast<double>(start + i) * r.inv_freq[j];
+        c[i * n + j] = static_cast<float>(std::cos(angle));
+        s[i * n + j] = static_cast<float>(std::sin(angle));
+      }
+    feeds_.at(r.cos).copy_(cos);
+    feeds_.at(r.sin).copy_(sin);
+  }
 }
 
 std::map<std::string, at::Tensor> StreamingSession::run(const at::Tensor& x, double t) {
@@ -252,9 +288,9 @@ at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mous
   const std::string of_block = " of block " + std::to_string(block_);
   // every check before any state changes: a refused step leaves the session as it was
   if (!started_) throw Error("step() before start(): start the stream with its visual context first");
-  if (start + f > spec_.rope_max_frames)
-    throw Error("block " + std::to_string(block_) + " would end past the " + std::to_string(spec_.rope_max_frames) +
-                "-frame RoPE table: start a new stream");
+  if (start + f > spec_.max_stream_frames)
+    throw Error("block " + std::to_string(block_) + " would end past the " + std::to_string(spec_.max_stream_frames) +
+                " latent frames a stream can reach: start a new stream");
   at::Tensor& cond_slot = feeds_.at("cond_concat");
   if (cond.sizes() != cond_slot.sizes()) throw Error("cond_concat: wrong shape for block " + std::to_string(block_));
   std::vector<std::pair<std::string, at::Tensor>> given{{"cond_concat", cond}};
@@ -266,7 +302,7 @@ at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mous
   const auto kept_base = base_;
   for (size_t i = 1; i < given.size(); ++i) feed_actions(given[i].first, given[i].second);
   cond_slot.copy_(cond);
-  feeds_.at("rope_offset").fill_(start);
+  feed_rotaries(start);
   if (spec_.prev_frames > 0) feeds_.at("valid_frames").fill_(valid_frames_);
 
   const auto& latents = spec_.input("latents");

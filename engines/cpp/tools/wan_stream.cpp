@@ -2,9 +2,11 @@
 //
 //   wan_stream --engine E.pt2 --inputs stream_inputs.pt --blocks 8 --out latents.pt
 //              [--runtime E.pt2.runtime.txt] [--seed 0] [--device cpu|cuda] [--cuda-graph] [--tensorrt]
+//              [--start-block 0]
 //
 // --inputs is a file written with torch.save (Python) of a dict {"visual_context", "cond_concat",
-// "mouse", "keyboard"} (see wan_trt.engines.cpp.write_stream_inputs); raw action histories are cut
+// "mouse", "keyboard"} (see wan_trt.engines.runtime.cpp.write_stream_inputs) holding the blocks from
+// --start-block on (raw actions from that block's first raw frame on); raw action histories are cut
 // into each block's new frames here, as a live client would send them. Output: torch.save-loadable
 // tensor [1, 16, 3*N, H, W] and one "block i: ms" line per block on stdout.
 #include <torch/serialize.h>
@@ -30,7 +32,8 @@ at::Tensor get(const c10::Dict<c10::IValue, c10::IValue>& dict, const std::strin
 }
 
 int run(int argc, char** argv) {
-  std::map<std::string, std::string> args{{"--blocks", "8"}, {"--seed", "0"}, {"--device", "cpu"}};
+  std::map<std::string, std::string> args{{"--blocks", "8"}, {"--seed", "0"}, {"--device", "cpu"},
+                                         {"--start-block", "0"}};
   bool cuda_graph = false, tensorrt = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -54,15 +57,18 @@ int run(int argc, char** argv) {
   auto inputs = torch::pickle_load(read_file(args["--inputs"])).toGenericDict();
   const at::Tensor visual = get(inputs, "visual_context"), cond = get(inputs, "cond_concat");
   const at::Tensor mouse = get(inputs, "mouse"), keyboard = get(inputs, "keyboard");
-  const int64_t blocks = std::stoll(args["--blocks"]), f = spec.block_frames, r = spec.ratio;
+  const int64_t blocks = std::stoll(args["--blocks"]), first = std::stoll(args["--start-block"]);
+  const int64_t f = spec.block_frames, r = spec.ratio;
+  const int64_t held_from = first == 0 ? 0 : 1 + r * (first * f - 1);  // first raw frame the inputs hold
 
   wan_trt::StreamingSession session(*runner, spec, std::stoll(args["--seed"]));
-  session.start(visual.to(device, spec.dtype()));
+  session.start(visual.to(device, spec.dtype()), first);
   std::vector<at::Tensor> latents;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t end = 1 + r * ((b + 1) * f - 1), n = b == 0 ? 1 + r * (f - 1) : r * f;
+  for (int64_t b = first; b < first + blocks; ++b) {
+    const int64_t end = 1 + r * ((b + 1) * f - 1) - held_from, n = b == 0 ? 1 + r * (f - 1) : r * f;
     auto cut = [&](const at::Tensor& h) { return h.defined() ? h.narrow(1, end - n, n) : at::Tensor(); };
-    at::Tensor x0 = session.step(cond.narrow(2, b * f, f).to(device, spec.dtype()), cut(mouse), cut(keyboard));
+    at::Tensor x0 =
+        session.step(cond.narrow(2, (b - first) * f, f).to(device, spec.dtype()), cut(mouse), cut(keyboard));
     latents.push_back(x0.to(at::kCPU));
     std::cout << "block " << b << ": " << session.last_block_ms() << " ms\n";
   }

@@ -39,6 +39,24 @@ def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream,
         assert stats.rel_l2 < 1e-3 and stats.non_finite == 0, (b, stats)
 
 
+@pytest.mark.parametrize("start_block", [339, 2498])
+def test_cpp_runtime_equals_python_across_upstreams_table_ends(aoti, wan_stream, tmp_path, start_block):
+    """Started just before frame 1024 / 7500: both runtimes form the rotary factors from the runtime
+    file's frequencies with the C library's cos/sin, so the latents agree as at frame 0."""
+    export_dir, engine = aoti
+    manifest = Manifest.read(export_dir)
+    inputs = synthetic_stream(manifest.spec.config, 4, seed=9, first_block=start_block)
+    with AotiRunner(engine, manifest) as runner:
+        python = torch.cat([r.latents for r in stream_blocks(StreamingSession(runner, noise=NoiseSource(4)),
+                                                             inputs, 4, start_block=start_block)], dim=2)
+    cpp, _ = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 4,
+                            tmp_path / "out.pt", seed=4, start_block=start_block)
+    torch.testing.assert_close(cpp, python, rtol=0, atol=1e-6)
+    expected = torch.cat(reference_stream(reference_model(manifest, torch.float32, "cpu"), inputs, 4, 4,
+                                          start_block=start_block), dim=2)
+    assert error_stats(cpp, expected).rel_l2 < 1e-3
+
+
 def test_cpp_runtime_refuses_non_finite_input_and_blocks(aoti, wan_stream, tmp_path):
     """NaN conditioning is refused as input; finite but huge conditioning overflows inside the model and
     the block is refused. Both name the block, exit 1 and write no latents."""
@@ -52,3 +70,16 @@ def test_cpp_runtime_refuses_non_finite_input_and_blocks(aoti, wan_stream, tmp_p
         with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): " + message):
             run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 2, out)
         assert not out.exists()
+
+
+def test_cpp_runtime_refuses_a_runtime_file_of_the_rope_offset_contract(aoti, wan_stream, tmp_path):
+    """Engines built before the rotary inputs take an int32 rope_offset: re-export and rebuild."""
+    import shutil
+    export_dir, engine = aoti
+    old = tmp_path / engine.name
+    shutil.copy(engine, old)
+    text = (engine.parent / (engine.name + ".runtime.txt")).read_text().replace("wan_trt_runtime 2", "wan_trt_runtime 1")
+    (tmp_path / (engine.name + ".runtime.txt")).write_text(text)
+    inputs = synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9)
+    with pytest.raises(WanTrtError, match="older wan-trt .*re-export and rebuild"):
+        run_wan_stream(wan_stream, old, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt")

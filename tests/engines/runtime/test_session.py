@@ -7,8 +7,10 @@ from wan_trt.engines.runtime.session import NonFiniteBlock, StreamingSession, st
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.errors import WanTrtError
 from wan_trt.model import build_model
+from wan_trt.pipeline import ReferencePipeline
+from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.spec import PassSpec
-from wan_trt.stream import NoiseSource, synthetic_stream
+from wan_trt.stream import NoiseSource, max_stream_blocks, synthetic_stream
 from wan_trt.validate.stream import compare_stream, reference_stream
 
 BLOCKS = 9  # 27 latent frames: far past every window (eviction included)
@@ -46,11 +48,7 @@ def _all_valid(session):
 
 
 def _rope_from_zero(session):
-    feeds = session.feeds
-    class Zeroed(dict):
-        def __getitem__(self, k):
-            return torch.zeros_like(dict.__getitem__(self, k)) if k == "rope_offset" else dict.__getitem__(self, k)
-    session.feeds = Zeroed(feeds)
+    session._rotary_feeds = lambda: session.spec.rotary_feeds(0)  # every block at frame 0
 
 
 @pytest.mark.parametrize("patch", [_no_commit, _all_valid, _rope_from_zero])
@@ -103,14 +101,18 @@ def test_one_held_action_per_block():
     assert torch.isfinite(result.latents).all() and len(result.pass_seconds) == cfg.passes_per_block
 
 
-def test_stream_past_the_rope_table_is_refused():
-    cfg = load_config("universal-small").replace(rope_max_frames=9)
+def test_a_stream_runs_to_the_last_frame_it_can_reach_and_no_further():
+    """The only length limit: MAX_STREAM_FRAMES (where float64 angles stop being exact to fp32)."""
+    cfg = load_config("universal-small")
     session = StreamingSession(TorchRunner(build_model(cfg), PassSpec.from_config(cfg, "fp32")))
-    inputs = synthetic_stream(cfg, 4)
-    stream_blocks(session, inputs, 3)  # frames 0..8 fit
-    mouse, keyboard = inputs.block_actions(cfg, 3)
-    with pytest.raises(WanTrtError, match="past the 9-frame RoPE table"):
-        session.step(inputs.block_cond(cfg, 3), mouse, keyboard)
+    last = max_stream_blocks(cfg) - 1
+    inputs = synthetic_stream(cfg, 2, first_block=last)
+    session.start(inputs.visual_context, start_block=last)
+    mouse, keyboard = inputs.block_actions(cfg, last)
+    result = session.step(inputs.block_cond(cfg, last), mouse, keyboard)
+    assert result.start_frame == last * cfg.block_frames and torch.isfinite(result.latents).all()
+    with pytest.raises(WanTrtError, match=f"past the {MAX_STREAM_FRAMES} latent frames a stream can reach"):
+        session.step(inputs.block_cond(cfg, last), mouse, keyboard)
 
 
 def test_bf16_stream_stays_close_to_fp32(small_cfg):
@@ -211,8 +213,8 @@ def test_a_rejected_step_leaves_the_session_exactly_as_before(universal_small):
 def test_start_block_out_of_range_is_refused(universal_small):
     cfg, model, inputs = universal_small
     session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
-    last = cfg.inference.rope_max_frames // cfg.block_frames - 1
-    with pytest.raises(WanTrtError, match=f"past the {cfg.inference.rope_max_frames}-frame RoPE table: start at "
+    last = max_stream_blocks(cfg) - 1
+    with pytest.raises(WanTrtError, match=f"a stream reaches {MAX_STREAM_FRAMES} latent frames .*start at "
                                           f"block {last} or earlier"):
         session.start(inputs.visual_context, start_block=last + 1)
     with pytest.raises(WanTrtError, match="start_block: expected an int >= 0, got -1"):
@@ -268,21 +270,45 @@ def test_a_non_finite_block_is_not_committed(universal_small):
         assert torch.equal(a.step(cond, mouse, keyboard).latents, b.step(cond, mouse, keyboard).latents), block
 
 
-def test_a_stream_started_deep_in_the_rope_table_equals_the_reference():
-    """Started at block 300 (latent frame 900 of 1024) with empty caches: static session == reference.
-
-    Actions change every raw frame, so the frames before block 300 (padding) would show if misplaced.
-    """
+@pytest.mark.parametrize("start_block", [339, 2498])
+def test_a_stream_across_upstreams_table_ends_equals_the_reference(start_block):
+    """Started just before an end of upstream's RoPE tables (frame 1024 of the main attention's,
+    7500 of the actions') with empty caches, four blocks across it: static session == reference
+    with its tables extended. Actions change every raw frame, so misplaced padding would show."""
     import dataclasses
     cfg = load_config("universal-small")
-    assert cfg.inference.rope_max_frames >= 303 * cfg.block_frames
     model = build_model(cfg, seed=1)
-    inputs = synthetic_stream(cfg, 303, seed=4)
+    inputs = synthetic_stream(cfg, 4, seed=4, first_block=start_block)
     gen = torch.Generator().manual_seed(0)
     inputs = dataclasses.replace(inputs, mouse=torch.randn(inputs.mouse.shape, generator=gen),
                                  keyboard=torch.randn(inputs.keyboard.shape, generator=gen))
-    report = compare_stream(model, TorchRunner(model, PassSpec.from_config(cfg, "fp32")), 3, seed=4,
-                            inputs=inputs, start_block=300)
-    assert len(report.blocks) == 3
+    report = compare_stream(model, TorchRunner(model, PassSpec.from_config(cfg, "fp32")), 4, seed=4,
+                            inputs=inputs, start_block=start_block)
+    assert len(report.blocks) == 4
     for i, stats in enumerate(report.blocks):
-        assert stats.non_finite == 0 and stats.max_abs < 2e-5 and stats.rel_l2 < 1e-5, f"block {300 + i}: {stats}"
+        assert stats.non_finite == 0 and stats.max_abs < 2e-5 and stats.rel_l2 < 1e-5, f"block {start_block + i}: {stats}"
+
+
+LONG_BLOCKS = 2600  # 7800 latent frames: past both of upstream's tables (1024 and 7500 frames)
+SAMPLED = [*range(340, 346), *range(1000, 1004), *range(2498, 2504), *range(2595, 2600)]
+
+
+@pytest.mark.slow
+def test_one_stream_of_2600_blocks_equals_the_reference_without_growth():
+    """One stream from block 0 to 7800 latent frames, the static session against the reference with
+    its tables extended: sampled blocks around both table ends and at the end agree within fp32
+    rounding, and the error does not grow with the position."""
+    cfg = load_config("universal-small")
+    model = build_model(cfg, seed=1)
+    inputs = synthetic_stream(cfg, LONG_BLOCKS, seed=4)
+    expected = {}
+    for block, latents in enumerate(ReferencePipeline(model).run(inputs, LONG_BLOCKS, NoiseSource(4))):
+        if block in SAMPLED or block < 8:
+            expected[block] = latents
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(4))
+    results = stream_blocks(session, inputs, LONG_BLOCKS, sync=False)
+    errors = {b: float((results[b].latents - e).abs().max()) for b, e in expected.items()}
+    assert all(torch.isfinite(r.latents).all() for r in results)
+    assert max(errors.values()) < 2e-5, errors
+    early, late = max(errors[b] for b in range(8)), max(errors[b] for b in SAMPLED if b >= 2595)
+    assert late < max(4 * early, 2e-6), (early, late)

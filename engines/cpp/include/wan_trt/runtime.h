@@ -37,15 +37,22 @@ struct CacheSpec {
   int64_t units;
 };
 
+// A rotary input pair: per block, fp32 cos/sin [F, n] of (start_frame + f) * inv_freq[i], formed in double.
+struct RotarySpec {
+  std::string cos, sin;
+  std::vector<double> inv_freq;
+};
+
 // The spec + schedule of one engine, read from the `.runtime.txt` written by `wan-trt build`.
 struct RuntimeSpec {
   std::string config, precision;
   int64_t block_frames = 0, prev_frames = 0, tokens_per_frame = 0, window_frames = 0, ratio = 0;
-  int64_t rope_max_frames = 0, channels = 0, height = 0, width = 0;
+  int64_t max_stream_frames = 0, channels = 0, height = 0, width = 0;
   std::vector<double> timesteps, sigmas;
   double clean_timestep = 0;
   std::vector<TensorSpec> inputs, outputs;
   std::vector<CacheSpec> caches;
+  std::vector<RotarySpec> rotaries;
 
   static RuntimeSpec load(const std::string& path);
   const TensorSpec& input(const std::string& name) const;
@@ -92,7 +99,8 @@ at::Tensor noise(int64_t seed, int64_t block, int64_t step, at::IntArrayRef shap
 class StreamingSession {
  public:
   StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed);
-  void start(const at::Tensor& visual_context);
+  // start_block: absolute index of the first block (its position and noise), with empty caches.
+  void start(const at::Tensor& visual_context, int64_t start_block = 0);
   // cond: [1, C, F, H, W]; mouse/keyboard: this block's raw frames [1, n, D] (empty if the config has none).
   // Throws Error on a bad or non-finite input (nothing changed) or a non-finite block (nothing committed).
   at::Tensor step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard);
@@ -103,6 +111,7 @@ class StreamingSession {
   std::map<std::string, at::Tensor> run(const at::Tensor& x, double t);
   bool check_actions(const std::string& name, const at::Tensor& raw) const;  // false: the config has no such input
   void feed_actions(const std::string& name, const at::Tensor& raw);
+  void feed_rotaries(int64_t start_frame);
   void commit(std::map<std::string, at::Tensor>& outputs);
 
   Runner& runner_;
