@@ -44,11 +44,14 @@ def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: i
     return out
 
 
-def bench_session(runner: Runner, inputs, blocks: int) -> dict[str, Any]:
-    """Stream ``blocks`` blocks through the static-cache session over ``runner``, synchronised per pass."""
+def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3) -> dict[str, Any]:
+    """Stream ``blocks`` blocks through the static-cache session over ``runner`` as a user would
+    (one device sync per block), then ``timed_blocks`` more with every pass synchronised and timed."""
     with runner:
-        results = stream_blocks(StreamingSession(runner, noise=NoiseSource(0)), inputs, blocks)
-    passes = [s for r in results[1:] for s in r.pass_seconds]
+        session = StreamingSession(runner, noise=NoiseSource(0))
+        results = stream_blocks(session, inputs, blocks)
+        timed = stream_blocks(session, inputs, min(blocks, timed_blocks + 1), time_passes=True)
+    passes = [s for r in timed[1:] for s in r.pass_seconds]
     return block_stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block)
 
 

@@ -31,7 +31,8 @@ from wan_trt.stream import ActionHistory, NoiseSource, first_raw_frame, max_stre
 
 @dataclass
 class BlockResult:
-    """One streamed block: its latents and where the time went (seconds, synchronised)."""
+    """One streamed block: its latents and its time (seconds, up to the step's final device sync);
+    ``pass_seconds`` only when the step was asked to time its passes."""
 
     index: int
     start_frame: int
@@ -129,7 +130,7 @@ class StreamingSession:
 
     @torch.no_grad()
     def step(self, cond_concat: torch.Tensor, mouse: torch.Tensor | None = None,
-             keyboard: torch.Tensor | None = None, sync: bool = True) -> BlockResult:
+             keyboard: torch.Tensor | None = None, time_passes: bool = False) -> BlockResult:
         """Generate the next block.
 
         Args:
@@ -137,7 +138,10 @@ class StreamingSession:
             mouse, keyboard: this block's new raw action frames [1, n, D] (n = 9 for block 0,
                 12 after) or one action [1, D] held for the whole block. Required when the
                 config has that input, refused otherwise.
-            sync: synchronise the device so the timings are real. Defaults to True.
+            time_passes: synchronise the device after every pass to time each one (profiling: it
+                idles the device between passes). Without it the host prepares each pass while
+                the device runs the previous one and the step synchronises once, at its end, so
+                ``seconds`` is the block's real time either way. Defaults to False.
 
         Raises:
             WanTrtError: a bad input (nothing changed) or a non-finite block (nothing committed).
@@ -145,12 +149,12 @@ class StreamingSession:
         begin = time.perf_counter()
         block = self._validate_block_inputs(cond_concat, mouse, keyboard)
         self._feed(block)
-        x0, pass_seconds = self._denoise(sync)
-        outputs = self._run(x0, self.schedule.clean_timestep, pass_seconds, sync)
+        x0, pass_seconds = self._denoise(time_passes)
+        outputs = self._run(x0, self.schedule.clean_timestep, pass_seconds, time_passes)
         self._check_outputs(x0, outputs)
         self._commit(outputs)
         self.histories = block.histories
-        if sync and self.device.type == "cuda":
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         result = BlockResult(self.block, self.start_frame, x0, time.perf_counter() - begin, pass_seconds)
         logger.debug("block %d: %.1f ms", self.block, 1e3 * result.seconds)
@@ -249,25 +253,27 @@ class StreamingSession:
         """The block's rotary factors (its absolute position), formed on the host in float64."""
         return self.spec.rotary_feeds(self.start_frame)
 
-    def _denoise(self, sync: bool) -> tuple[torch.Tensor, list[float]]:
+    def _denoise(self, time_passes: bool) -> tuple[torch.Tensor, list[float]]:
         latents = self.spec.tensor(LATENTS)
         x = self.noise(self.block, 0, latents.shape, self.device, self.dtype)
         sched, seconds = self.schedule, []
         for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas)):
-            x0 = flow_to_x0(self._run(x, t, seconds, sync)[FLOW], x, sigma)
+            x0 = flow_to_x0(self._run(x, t, seconds, time_passes)[FLOW], x, sigma)
             if i + 1 < len(sched.timesteps):
                 x = renoise(x0, self.noise(self.block, i + 1, latents.shape, self.device, self.dtype),
                             sched.sigmas[i + 1])
         return x0, seconds
 
-    def _run(self, x: torch.Tensor, t: float, seconds: list[float], sync: bool = False) -> dict[str, torch.Tensor]:
+    def _run(self, x: torch.Tensor, t: float, seconds: list[float], timed: bool = False) -> dict[str, torch.Tensor]:
+        """One pass; ``timed``: synchronised, its wall time appended to ``seconds``."""
         begin = time.perf_counter()
         self.feeds[LATENTS].copy_(x)
         self.feeds[TIMESTEP].fill_(t)
         outputs = self.runner.infer(self.feeds)
-        if sync and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        seconds.append(time.perf_counter() - begin)
+        if timed:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            seconds.append(time.perf_counter() - begin)
         return outputs
 
     def _commit(self, outputs: dict[str, torch.Tensor]) -> None:
@@ -293,15 +299,16 @@ class StreamingSession:
             buf[:, :, (p - f) * u:] = new
 
 
-def stream_blocks(session: StreamingSession, inputs, blocks: int, sync: bool = True, *,
+def stream_blocks(session: StreamingSession, inputs, blocks: int, time_passes: bool = False, *,
                   start_block: int = 0) -> list[BlockResult]:
     """Run ``blocks`` blocks of a :class:`~wan_trt.stream.StreamInputs` through a fresh stream
-    that starts at block ``start_block`` (``inputs`` cover the stream from block 0)."""
+    that starts at block ``start_block`` (``inputs`` hold that block and the ones after it)."""
     cfg = session.cfg
     session.start(inputs.visual_context.to(session.device, session.dtype), start_block=start_block)
     results = []
     for block in progress(range(start_block, start_block + blocks), "blocks", total=blocks):
         mouse, keyboard = inputs.block_actions(cfg, block)
         move = (lambda t: None if t is None else t.to(session.device, session.dtype))
-        results.append(session.step(move(inputs.block_cond(cfg, block)), move(mouse), move(keyboard), sync=sync))
+        results.append(session.step(move(inputs.block_cond(cfg, block)), move(mouse), move(keyboard),
+                                    time_passes=time_passes))
     return results

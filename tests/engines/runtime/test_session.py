@@ -98,7 +98,10 @@ def test_bad_actions_are_clear_errors():
 def test_one_held_action_per_block():
     cfg, session, inputs = _started("universal-small")
     result = session.step(inputs.block_cond(cfg, 0), torch.tensor([[0.1, 0.0]]), torch.tensor([[1.0, 0, 0, 0]]))
-    assert torch.isfinite(result.latents).all() and len(result.pass_seconds) == cfg.passes_per_block
+    assert torch.isfinite(result.latents).all() and result.pass_seconds == []  # passes untimed by default
+    timed = session.step(inputs.block_cond(cfg, 1), torch.tensor([[0.1, 0.0]]), torch.tensor([[1.0, 0, 0, 0]]),
+                         time_passes=True)
+    assert len(timed.pass_seconds) == cfg.passes_per_block and sum(timed.pass_seconds) <= timed.seconds
 
 
 def test_a_stream_runs_to_the_last_frame_it_can_reach_and_no_further():
@@ -306,7 +309,7 @@ def test_one_stream_of_2600_blocks_equals_the_reference_without_growth():
         if block in SAMPLED or block < 8:
             expected[block] = latents
     session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(4))
-    results = stream_blocks(session, inputs, LONG_BLOCKS, sync=False)
+    results = stream_blocks(session, inputs, LONG_BLOCKS)
     errors = {b: float((results[b].latents - e).abs().max()) for b, e in expected.items()}
     assert all(torch.isfinite(r.latents).all() for r in results)
     assert max(errors.values()) < 2e-5, errors
