@@ -67,10 +67,8 @@ def test_stream_request_checks(tmp_path):
             check_stream_request(cfg, **{**good, **bad})
 
 
-@pytest.mark.slow
 def test_400_blocks_stream_past_the_old_rope_table_end(tmp_path):
-    """Upstream stops at block 341 (frame 1024); a stream goes on (the default run crosses that end
-    from a stream started just before it: tests/engines/runtime/test_session.py)."""
+    """Upstream stops at block 341 (frame 1024); a stream goes on (12 s on 2 cores)."""
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "400", "--device", "cpu",
                                     "--out", str(out)])
