@@ -18,6 +18,7 @@ from wan_trt.digest import file_digest
 from wan_trt.errors import WanTrtError
 from wan_trt.export.graph import check_graph
 from wan_trt.export.manifest import GRAPH, SAMPLE_INPUTS, Manifest, owned_export_files
+from wan_trt.export.plugin_ops import plugin_node_counts, translation_table
 from wan_trt.log import logger, stage
 from wan_trt.model import build_model
 from wan_trt.model.checkpoint import weights_fingerprint
@@ -73,7 +74,6 @@ def _export_into(staging: Path, cfg: WanConfig, spec: PassSpec, *, weights: str 
     if ops == "plugins":
         model.use_plugins()
         if onnx:
-            from wan_trt.export.plugin_ops import translation_table
             table = translation_table()
     static = StaticPass(model, spec).eval()
     feeds = spec.sample_inputs(seed)
@@ -108,6 +108,5 @@ def _write_graph(static: StaticPass, feeds: dict, spec: PassSpec, staging: Path,
     with stage("check graph against the spec"):
         counts = check_graph(staging / GRAPH, spec)
     if table is not None:
-        from wan_trt.export.plugin_ops import plugin_node_counts
         logger.info("plugin nodes: %s", plugin_node_counts(counts))
     return GRAPH, external, counts

@@ -27,6 +27,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
+from wan_trt.config_load import load_config
+from wan_trt.model import build_model
+from wan_trt.model.static_pass import StaticPass
 from wan_trt.plugins.adaln import adaln, add_adaln, reference_adaln, reference_add_adaln
 from wan_trt.plugins.aot import TensorArg
 from wan_trt.plugins.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
@@ -34,6 +37,7 @@ from wan_trt.plugins.registry import fused_op
 from wan_trt.plugins.window_attention import (autotune_configs, reference_window_attention,
                                               window_attention, window_attention_kernel)
 from wan_trt.profiling import op_class_profile, provenance
+from wan_trt.spec import PassSpec
 from wan_trt.validate.metrics import error_stats
 
 DEV = "cuda"
@@ -185,10 +189,6 @@ def norm_cases() -> dict:
 
 
 def full_pass() -> dict:
-    from wan_trt.config_load import load_config
-    from wan_trt.model import build_model
-    from wan_trt.model.static_pass import StaticPass
-    from wan_trt.spec import PassSpec
 
     cfg = load_config("universal")
     spec, spec32 = PassSpec.from_config(cfg, "bf16"), PassSpec.from_config(cfg, "fp32")

@@ -29,7 +29,7 @@ from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 from wan_trt.engines.backends import backend_module, get_backend
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.runtime.runner import Runner
-from wan_trt.engines.runtime.session import NonFiniteBlock
+from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage

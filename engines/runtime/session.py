@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from wan_trt.engines.runtime.finite import NonFiniteBlock, first_non_finite
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, progress
@@ -52,30 +53,6 @@ class BlockInputs:
     cond_concat: torch.Tensor
     windows: dict[str, torch.Tensor]
     histories: dict[str, ActionHistory]
-
-
-class NonFiniteBlock(WanTrtError):
-    """A block whose latents or new cache entries came out NaN/Inf; it was not committed.
-
-    ``block`` is its index and ``tensor`` the first non-finite one (``latents``, ``self_k_cur``...).
-    """
-
-    def __init__(self, message: str, *, block: int, tensor: str):
-        super().__init__(message)
-        self.block, self.tensor = block, tensor
-
-
-def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
-    """Name of the first tensor holding NaN or Inf, or None: one device sync.
-
-    Each tensor is read once for its min and max (NaN propagates into both, +-Inf shows in one),
-    with no tensor-sized intermediate: 0.45 ms for one universal block's outputs on an H100
-    (bench/results/session_checks_universal_bf16_h100.json), where ``isfinite(t).all()`` took
-    four times as long.
-    """
-    extremes = torch.stack([torch.stack(torch.aminmax(t)).float() for t in tensors.values()])  # [n, 2]
-    finite = torch.isfinite(extremes).all(dim=1).tolist()
-    return next((name for name, ok in zip(tensors, finite) if not ok), None)
 
 
 class StreamingSession:

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from wan_trt.config_load import load_config
-from wan_trt.engines.runtime.session import NonFiniteBlock, StreamingSession, stream_blocks
+from wan_trt.engines.runtime.finite import NonFiniteBlock
+from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.errors import WanTrtError
 from wan_trt.model import build_model
