@@ -1,0 +1,153 @@
+"""The video decoder against an independent transcription of upstream's frame-by-frame decode
+(list of feature caches, 'Rep' markers), and its parameter names against upstream's."""
+import torch
+import torch.nn.functional as F
+
+from wan_trt.model.vae import AttentionBlock, CausalConv3d, DecoderConfig, Resample, ResidualBlock, VideoDecoder
+
+SMALL = DecoderConfig(dim=8)
+CACHE_T = 2
+
+
+def upstream_conv(conv, x, cache=None):
+    """Upstream CausalConv3d.forward: the cache replaces part of the front zero padding."""
+    pt, ph, pw = (conv.history_frames // 2, *(conv.spatial_pad[2], conv.spatial_pad[0]))
+    padding = [pw, pw, ph, ph, 2 * pt, 0]
+    if cache is not None and 2 * pt > 0:
+        x = torch.cat([cache, x], dim=2)
+        padding[4] -= cache.shape[2]
+    return F.conv3d(F.pad(x, padding), conv.weight, conv.bias, conv.stride)
+
+
+def upstream_cached(conv, x, feat, idx):
+    """The cache handling upstream repeats around every cached causal convolution."""
+    cache_x = x[:, :, -CACHE_T:].clone()
+    if cache_x.shape[2] < 2 and feat[idx[0]] is not None:
+        cache_x = torch.cat([feat[idx[0]][:, :, -1:], cache_x], dim=2)
+    x = upstream_conv(conv, x, feat[idx[0]])
+    feat[idx[0]] = cache_x
+    idx[0] += 1
+    return x
+
+
+def upstream_upsample3d(layer, x, feat, idx):
+    b, c, t, h, w = x.shape
+    i = idx[0]
+    if feat[i] is None:
+        feat[i] = "Rep"
+        idx[0] += 1
+        return x
+    cache_x = x[:, :, -CACHE_T:].clone()
+    if cache_x.shape[2] < 2 and not isinstance(feat[i], str):
+        cache_x = torch.cat([feat[i][:, :, -1:], cache_x], dim=2)
+    if cache_x.shape[2] < 2 and isinstance(feat[i], str):
+        cache_x = torch.cat([torch.zeros_like(cache_x), cache_x], dim=2)
+    x = upstream_conv(layer.time_conv, x, None if isinstance(feat[i], str) else feat[i])
+    feat[i] = cache_x
+    idx[0] += 1
+    x = x.reshape(b, 2, c, t, h, w)
+    return torch.stack((x[:, 0], x[:, 1]), 3).reshape(b, c, t * 2, h, w)
+
+
+def upstream_decoder_call(dec, x, feat, idx):
+    x = upstream_cached(dec.conv1, x, feat, idx)
+    for layer in (*dec.middle, *dec.upsamples):
+        if isinstance(layer, ResidualBlock):
+            h = x if layer.shortcut is None else upstream_conv(layer.shortcut, x)
+            for sub in layer.residual:
+                x = upstream_cached(sub, x, feat, idx) if isinstance(sub, CausalConv3d) else sub(x)
+            x = x + h
+        elif isinstance(layer, Resample):
+            if layer.mode == "upsample3d":
+                x = upstream_upsample3d(layer, x, feat, idx)
+            t = x.shape[2]
+            y = layer.resample(x.permute(0, 2, 1, 3, 4).flatten(0, 1))
+            x = y.unflatten(0, (-1, t)).permute(0, 2, 1, 3, 4)
+        else:
+            assert isinstance(layer, AttentionBlock)
+            x = layer(x)
+    x = dec.head[1](dec.head[0](x))
+    return upstream_cached(dec.head[2], x, feat, idx)
+
+
+def upstream_decode(model: VideoDecoder, z):
+    """WanVAE_.decode: de-normalise, conv2, then one latent frame at a time with the caches."""
+    x = upstream_conv(model.conv2, z * model.std + model.mean)
+    feat = [None] * 32
+    out = [upstream_decoder_call(model.decoder, x[:, :, i:i + 1], feat, [0]) for i in range(z.shape[2])]
+    return torch.cat(out, dim=2).clamp(-1, 1)
+
+
+def _small_model(seed=0):
+    torch.manual_seed(seed)
+    model = VideoDecoder(SMALL).eval()
+    with torch.no_grad():  # upstream zero-initialises the attention output; random here so it counts
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+@torch.no_grad()
+def test_streaming_in_chunks_equals_upstreams_frame_by_frame_decode():
+    """Latent frame 0 alone, then chunks of 2, 3, 1, 3, 3 frames with the histories carried: the
+    same frames as upstream's decode of the whole clip (13 latent frames -> 49 video frames)."""
+    model = _small_model()
+    z = torch.randn(1, 16, 13, 4, 6)
+    expected = upstream_decode(model, z)
+    history = model.empty_history(1, 4, 6)
+    outs, start = [], 0
+    for size in (1, 2, 3, 1, 3, 3):
+        frames, history = model(z[:, :, start:start + size], history, first=start == 0)
+        assert frames.shape[2] == SMALL.video_frames(size, start == 0)
+        outs.append(frames)
+        start += size
+    got = torch.cat(outs, dim=2)
+    assert got.shape == expected.shape == (1, 3, 1 + 4 * 12, 32, 48)
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-5)
+
+
+@torch.no_grad()
+def test_a_first_chunk_of_several_frames_equals_frame_by_frame():
+    """The DiT's first block (3 latent frames) decoded in one call: 1 + 4 + 4 video frames."""
+    model = _small_model(1)
+    z = torch.randn(1, 16, 3, 4, 6)
+    frames, _ = model(z, model.empty_history(1, 4, 6), first=True)
+    torch.testing.assert_close(frames, upstream_decode(model, z), rtol=0, atol=2e-5)
+
+
+@torch.no_grad()
+def test_histories_matter():
+    """Decoding a chunk without the history of the frames before it gives other frames."""
+    model = _small_model(2)
+    z = torch.randn(1, 16, 4, 4, 6)
+    _, history = model(z[:, :, :1], model.empty_history(1, 4, 6), first=True)
+    with_history, _ = model(z[:, :, 1:], history, first=False)
+    without, _ = model(z[:, :, 1:], model.empty_history(1, 4, 6), first=False)
+    assert (with_history - without).abs().max() > 1e-2
+
+
+def test_upstream_parameter_names_and_shapes():
+    """Spot checks of the Wan2.1 VAE decoder's state dict (dim 96) and its 32 cached convolutions."""
+    with torch.device("meta"):
+        model = VideoDecoder(DecoderConfig())
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expected = {
+        "conv2.weight": (16, 16, 1, 1, 1),
+        "decoder.conv1.weight": (384, 16, 3, 3, 3),
+        "decoder.middle.0.residual.0.gamma": (384, 1, 1, 1),
+        "decoder.middle.1.to_qkv.weight": (1152, 384, 1, 1),
+        "decoder.middle.1.norm.gamma": (384, 1, 1),
+        "decoder.upsamples.3.time_conv.weight": (768, 384, 3, 1, 1),
+        "decoder.upsamples.3.resample.1.weight": (192, 384, 3, 3),
+        "decoder.upsamples.4.shortcut.weight": (384, 192, 1, 1, 1),
+        "decoder.upsamples.7.time_conv.bias": (768,),
+        "decoder.upsamples.11.resample.1.weight": (96, 192, 3, 3),
+        "decoder.upsamples.14.residual.6.weight": (96, 96, 3, 3, 3),
+        "decoder.head.0.gamma": (96, 1, 1, 1),
+        "decoder.head.2.weight": (3, 96, 3, 3, 3),
+    }
+    for key, shape in expected.items():
+        assert shapes.get(key) == shape, key
+    assert "decoder.upsamples.11.time_conv.weight" not in shapes  # the last stage is spatial only
+    assert not any(k.endswith(("mean", "std")) for k in shapes)  # statistics are not in the checkpoint
+    assert len(model.history_shapes(1, 44, 80)) == 32

@@ -1,0 +1,265 @@
+"""The Wan2.1 causal video VAE decoder (16-channel latents -> RGB, x4 in time, x8 in space),
+with its causal-convolution history as explicit tensors.
+
+Module and parameter names equal upstream's (``conv2.*`` and ``decoder.*`` of ``Wan2.1_VAE.pth``).
+Upstream decodes a clip latent frame by latent frame, carrying a list of feature caches: every
+causal convolution with a 3-frame temporal kernel (32 of them) keeps the last 2 frames of its
+input. Here each of those histories is a tensor ``[B, C, 2, h, w]`` that starts as zeros (a
+causal convolution's zero padding) and is returned updated, so a call is a pure function of
+(latents, histories) -> (frames, new histories), the form a static graph needs:
+
+    decoder = VideoDecoder(DecoderConfig())
+    history = decoder.empty_history(batch=1, height=44, width=80)
+    frames, history = decoder(z[:, :, :1], history, first=True)    # latent frame 0 -> 1 frame
+    frames, history = decoder(z[:, :, 1:3], history, first=False)  # 2 latent frames -> 8 frames
+
+Upstream's first-frame rule: the stream's first latent frame skips both temporal upsampling
+convolutions (it yields one video frame, later latent frames four each), and it is not part of
+their history (upstream marks the cache 'Rep' and later pads with zeros), so those two
+histories stay zero after a ``first`` call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wan_trt.errors import WanTrtError
+
+# Upstream's latent statistics: the DiT's latents are normalised, the decoder takes z * std + mean.
+LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+               0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
+LATENT_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+              3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
+HISTORY_FRAMES = 2  # frames each 3-frame causal convolution keeps (upstream CACHE_T)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Shape of the decoder. Defaults: Wan2.1's (dim 96: 73.3 M parameters)."""
+
+    dim: int = 96
+    z_dim: int = 16
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    temporal_upsample: tuple[bool, ...] = (True, True, False)  # upstream: temperal_downsample reversed
+
+    @property
+    def time_scale(self) -> int:
+        return 2 ** sum(self.temporal_upsample)
+
+    def video_frames(self, latent_frames: int, first: bool) -> int:
+        """Video frames a call yields: the first latent frame 1, every other ``time_scale``."""
+        return (1 + self.time_scale * (latent_frames - 1)) if first else self.time_scale * latent_frames
+
+
+class CausalConv3d(nn.Conv3d):
+    """A 3D convolution causal in time: the ``2 * padding_t`` frames before the input come from
+    ``history`` (zeros at the start of a stream), and the same number of last frames of
+    ``[history ; x]`` is the next history."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        pt, ph, pw = self.padding
+        self.history_frames = 2 * pt
+        self.spatial_pad = (pw, pw, ph, ph, 0, 0)
+        self.padding = (0, 0, 0)
+
+    def forward(self, x: torch.Tensor, history: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.history_frames:
+            x = torch.cat([history.to(x.dtype), x], dim=2)
+            history = x[:, :, -self.history_frames:]
+        return super().forward(F.pad(x, self.spatial_pad)), history
+
+
+class RMS_norm(nn.Module):  # noqa: N801  (upstream's name, kept for the checkpoint's module paths)
+    """L2-normalise over channels, times sqrt(C) and a learned gain (upstream ``RMS_norm``, no bias)."""
+
+    def __init__(self, dim: int, images: bool = True):
+        super().__init__()
+        self.scale = dim ** 0.5
+        self.gamma = nn.Parameter(torch.ones(dim, *((1, 1) if images else (1, 1, 1))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, dim=1) * self.scale * self.gamma
+
+
+class Upsample(nn.Upsample):
+    """Nearest-exact x2 in space, computed in fp32 (upstream: bf16 has no such kernel)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float()).type_as(x)
+
+
+class Resample(nn.Module):
+    """x2 in space (``upsample2d``), and x2 in time too (``upsample3d``: a causal time convolution
+    with 2C outputs, interleaved as two frames per input frame)."""
+
+    def __init__(self, dim: int, mode: str):
+        super().__init__()
+        if mode not in ("upsample2d", "upsample3d"):
+            raise WanTrtError(f"decoder resample mode {mode!r}: expected upsample2d or upsample3d")
+        self.mode = mode
+        self.resample = nn.Sequential(Upsample(scale_factor=(2.0, 2.0), mode="nearest-exact"),
+                                      nn.Conv2d(dim, dim // 2, 3, padding=1))
+        if mode == "upsample3d":
+            self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+
+    def forward(self, x: torch.Tensor, histories: "Histories", first: bool) -> torch.Tensor:
+        if self.mode == "upsample3d":
+            x = self._upsample_time(x, histories, first)
+        b, c, t, h, w = x.shape
+        y = self.resample(x.transpose(1, 2).reshape(b * t, c, h, w))
+        return y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
+
+    def _upsample_time(self, x: torch.Tensor, histories: "Histories", first: bool) -> torch.Tensor:
+        history = histories.take()
+        head, rest = (x[:, :, :1], x[:, :, 1:]) if first else (x[:, :, :0], x)
+        if rest.shape[2] == 0:  # only the stream's first frame: no time conv, history unchanged
+            histories.give(history)
+            return head
+        y, history = self.time_conv(rest, history)
+        histories.give(history)
+        b, c2, t, h, w = y.shape
+        y = y.reshape(b, 2, c2 // 2, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c2 // 2, 2 * t, h, w)
+        return torch.cat([head, y], dim=2)
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.residual = nn.Sequential(
+            RMS_norm(in_dim, images=False), nn.SiLU(), CausalConv3d(in_dim, out_dim, 3, padding=1),
+            RMS_norm(out_dim, images=False), nn.SiLU(), nn.Dropout(0.0), CausalConv3d(out_dim, out_dim, 3, padding=1))
+        self.shortcut = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else None
+
+    def forward(self, x: torch.Tensor, histories: "Histories") -> torch.Tensor:
+        h = x if self.shortcut is None else self.shortcut(x)[0]
+        for layer in self.residual:
+            if isinstance(layer, CausalConv3d):
+                x, new = layer(x, histories.take())
+                histories.give(new)
+            else:
+                x = layer(x)
+        return x + h
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the pixels of each frame (no mixing across time)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = RMS_norm(dim)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        y = self.norm(x.transpose(1, 2).reshape(b * t, c, h, w))
+        q, k, v = self.to_qkv(y).reshape(b * t, 1, 3 * c, h * w).transpose(2, 3).chunk(3, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v).squeeze(1).transpose(1, 2).reshape(b * t, c, h, w)
+        y = self.proj(y)
+        return x + y.reshape(b, t, c, h, w).transpose(1, 2)
+
+
+class Histories:
+    """The causal convolutions' histories in call order: ``take`` the next one, ``give`` its update."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self._in, self.out = iter(tensors), []
+
+    def take(self) -> torch.Tensor:
+        return next(self._in)
+
+    def give(self, tensor: torch.Tensor) -> None:
+        self.out.append(tensor)
+
+
+class Decoder3d(nn.Module):
+    """conv1 -> middle (res, attention, res) -> upsample stages -> head (upstream ``Decoder3d``)."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        dims = [cfg.dim * u for u in (cfg.dim_mult[-1], *cfg.dim_mult[::-1])]
+        self.conv1 = CausalConv3d(cfg.z_dim, dims[0], 3, padding=1)
+        self.middle = nn.Sequential(ResidualBlock(dims[0], dims[0]), AttentionBlock(dims[0]),
+                                    ResidualBlock(dims[0], dims[0]))
+        upsamples = []
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            in_dim = in_dim // 2 if i > 0 else in_dim  # the previous stage's resample halved the channels
+            for _ in range(cfg.num_res_blocks + 1):
+                upsamples.append(ResidualBlock(in_dim, out_dim))
+                in_dim = out_dim
+            if i != len(cfg.dim_mult) - 1:
+                upsamples.append(Resample(out_dim, "upsample3d" if cfg.temporal_upsample[i] else "upsample2d"))
+        self.upsamples = nn.Sequential(*upsamples)
+        self.head = nn.Sequential(RMS_norm(dims[-1], images=False), nn.SiLU(), CausalConv3d(dims[-1], 3, 3, padding=1))
+
+    def forward(self, x: torch.Tensor, histories: Histories, first: bool) -> torch.Tensor:
+        x, new = self.conv1(x, histories.take())
+        histories.give(new)
+        for layer in (*self.middle, *self.upsamples):
+            if isinstance(layer, ResidualBlock):
+                x = layer(x, histories)
+            elif isinstance(layer, Resample):
+                x = layer(x, histories, first)
+            else:
+                x = layer(x)
+        x = self.head[1](self.head[0](x))
+        x, new = self.head[2](x, histories.take())
+        histories.give(new)
+        return x
+
+
+class VideoDecoder(nn.Module):
+    """Latents [B, 16, T, h, w] (the DiT's normalised latents) -> RGB in [-1, 1] [B, 3, T', 8h, 8w]."""
+
+    def __init__(self, cfg: DecoderConfig = DecoderConfig()):
+        super().__init__()
+        self.cfg = cfg
+        self.conv2 = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
+        self.decoder = Decoder3d(cfg)
+        self.register_buffer("mean", torch.tensor(LATENT_MEAN[:cfg.z_dim]).view(1, -1, 1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(LATENT_STD[:cfg.z_dim]).view(1, -1, 1, 1, 1), persistent=False)
+
+    def history_shapes(self, batch: int, height: int, width: int) -> list[tuple[int, ...]]:
+        """[B, C, 2, h', w'] of each causal convolution's history, in call order, for latents h x w."""
+        shapes, scale = [], 1
+
+        def conv(c: CausalConv3d) -> None:
+            shapes.append((batch, c.in_channels, HISTORY_FRAMES, height * scale, width * scale))
+
+        conv(self.decoder.conv1)
+        for layer in (*self.decoder.middle, *self.decoder.upsamples):
+            if isinstance(layer, ResidualBlock):
+                conv(layer.residual[2])
+                conv(layer.residual[6])
+            elif isinstance(layer, Resample):
+                if layer.mode == "upsample3d":
+                    conv(layer.time_conv)
+                scale *= 2
+        conv(self.decoder.head[2])
+        return shapes
+
+    def empty_history(self, batch: int, height: int, width: int, dtype: torch.dtype | None = None,
+                      device: str | torch.device | None = None) -> list[torch.Tensor]:
+        """Zero histories: the state at the start of a stream."""
+        dtype = dtype or self.conv2.weight.dtype
+        device = device or self.conv2.weight.device
+        return [torch.zeros(s, dtype=dtype, device=device) for s in self.history_shapes(batch, height, width)]
+
+    def forward(self, z: torch.Tensor, history: list[torch.Tensor], first: bool
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Decode latent frames ``z`` [B, 16, T, h, w] after ``history``; ``first``: z starts the stream.
+
+        Returns RGB frames [B, 3, T', 8h, 8w] (T' = :meth:`DecoderConfig.video_frames`), clamped to
+        [-1, 1] in fp32, and the updated histories.
+        """
+        z = z.to(self.std.dtype) * self.std + self.mean
+        x, _ = self.conv2(z.to(self.conv2.weight.dtype))
+        histories = Histories(history)
+        out = self.decoder(x, histories, first)
+        return out.float().clamp(-1, 1), histories.out
