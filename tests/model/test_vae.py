@@ -1,8 +1,11 @@
 """The video decoder against an independent transcription of upstream's frame-by-frame decode
 (list of feature caches, 'Rep' markers), and its parameter names against upstream's."""
+import pytest
 import torch
 import torch.nn.functional as F
 
+from wan_trt.errors import WanTrtError
+from wan_trt.model.checkpoint import load_vae_decoder
 from wan_trt.model.vae import AttentionBlock, CausalConv3d, DecoderConfig, Resample, ResidualBlock, VideoDecoder
 
 SMALL = DecoderConfig(dim=8)
@@ -151,3 +154,34 @@ def test_upstream_parameter_names_and_shapes():
     assert "decoder.upsamples.11.time_conv.weight" not in shapes  # the last stage is spatial only
     assert not any(k.endswith(("mean", "std")) for k in shapes)  # statistics are not in the checkpoint
     assert len(model.history_shapes(1, 44, 80)) == 32
+
+
+def _write_vae_file(model, path, **extra):
+    """A whole-VAE file as upstream saves it: decoder keys plus encoder keys the decoder skips."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state.update({"encoder.conv1.weight": torch.zeros(96, 3, 3, 3, 3), "conv1.bias": torch.zeros(32)}, **extra)
+    torch.save(state, path)
+    return state
+
+
+def test_a_vae_checkpoint_with_upstream_names_loads_strictly(tmp_path):
+    model = _small_model(3)
+    _write_vae_file(model, tmp_path / "vae.pth")
+    loaded = load_vae_decoder(VideoDecoder(SMALL), tmp_path / "vae.pth")
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_a_corrupted_vae_checkpoint_names_its_keys(tmp_path):
+    model = _small_model(3)
+    state = _write_vae_file(model, tmp_path / "vae.pth")
+    del state["decoder.head.2.bias"]
+    state["decoder.upsamples.3.time_conv.weight"] = torch.zeros(1, 2, 3)
+    state["decoder.extra.weight"] = torch.zeros(1)
+    torch.save(state, tmp_path / "bad.pth")
+    with pytest.raises(WanTrtError) as err:
+        load_vae_decoder(VideoDecoder(SMALL), tmp_path / "bad.pth")
+    message = str(err.value)
+    for part in ("--vae-weights", "1 missing key(s): decoder.head.2.bias", "1 unexpected key(s): decoder.extra.weight",
+                 "decoder.upsamples.3.time_conv.weight: checkpoint (1, 2, 3)"):
+        assert part in message, message

@@ -80,7 +80,9 @@ def strip_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_keys(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+def check_keys(model: nn.Module, state: Mapping[str, torch.Tensor], source: str, flag: str = "--weights",
+               hint: str = "pick the --config the checkpoint was trained with (universal, gta_drive, templerun)"
+               ) -> None:
     """Raise WanTrtError listing missing, unexpected and wrongly shaped keys."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(state))
@@ -89,12 +91,12 @@ def check_keys(model: nn.Module, state: Mapping[str, torch.Tensor], source: str)
                    for k in set(expected) & set(state) if tuple(state[k].shape) != expected[k])
     if not (missing or unexpected or wrong):
         return
-    lines = [f"--weights {source} does not match the config:"]
+    lines = [f"{flag} {source} does not match the model:"]
     for title, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
         if items:
             shown = ", ".join(items[:_SHOW]) + (f", ... ({len(items) - _SHOW} more)" if len(items) > _SHOW else "")
             lines.append(f"  {len(items)} {title} key(s): {shown}")
-    lines.append("  pick the --config the checkpoint was trained with (universal, gta_drive, templerun)")
+    lines.append(f"  {hint}")
     raise WanTrtError("\n".join(lines))
 
 
@@ -155,6 +157,24 @@ def load_checkpoint(model: nn.Module, path: str | Path, dtype: torch.dtype = tor
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     logger.debug("loaded %d tensors from %s", len(state), path)
+    return model
+
+
+# Keys of a whole Wan2.1 VAE file that the decoder does not use (the encoder and its output conv).
+VAE_ENCODER_PREFIXES = ("encoder.", "conv1.")
+
+
+def load_vae_decoder(model: nn.Module, path: str | Path, dtype: torch.dtype = torch.float32,
+                     device: str | torch.device = "cpu") -> nn.Module:
+    """Load the decoder part (``decoder.*``, ``conv2.*``) of a Wan2.1 VAE checkpoint strictly into ``model``.
+
+    The encoder's keys are skipped; any other key, a missing one or a wrong shape fails, listed.
+    """
+    raw = read_state_dict(path)
+    state = {k: v for k, v in raw.items() if not k.startswith(VAE_ENCODER_PREFIXES)}
+    check_keys(model, state, str(path), "--vae-weights", "pass the Wan2.1 VAE (Wan2.1_VAE.pth) or its decoder")
+    check_values(state, str(path), dtype)
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
     return model
 
 
