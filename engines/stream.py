@@ -3,6 +3,7 @@ backend), optionally checked against the reference pipeline."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,19 +16,20 @@ from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
-from wan_trt.model import build_model
+from wan_trt.model import build_decoder, build_model
 from wan_trt.spec import PassSpec, precision_dtype
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.stream import NoiseSource, max_stream_blocks, synthetic_stream
 from wan_trt.validate.metrics import error_stats
 from wan_trt.validate.stream import reference_stream
+from wan_trt.video import FPS, to_uint8_frames, write_mp4
 
 # rel-L2 allowed between the two pipelines: same model, same precision, different cache form
 PIPELINE_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}
 
 
 def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device: str, weights: str | None,
-                         out: Path | None) -> None:
+                         out: Path | None, vae_weights: str | None = None) -> None:
     """Everything about a stream that can be known before the model is built: refuse it up front."""
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
         raise WanTrtError(f"--blocks: expected an int >= 1, got {blocks!r}")
@@ -38,8 +40,9 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
     if precision not in PIPELINE_TOLERANCE:
         raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PIPELINE_TOLERANCE)}")
     check_device(device)
-    if weights is not None and not Path(weights).is_file():
-        raise WanTrtError(f"--weights {weights}: no such file")
+    for flag, path in (("--weights", weights), ("--vae-weights", vae_weights)):
+        if path is not None and not Path(path).is_file():
+            raise WanTrtError(f"{flag} {path}: no such file")
     if out is not None and out.exists() and not out.is_dir():
         raise WanTrtError(f"--out {out}: exists and is not a directory; pass a directory")
 
@@ -55,8 +58,10 @@ class StreamOptions:
         weights: checkpoint path; seeded random weights when None.
         seed: seed of random weights, inputs and noise.
         reference: also run the upstream-semantics pipeline and report per-block errors.
-        out: write latents.pt and report.json here.
+        out: write latents.pt, report.json and (with ``video``) video.mp4 here.
         backend: the registered backend that runs the passes.
+        video: decode the latents to frames and write them as ``out/video.mp4``.
+        vae_weights: the Wan2.1 VAE checkpoint for the decoder; seeded random weights when None.
     """
 
     blocks: int = 8
@@ -67,6 +72,8 @@ class StreamOptions:
     reference: bool = False
     out: Path | None = None
     backend: str = "torch-eager"
+    video: bool = True
+    vae_weights: str | None = None
 
 
 def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
@@ -76,7 +83,8 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     """
     o = options
     blocks, precision, device, seed, out = o.blocks, o.precision, o.device, o.seed, o.out
-    check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=o.weights, out=out)
+    check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=o.weights, out=out,
+                         vae_weights=o.vae_weights)
     with stage(f"build {cfg.name} ({precision}, {device})"):
         model = build_model(cfg, precision_dtype(precision), device, o.weights, seed)
     spec = PassSpec.from_config(cfg, precision)
@@ -97,9 +105,37 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         worst = max(s.rel_l2 for s in stats)
         summary.update(worst_rel_l2=worst, reference_match=worst <= PIPELINE_TOLERANCE[precision]
                        and all(s.non_finite == 0 for s in stats))
+    frames = None
+    if out is not None and o.video:
+        frames, decode_ms = decode_stream(cfg, [r.latents for r in results], o)
+        report["decode_ms"] = decode_ms
+        summary["video_frames"] = int(frames.shape[0])
     report["summary"] = summary
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(torch.cat([r.latents.cpu() for r in results], dim=2), out / "latents.pt")
+        if frames is not None:
+            write_mp4(frames, out / "video.mp4")
+            logger.info("wrote %s: %d frames at %d fps", out / "video.mp4", frames.shape[0], FPS)
         (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def decode_stream(cfg: WanConfig, latents: list[torch.Tensor], o: StreamOptions) -> tuple[torch.Tensor, list[float]]:
+    """Decode the blocks' latents in order, the decoder's histories carried from block to block:
+    uint8 frames [9 + 12 * (blocks - 1), H, W, 3] and milliseconds per block."""
+    with stage("build the video decoder"):
+        decoder = build_decoder(cfg, precision_dtype(o.precision), o.device, o.vae_weights, o.seed)
+    if o.weights is None or o.vae_weights is None:
+        logger.warning("random %s weights: the video is noise (pass --weights and --vae-weights for real frames)",
+                       "DiT and VAE" if o.weights is None and o.vae_weights is None else
+                       "DiT" if o.weights is None else "VAE")
+    history = decoder.empty_history(1, cfg.inference.latent_height, cfg.inference.latent_width)
+    frames, ms = [], []
+    with stage(f"decode {len(latents)} blocks"), torch.no_grad():
+        for i, block in enumerate(latents):
+            begin = time.perf_counter()
+            rgb, history = decoder(block, history, first=i == 0)
+            frames.append(to_uint8_frames(rgb).cpu())
+            ms.append(1e3 * (time.perf_counter() - begin))
+    return torch.cat(frames), ms

@@ -84,15 +84,20 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
 @click.option("--blocks", type=click.IntRange(1), default=8, show_default=True, help="Blocks to stream.")
 @click.option("--reference/--no-reference", default=False, show_default=True,
               help="Also run the upstream-semantics pipeline and report per-block errors.")
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="Write latents.pt and report.json here.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Write latents.pt, report.json and video.mp4 here.")
+@click.option("--video/--no-video", default=True, show_default=True, help="With --out: decode and write video.mp4.")
+@click.option("--vae-weights", type=click.Path(dir_okay=False), default=None,
+              help="Wan2.1 VAE checkpoint (Wan2.1_VAE.pth) for the video decoder; seeded random if omitted.")
 @user_errors
-def stream(config_name, weights, precision, device, seed, blocks, reference, out) -> None:
+def stream(config_name, weights, precision, device, seed, blocks, reference, out, video, vae_weights) -> None:
     """Stream blocks of synthetic input through the static-cache runtime (PyTorch backend)."""
     from wan_trt.config_load import load_config
     from wan_trt.engines.stream import StreamOptions, run_stream
 
     options = StreamOptions(blocks=blocks, precision=precision, device=pick_device(device), weights=weights,
-                            seed=seed, reference=reference, out=Path(out) if out else None)
+                            seed=seed, reference=reference, out=Path(out) if out else None, video=video,
+                            vae_weights=vae_weights)
     report = run_stream(load_config(config_name), options)
     click.echo(json.dumps(report["summary"], indent=2))
     if reference and not report["summary"]["reference_match"]:

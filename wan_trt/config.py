@@ -87,6 +87,7 @@ class InferenceConfig:
     latent_height: int = 44
     latent_width: int = 80
     num_train_timesteps: int = 1000
+    vae_dim: int = 96  # base width of the video decoder (Wan2.1's VAE: 96; small presets: 8)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ def validate(cfg: WanConfig, where: str = "config") -> None:
     _positive_ints(m, ["dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads",
                        "num_layers", "local_attn_size", "clip_dim", "clip_tokens"], "model.", where)
     _positive_ints(inf, ["num_frame_per_block", "latent_height", "latent_width",
-                         "num_train_timesteps"], "inference.", where)
+                         "num_train_timesteps", "vae_dim"], "inference.", where)
     _check(m.model_type == "i2v", "model_type", "'i2v'", m.model_type, where)
     _check(m.sink_size == 0, "sink_size", "0 (attention sinks are not supported)", m.sink_size, where)
     _check(isinstance(m.eps, (int, float)) and 0 < m.eps < 1, "eps", "a small positive number", m.eps, where)

@@ -77,3 +77,35 @@ def test_400_blocks_stream_past_the_old_rope_table_end(tmp_path):
     assert len(report["block_ms"]) == 400
     latents = torch.load(out / "latents.pt")
     assert latents.shape[2] == 1200 and torch.isfinite(latents).all()
+
+
+def test_stream_out_writes_a_video_of_every_decoded_frame(tmp_path):
+    """9 video frames for the first block, 12 for each after; the block-by-block decode (histories
+    carried) equals one decode of all the latents at once."""
+    from wan_trt.config_load import load_config
+    from wan_trt.engines.stream import StreamOptions, decode_stream
+    from wan_trt.model import build_decoder
+    from wan_trt.video import count_frames, to_uint8_frames
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["stream", "--config", "gta_drive-small", "--blocks", "3", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    assert summary["video_frames"] == 9 + 12 * 2 == count_frames(out / "video.mp4")
+    cfg = load_config("gta_drive-small")
+    latents = torch.load(out / "latents.pt")
+    frames, ms = decode_stream(cfg, list(latents.split(3, dim=2)), StreamOptions())
+    decoder = build_decoder(cfg)
+    with torch.no_grad():
+        whole, _ = decoder(latents, decoder.empty_history(1, 4, 6), first=True)
+    assert len(ms) == 3 and frames.shape == (33, 32, 48, 3)
+    assert (frames.int() - to_uint8_frames(whole).int()).abs().max() <= 1
+
+
+def test_no_video_and_a_missing_vae_checkpoint(tmp_path, monkeypatch):
+    out = tmp_path / "plain"
+    res = CliRunner().invoke(main, ["stream", "--config", "templerun-small", "--blocks", "1", "--out", str(out),
+                                    "--no-video"])
+    assert res.exit_code == 0 and not (out / "video.mp4").exists() and (out / "latents.pt").exists()
+    message = _refused(tmp_path, monkeypatch, "--blocks", "1", "--vae-weights", str(tmp_path / "nope.pth"))
+    assert "--vae-weights" in message and "no such file" in message

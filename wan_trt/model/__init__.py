@@ -6,10 +6,11 @@ from pathlib import Path
 import torch
 
 from wan_trt.config import WanConfig, validate
-from wan_trt.model.checkpoint import load_checkpoint
+from wan_trt.model.checkpoint import load_checkpoint, load_vae_decoder
 from wan_trt.model.init import random_init
 from wan_trt.model.rope import RopeTables
 from wan_trt.model.transformer import CausalWanModel
+from wan_trt.model.vae import DecoderConfig, VideoDecoder, latent_statistics
 
 
 def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -36,6 +37,21 @@ def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str 
     return model.eval().requires_grad_(False)
 
 
+def build_decoder(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                  weights: str | Path | None = None, seed: int = 0) -> VideoDecoder:
+    """The video decoder of ``cfg`` (Wan2.1's VAE decoder at ``inference.vae_dim``) in eval mode: the
+    decoder part of a VAE checkpoint, or seeded random weights (their frames are noise)."""
+    cfg = DecoderConfig(dim=cfg.inference.vae_dim, z_dim=cfg.model.out_dim)
+    with torch.device("meta"):
+        decoder = VideoDecoder(cfg)
+    if weights is not None:
+        load_vae_decoder(decoder, weights, dtype=dtype, device=device)
+    else:
+        decoder = random_init(decoder.to_empty(device="cpu"), seed).to(device=device, dtype=dtype)
+    decoder.mean, decoder.std = (t.to(device=device, dtype=dtype) for t in latent_statistics(cfg))
+    return decoder.eval().requires_grad_(False)
+
+
 def count_parameters(cfg: WanConfig) -> int:
     """Parameters of the model for ``cfg`` (built on the meta device, no memory)."""
     with torch.device("meta"):
@@ -43,4 +59,4 @@ def count_parameters(cfg: WanConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["CausalWanModel", "build_model", "count_parameters"]
+__all__ = ["CausalWanModel", "VideoDecoder", "build_decoder", "build_model", "count_parameters"]

@@ -22,7 +22,7 @@ def random_init(model: nn.Module, seed: int = 0) -> nn.Module:
             target.normal_(0.0, param.shape[-1] ** -0.5, generator=gen)
         elif leaf == "bias":
             target.normal_(0.0, 0.02, generator=gen)
-        elif param.ndim == 1:  # norm weights
+        elif param.ndim == 1 or leaf == "gamma":  # norm weights (the video decoder's are [C, 1, 1(, 1)])
             target.normal_(1.0, 0.1, generator=gen)
         elif name.startswith("time_embedding"):
             target.normal_(0.0, 0.02, generator=gen)

@@ -55,6 +55,11 @@ class DecoderConfig:
         return (1 + self.time_scale * (latent_frames - 1)) if first else self.time_scale * latent_frames
 
 
+def latent_statistics(cfg: DecoderConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream's per-channel latent mean and std, [1, z_dim, 1, 1, 1] fp32 on the CPU."""
+    return tuple(torch.tensor(v[:cfg.z_dim], device="cpu").view(1, -1, 1, 1, 1) for v in (LATENT_MEAN, LATENT_STD))
+
+
 class CausalConv3d(nn.Conv3d):
     """A 3D convolution causal in time: the ``2 * padding_t`` frames before the input come from
     ``history`` (zeros at the start of a stream), and the same number of last frames of
@@ -222,8 +227,9 @@ class VideoDecoder(nn.Module):
         self.cfg = cfg
         self.conv2 = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
         self.decoder = Decoder3d(cfg)
-        self.register_buffer("mean", torch.tensor(LATENT_MEAN[:cfg.z_dim]).view(1, -1, 1, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(LATENT_STD[:cfg.z_dim]).view(1, -1, 1, 1, 1), persistent=False)
+        mean, std = latent_statistics(cfg)
+        self.register_buffer("mean", mean, persistent=False)
+        self.register_buffer("std", std, persistent=False)
 
     def history_shapes(self, batch: int, height: int, width: int) -> list[tuple[int, ...]]:
         """[B, C, 2, h', w'] of each causal convolution's history, in call order, for latents h x w."""

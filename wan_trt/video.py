@@ -1,0 +1,35 @@
+"""Frames out: decoded RGB as uint8 and an H.264 MP4 file (PyAV, no system ffmpeg needed)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import torch
+
+FPS = 25  # Matrix-Game 2.0 streams at 25 video frames per second
+
+
+def to_uint8_frames(rgb: torch.Tensor) -> torch.Tensor:
+    """Decoder output [1, 3, T, H, W] in [-1, 1] -> uint8 [T, H, W, 3] (on the same device)."""
+    return ((rgb[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).contiguous()
+
+
+def write_mp4(frames: torch.Tensor, path: str | Path, fps: int = FPS) -> Path:
+    """Write uint8 frames [N, H, W, 3] as H.264 (yuv420p; odd sizes are padded by one pixel)."""
+    path = Path(path)
+    n, h, w, _ = frames.shape
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = w + w % 2, h + h % 2, "yuv420p"
+        for frame in frames.cpu().numpy():
+            if h % 2 or w % 2:
+                frame = torch.nn.functional.pad(torch.from_numpy(frame), (0, 0, 0, w % 2, 0, h % 2)).numpy()
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
+def count_frames(path: str | Path) -> int:
+    """Video frames in a file (decoded, not from the header)."""
+    with av.open(str(path)) as container:
+        return sum(1 for _ in container.decode(video=0))
