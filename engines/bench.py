@@ -46,7 +46,7 @@ def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: i
 
 def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3) -> dict[str, Any]:
     """Stream ``blocks`` blocks through the static-cache session over ``runner`` as a user would
-    (one device sync per block), then ``timed_blocks`` more with every pass synchronised and timed."""
+    (no device sync between passes), then ``timed_blocks`` more with every pass synchronised and timed."""
     with runner:
         session = StreamingSession(runner, noise=NoiseSource(0))
         results = stream_blocks(session, inputs, blocks)

@@ -3,6 +3,7 @@ backend), optionally checked against the reference pipeline."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,11 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
     if blocks > most:
         raise WanTrtError(f"--blocks {blocks}: a stream reaches {MAX_STREAM_FRAMES} latent frames, "
                           f"{most} blocks of {cfg.block_frames}; pass --blocks {most} or fewer")
+    held, have = blocks * bytes_per_block(cfg), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if held > have // 2:
+        raise WanTrtError(f"--blocks {blocks}: this command holds every block's inputs, latents and frames in "
+                          f"memory, about {held / 2**30:.1f} GiB, and this machine has {have / 2**30:.1f} GiB; "
+                          f"pass fewer blocks (an embedded session streams without end: see the README)")
     if precision not in PIPELINE_TOLERANCE:
         raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PIPELINE_TOLERANCE)}")
     check_device(device)
@@ -45,6 +51,13 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
             raise WanTrtError(f"{flag} {path}: no such file")
     if out is not None and out.exists() and not out.is_dir():
         raise WanTrtError(f"--out {out}: exists and is not a directory; pass a directory")
+
+
+def bytes_per_block(cfg: WanConfig) -> int:
+    """Host bytes `wan-trt stream` keeps per block: fp32 conditioning and latents, uint8 frames."""
+    f, h, w = cfg.block_frames, cfg.inference.latent_height, cfg.inference.latent_width
+    frames = cfg.model.action_config.vae_time_compression_ratio * f * 64 * h * w * 3
+    return 4 * (cfg.cond_channels + cfg.model.out_dim) * f * h * w + frames
 
 
 @dataclass(frozen=True)

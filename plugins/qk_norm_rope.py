@@ -6,7 +6,7 @@ then the 3D rotary embedding, in one pass over each token row.
         with cos, sin = tables[token, i mod D/2]               (same for every head)
 
 q, k: [B, L, C] (the q/k Linear outputs); w_q, w_k: [C]; cos, sin: fp32 [L, D/2], the
-block's rows of the 3D RoPE table (absolute frame offset already applied). Outputs have
+block's per-token 3D RoPE factors (built in the graph from the frame factors it is fed). Outputs have
 q's dtype and layout ([B, L, H, D] viewed), k in the layout the cache stores.
 """
 from __future__ import annotations

@@ -41,7 +41,7 @@ class ActionConfig:
 
     @property
     def head_dim(self) -> int:
-        """Head size of the keyboard and mouse attentions (they share the RoPE table)."""
+        """Head size of the keyboard and mouse attentions (they share the rotary factors)."""
         return self.keyboard_hidden_dim // self.heads_num
 
     @property
@@ -236,7 +236,7 @@ def _validate_action(cfg: WanConfig, where: str) -> None:
     _check(a.keyboard_hidden_dim % a.heads_num == 0, p + "keyboard_hidden_dim",
            f"a multiple of heads_num={a.heads_num}", a.keyboard_hidden_dim, where)
     _check(a.mouse_hidden_dim == a.keyboard_hidden_dim, p + "mouse_hidden_dim",
-           f"keyboard_hidden_dim={a.keyboard_hidden_dim} (both attentions share one RoPE table)",
+           f"keyboard_hidden_dim={a.keyboard_hidden_dim} (both attentions share one set of rotary factors)",
            a.mouse_hidden_dim, where)
     _check(sum(a.mouse_qk_dim_list) == a.head_dim and all(x % 2 == 0 for x in a.mouse_qk_dim_list),
            p + "mouse_qk_dim_list", f"even parts summing to the action head size {a.head_dim}",

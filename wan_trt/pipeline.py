@@ -101,7 +101,8 @@ class ReferencePipeline:
             start_block: int = 0) -> Iterator[torch.Tensor]:
         """Yield the denoised latents [B, 16, F, H, W] (model dtype) of blocks ``start_block`` on.
 
-        ``inputs`` hold the whole stream from block 0 (only blocks from ``start_block`` on are read).
+        ``inputs`` hold the stream from block 0 or from ``start_block`` (only blocks from ``start_block``
+        on are read).
         """
         model, cfg, sched = self.model, self.cfg, self.schedule
         dev, dt = model.patch_embedding.weight.device, model.dtype

@@ -4,7 +4,7 @@ A rotary score depends only on the difference of two positions, and keys in the 
 rotated at their own absolute positions, so the only thing a block needs from its absolute
 start frame is ``cos``/``sin`` of ``frame * inv_freq`` for its own frames. The graph takes those
 factors as inputs (a few hundred fp32 numbers per block) instead of an index into a fixed
-table, so a stream has no end: there is no table, and no angle is ever formed in fp32.
+table, so a stream has no table end (only the far bound below), and no angle is ever formed in fp32.
 
 Angles are formed here in float64, as upstream's float64 tables form them (the same product,
 so the same angles wherever upstream's table reaches). The product ``frame * inv_freq`` is
@@ -23,9 +23,9 @@ import torch
 from wan_trt.config import WanConfig
 
 # Latent frames a stream can reach (2**28 = 268M latent frames, over a billion video frames, about
-# 16 months at 25 fps): where the float64 angle stops being exact to fp32 (see above). The
-# runtimes refuse a start frame or a block count past it before the first block (their counters
-# are int64; this bound is about the angles).
+# 16 months at 25 fps): below it the float64 angle's rounding moves a factor by at most half an
+# fp32 step (see above). The session refuses a start past it and the step that would cross it;
+# `wan-trt stream` refuses a --blocks past it up front (counters are int64; the bound is about angles).
 MAX_STREAM_FRAMES = 1 << 28
 
 MAIN_THETA = 10000.0
@@ -52,7 +52,8 @@ def action_frame_frequencies(temporal_dim: int, theta: float) -> tuple[float, ..
     """Frequencies of the action attentions' temporal RoPE (the first ``temporal_dim`` channels).
 
     Upstream forms these in fp32; for Matrix-Game's theta 256 and 8 channels they are powers of
-    two (1, 1/4, 1/16, 1/64), equal in fp32 and float64.
+    two (1, 1/4, 1/16, 1/64), equal in fp32 and float64. For another theta the float64 ones differ
+    from upstream's by up to one fp32 step of the frequency (about 1e-5 rad at frame 7500).
     """
     return inverse_frequencies(temporal_dim // 2, temporal_dim, theta)
 

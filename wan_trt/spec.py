@@ -20,7 +20,8 @@ L = layers, La = action layers, dtype = the graph's compute precision):
     valid_frames     [1]              int32    how many of the P previous frames hold data (at the end)
 
 The rotary inputs carry the block's absolute position (formed on the host in float64, see
-:mod:`wan_trt.rotary`; :attr:`PassSpec.rotaries` says how), so a stream has no length limit.
+:mod:`wan_trt.rotary`; :attr:`PassSpec.rotaries` says how), so no table limits a stream's length
+(the one bound is 2**28 latent frames, :data:`wan_trt.rotary.MAX_STREAM_FRAMES`).
 
 Outputs:
 

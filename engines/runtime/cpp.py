@@ -33,15 +33,18 @@ def write_stream_inputs(inputs: StreamInputs, path: str | Path) -> Path:
     """The stream inputs in the torch.save format ``wan_stream --inputs`` reads (pass their
     ``first_block`` as ``start_block`` to :func:`run_wan_stream`)."""
     torch.save({"visual_context": inputs.visual_context, "cond_concat": inputs.cond_concat,
-                "mouse": inputs.mouse, "keyboard": inputs.keyboard}, str(path))
+                "mouse": inputs.mouse, "keyboard": inputs.keyboard, "first_block": inputs.first_block}, str(path))
     return Path(path)
 
 
 def run_wan_stream(exe: Path, engine: Path, inputs: Path, blocks: int, out: Path, seed: int = 0,
-                   device: str = "cpu", cuda_graph: bool = False, start_block: int = 0) -> tuple[torch.Tensor, list[float]]:
-    """Run ``wan_stream``; returns the latents and the per-block milliseconds it printed."""
+                   device: str = "cpu", cuda_graph: bool = False, start_block: int | None = None
+                   ) -> tuple[torch.Tensor, list[float]]:
+    """Run ``wan_stream`` (from the inputs' first block; ``start_block``, if given, must be it);
+    returns the latents and the per-block milliseconds it printed."""
     cmd = [str(exe), "--engine", str(engine), "--inputs", str(inputs), "--blocks", str(blocks), "--out", str(out),
-           "--seed", str(seed), "--device", device, "--start-block", str(start_block)]
+           "--seed", str(seed), "--device", device]
+    cmd += [] if start_block is None else ["--start-block", str(start_block)]
     cmd += ["--cuda-graph"] if cuda_graph else []
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -116,9 +116,10 @@ class StreamingSession:
                 12 after) or one action [1, D] held for the whole block. Required when the
                 config has that input, refused otherwise.
             time_passes: synchronise the device after every pass to time each one (profiling: it
-                idles the device between passes). Without it the host prepares each pass while
-                the device runs the previous one and the step synchronises once, at its end, so
-                ``seconds`` is the block's real time either way. Defaults to False.
+                idles the device between passes). Without it nothing synchronises between the
+                passes (the host prepares each while the device runs the previous one); the step's
+                checks and its end synchronise, so ``seconds`` is the block's real time either way.
+                Defaults to False.
 
         Raises:
             WanTrtError: a bad input (nothing changed) or a non-finite block (nothing committed).

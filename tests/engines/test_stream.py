@@ -32,6 +32,11 @@ def _refused(tmp_path, monkeypatch, *args):
     return res.output
 
 
+def test_more_blocks_than_memory_holds_are_refused_up_front(tmp_path, monkeypatch):
+    out = _refused(tmp_path, monkeypatch, "--blocks", "50000000", "--device", "cpu")
+    assert "--blocks 50000000" in out and "GiB" in out and "pass fewer blocks" in out
+
+
 def test_more_blocks_than_a_stream_can_reach_are_refused_up_front(tmp_path, monkeypatch):
     out = _refused(tmp_path, monkeypatch, "--blocks", "89478486", "--device", "cpu")
     assert "--blocks 89478486" in out and "268435456 latent frames" in out and "89478485 or fewer" in out

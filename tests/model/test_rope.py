@@ -50,7 +50,7 @@ def test_split():
 @pytest.mark.parametrize("name,start", [("universal", 0), ("universal", 1017), ("universal-small", 6),
                                         ("universal", 1020), ("universal", 7800), ("universal-small", 20_001)])
 def test_main_rope_matches_upstream_complex128(name, start):
-    """Inside upstream's 1024-frame table and past its end (1020 is the first block upstream cannot run)."""
+    """Inside upstream's 1024-frame table (1020: its last block) and past its end."""
     cfg = load_config(name)
     h, w = cfg.grid_hw
     x = torch.randn(1, 3 * h * w, 2, cfg.head_dim)

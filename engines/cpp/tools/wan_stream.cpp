@@ -5,8 +5,9 @@
 //              [--start-block 0]
 //
 // --inputs is a file written with torch.save (Python) of a dict {"visual_context", "cond_concat",
-// "mouse", "keyboard"} (see wan_trt.engines.runtime.cpp.write_stream_inputs) holding the blocks from
-// --start-block on (raw actions from that block's first raw frame on); raw action histories are cut
+// "mouse", "keyboard", "first_block"} (see wan_trt.engines.runtime.cpp.write_stream_inputs) holding the
+// blocks from first_block on (raw actions from that block's first raw frame on); the stream starts
+// there (--start-block, if given, must say the same); raw action histories are cut
 // into each block's new frames here, as a live client would send them. Output: torch.save-loadable
 // tensor [1, 16, 3*N, H, W] and one "block i: ms" line per block on stdout.
 #include <torch/serialize.h>
@@ -32,8 +33,7 @@ at::Tensor get(const c10::Dict<c10::IValue, c10::IValue>& dict, const std::strin
 }
 
 int run(int argc, char** argv) {
-  std::map<std::string, std::string> args{{"--blocks", "8"}, {"--seed", "0"}, {"--device", "cpu"},
-                                         {"--start-block", "0"}};
+  std::map<std::string, std::string> args{{"--blocks", "8"}, {"--seed", "0"}, {"--device", "cpu"}};
   bool cuda_graph = false, tensorrt = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -57,7 +57,12 @@ int run(int argc, char** argv) {
   auto inputs = torch::pickle_load(read_file(args["--inputs"])).toGenericDict();
   const at::Tensor visual = get(inputs, "visual_context"), cond = get(inputs, "cond_concat");
   const at::Tensor mouse = get(inputs, "mouse"), keyboard = get(inputs, "keyboard");
-  const int64_t blocks = std::stoll(args["--blocks"]), first = std::stoll(args["--start-block"]);
+  auto held = inputs.find("first_block");
+  const int64_t first = held == inputs.end() ? 0 : held->value().toInt();
+  if (args.count("--start-block") && std::stoll(args["--start-block"]) != first)
+    throw wan_trt::Error("--start-block " + args["--start-block"] + ": the inputs hold the stream from block " +
+                         std::to_string(first));
+  const int64_t blocks = std::stoll(args["--blocks"]);
   const int64_t f = spec.block_frames, r = spec.ratio;
   const int64_t held_from = first == 0 ? 0 : 1 + r * (first * f - 1);  // first raw frame the inputs hold
 

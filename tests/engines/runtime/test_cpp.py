@@ -41,8 +41,8 @@ def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream,
 
 @pytest.mark.parametrize("start_block", [339, 2498])
 def test_cpp_runtime_equals_python_across_upstreams_table_ends(aoti, wan_stream, tmp_path, start_block):
-    """Started just before frame 1024 / 7500: both runtimes form the rotary factors from the runtime
-    file's frequencies with the C library's cos/sin, so the latents agree as at frame 0."""
+    """Started just before frame 1024 / 7500: both runtimes form the rotary factors from the same
+    frequencies with the C library's cos/sin; the latents agree as at frame 0."""
     export_dir, engine = aoti
     manifest = Manifest.read(export_dir)
     inputs = synthetic_stream(manifest.spec.config, 4, seed=9, first_block=start_block)
@@ -83,3 +83,11 @@ def test_cpp_runtime_refuses_a_runtime_file_of_the_rope_offset_contract(aoti, wa
     inputs = synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9)
     with pytest.raises(WanTrtError, match="older wan-trt .*re-export and rebuild"):
         run_wan_stream(wan_stream, old, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt")
+
+
+def test_cpp_runtime_refuses_a_start_block_its_inputs_do_not_hold(aoti, wan_stream, tmp_path):
+    export_dir, engine = aoti
+    inputs = synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9, first_block=5)
+    with pytest.raises(WanTrtError, match="--start-block 0: the inputs hold the stream from block 5"):
+        run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt",
+                       start_block=0)

@@ -102,7 +102,7 @@ def test_one_held_action_per_block():
     assert torch.isfinite(result.latents).all() and result.pass_seconds == []  # passes untimed by default
     timed = session.step(inputs.block_cond(cfg, 1), torch.tensor([[0.1, 0.0]]), torch.tensor([[1.0, 0, 0, 0]]),
                          time_passes=True)
-    assert len(timed.pass_seconds) == cfg.passes_per_block and sum(timed.pass_seconds) <= timed.seconds
+    assert len(timed.pass_seconds) == cfg.passes_per_block and all(s > 0 for s in timed.pass_seconds)
 
 
 def test_a_stream_runs_to_the_last_frame_it_can_reach_and_no_further():
