@@ -91,3 +91,16 @@ def test_cpp_runtime_refuses_a_start_block_its_inputs_do_not_hold(aoti, wan_stre
     with pytest.raises(WanTrtError, match="--start-block 0: the inputs hold the stream from block 5"):
         run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt",
                        start_block=0)
+
+
+def test_cpp_runtime_runs_to_the_last_reachable_block_and_refuses_the_next(aoti, wan_stream, tmp_path):
+    from wan_trt.stream import max_stream_blocks
+    export_dir, engine = aoti
+    cfg = Manifest.read(export_dir).spec.config
+    last = max_stream_blocks(cfg) - 1
+    inputs = synthetic_stream(cfg, 2, seed=9, first_block=last)
+    out = tmp_path / "out.pt"
+    with pytest.raises(WanTrtError, match=r"block 89478485 would end past the 268435456 latent frames"):
+        run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 2, out)
+    cpp, ms = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, out)
+    assert len(ms) == 1 and torch.isfinite(cpp).all()
