@@ -18,8 +18,8 @@ from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
 from wan_trt.model import build_decoder, build_model
-from wan_trt.spec import PassSpec, precision_dtype
 from wan_trt.rotary import MAX_STREAM_FRAMES
+from wan_trt.spec import PassSpec, precision_dtype
 from wan_trt.stream import NoiseSource, max_stream_blocks, synthetic_stream
 from wan_trt.validate.metrics import error_stats
 from wan_trt.validate.stream import reference_stream

@@ -17,13 +17,12 @@ def to_uint8_frames(rgb: torch.Tensor) -> torch.Tensor:
 def write_mp4(frames: torch.Tensor, path: str | Path, fps: int = FPS) -> Path:
     """Write uint8 frames [N, H, W, 3] as H.264 (yuv420p; odd sizes are padded by one pixel)."""
     path = Path(path)
-    n, h, w, _ = frames.shape
+    _, h, w, _ = frames.shape
+    frames = torch.nn.functional.pad(frames.cpu(), (0, 0, 0, w % 2, 0, h % 2))  # H.264 needs even sizes
     with av.open(str(path), mode="w") as container:
         stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = w + w % 2, h + h % 2, "yuv420p"
-        for frame in frames.cpu().numpy():
-            if h % 2 or w % 2:
-                frame = torch.nn.functional.pad(torch.from_numpy(frame), (0, 0, 0, w % 2, 0, h % 2)).numpy()
+        stream.height, stream.width, stream.pix_fmt = frames.shape[1], frames.shape[2], "yuv420p"
+        for frame in frames.numpy():
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
     return path

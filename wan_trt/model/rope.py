@@ -38,11 +38,15 @@ class BlockRope(NamedTuple):
     action_sin: torch.Tensor | None = None
 
     @classmethod
+    def of(cls, factors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> "BlockRope":
+        """From (cos, sin) by rotary kind (``frame``, ``action``: :func:`wan_trt.rotary.block_frequencies`)."""
+        return cls(**{f"{kind}_{part}": t for kind, pair in factors.items() for part, t in zip(("cos", "sin"), pair)})
+
+    @classmethod
     def at(cls, cfg: WanConfig, start_frame: int, device: str | torch.device = "cpu") -> "BlockRope":
         """The factors of the block starting at absolute latent frame ``start_frame``."""
-        factors = [t for freqs in block_frequencies(cfg).values()
-                   for t in rotary_factors(freqs, start_frame, cfg.block_frames, device)]
-        return cls(*factors)
+        return cls.of({kind: rotary_factors(freqs, start_frame, cfg.block_frames, device)
+                       for kind, freqs in block_frequencies(cfg).items()})
 
 
 class RopeTables(nn.Module):

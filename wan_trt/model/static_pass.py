@@ -38,8 +38,7 @@ class StaticPass(nn.Module):
             units={c.kind: c.units for c in spec.caches},
             layer_index={c.kind: {layer: i for i, layer in enumerate(c.layers)} for c in spec.caches},
         )
-        rope = BlockRope(**{f"{r.kind}_{part}": feeds[name] for r in spec.rotaries
-                            for part, name in (("cos", r.cos), ("sin", r.sin))})
+        rope = BlockRope.of({r.kind: (feeds[r.cos], feeds[r.sin]) for r in spec.rotaries})
         flow = model(feeds[LATENTS], feeds[TIMESTEP], feeds[COND_CONCAT],
                      model.encode_context(feeds[VISUAL_CONTEXT]), feeds.get(MOUSE_WINDOW),
                      feeds.get(KEYBOARD_WINDOW), rope, caches)

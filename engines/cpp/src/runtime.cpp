@@ -198,8 +198,7 @@ static std::string first_non_finite(const std::vector<std::pair<std::string, at:
   return "";
 }
 
-// Index of the first new raw action frame of `block` (0, then ratio * F * block - (ratio - 1)).
-static int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block) {
+int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block) {
   return block == 0 ? 0 : 1 + spec.ratio * (block * spec.block_frames - 1);
 }
 

@@ -63,15 +63,16 @@ int run(int argc, char** argv) {
     throw wan_trt::Error("--start-block " + args["--start-block"] + ": the inputs hold the stream from block " +
                          std::to_string(first));
   const int64_t blocks = std::stoll(args["--blocks"]);
-  const int64_t f = spec.block_frames, r = spec.ratio;
-  const int64_t held_from = first == 0 ? 0 : 1 + r * (first * f - 1);  // first raw frame the inputs hold
+  const int64_t f = spec.block_frames;
+  const int64_t held_from = wan_trt::first_raw_frame(spec, first);  // first raw frame the inputs hold
 
   wan_trt::StreamingSession session(*runner, spec, std::stoll(args["--seed"]));
   session.start(visual.to(device, spec.dtype()), first);
   std::vector<at::Tensor> latents;
   for (int64_t b = first; b < first + blocks; ++b) {
-    const int64_t end = 1 + r * ((b + 1) * f - 1) - held_from, n = b == 0 ? 1 + r * (f - 1) : r * f;
-    auto cut = [&](const at::Tensor& h) { return h.defined() ? h.narrow(1, end - n, n) : at::Tensor(); };
+    // this block's new raw frames, as a live client would send them
+    const int64_t begin = wan_trt::first_raw_frame(spec, b), n = wan_trt::first_raw_frame(spec, b + 1) - begin;
+    auto cut = [&](const at::Tensor& h) { return h.defined() ? h.narrow(1, begin - held_from, n) : at::Tensor(); };
     at::Tensor x0 =
         session.step(cond.narrow(2, (b - first) * f, f).to(device, spec.dtype()), cut(mouse), cut(keyboard));
     latents.push_back(x0.to(at::kCPU));

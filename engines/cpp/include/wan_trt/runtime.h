@@ -92,6 +92,10 @@ class AotiRunner : public Runner {
 std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const RuntimeSpec& spec);
 #endif
 
+// Index of the first new raw action frame of `block` (0, then ratio * F * block - (ratio - 1)),
+// as wan_trt.stream.first_raw_frame.
+int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block);
+
 // Seeded noise per (block, step), the same draws as wan_trt.stream.NoiseSource.
 at::Tensor noise(int64_t seed, int64_t block, int64_t step, at::IntArrayRef shape, at::Device device,
                  at::ScalarType dtype);
