@@ -13,7 +13,9 @@ video frames per second (12 per steady block) and peak device memory.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import statistics
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -24,9 +26,13 @@ import torch
 
 from wan_trt.engines.backends import (ALL_BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
                                      parse_backends)
+from wan_trt.engines.bench_decoder import bench_decoder, engine_variants
+from wan_trt.engines.artifact import EngineMetadata, export_for_engine
+from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable, decoder_engines
 from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
+from wan_trt.export.decoder import check_pair, read_decoder
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
 from wan_trt.pipeline import ReferencePipeline
@@ -44,15 +50,23 @@ def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: i
     return out
 
 
-def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3) -> dict[str, Any]:
+def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
+                  decoder: DecoderStream | None = None) -> dict[str, Any]:
     """Stream ``blocks`` blocks through the static-cache session over ``runner`` as a user would
-    (no device sync between passes), then ``timed_blocks`` more with every pass synchronised and timed."""
-    with runner:
-        session = StreamingSession(runner, noise=NoiseSource(0))
+    (no device sync between passes), then ``timed_blocks`` more with every pass synchronised and timed.
+    With ``decoder`` every block is also decoded to frames (end to end); ``stage_ms`` gives the
+    steady blocks' median per stage."""
+    with runner, contextlib.ExitStack() as stack:
+        if decoder is not None:
+            stack.enter_context(decoder)
+        session = StreamingSession(runner, noise=NoiseSource(0), decoder=decoder)
         results = stream_blocks(session, inputs, blocks)
         timed = stream_blocks(session, inputs, min(blocks, timed_blocks + 1), time_passes=True)
     passes = [s for r in timed[1:] for s in r.pass_seconds]
-    return block_stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block)
+    stats = block_stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block)
+    steady = results[1:] or results
+    stats["stage_ms"] = {k: statistics.median(r.stage_ms[k] for r in steady) for k in steady[0].stage_ms}
+    return stats
 
 
 def bench_upstream(model, inputs, blocks: int) -> dict[str, Any]:
@@ -88,13 +102,13 @@ class Bench:
         """The runner of ``backend``; :class:`Unavailable` says why this machine cannot run it."""
         return make_runner(backend, self.sources)
 
-    def run(self, backend: str, blocks: int) -> dict[str, Any]:
+    def run(self, backend: str, blocks: int, decoder: DecoderStream | None = None) -> dict[str, Any]:
         inputs = synthetic_stream(self.spec.config, blocks, seed=0)
         reset_peak_memory()
         if get_backend(backend).reference_pipeline:
             result = bench_upstream(self.model(), inputs, blocks)
         else:
-            result = bench_session(self.runner(backend), inputs, blocks)
+            result = bench_session(self.runner(backend), inputs, blocks, decoder=decoder)
         result["peak_torch_mem_gib"] = peak_memory_gib()
         return result
 
@@ -119,6 +133,10 @@ class BenchOptions:
         device: torch device of the run.
         engines: engine files by registry ``engine_key`` ('aoti', 'aoti-plugins', 'tensorrt').
         profile: backends to profile by op class (each must be among the benched ones).
+        decoder: a decoder export (`wan-trt export --graph decoder`) to bench beside the DiT.
+        decoder_engine: either engine file of that decoder (`wan-trt build DECODER`).
+        end_to_end: DiT backends (each among the benched ones) to run again with the decoder engine
+            attached, every block decoded to frames: ``<backend>+decoder`` rows.
         out: JSON results file. chart: PNG chart of ms per block.
     """
 
@@ -127,6 +145,9 @@ class BenchOptions:
     device: str = "cuda"
     engines: dict[str, Path | None] = field(default_factory=dict)
     profile: tuple[str, ...] = ()
+    decoder: Path | None = None
+    decoder_engine: Path | None = None
+    end_to_end: tuple[str, ...] = ()
     out: Path | None = None
     chart: Path | None = None
 
@@ -147,13 +168,26 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if pipelines:
         raise WanTrtError(f"--profile {','.join(pipelines)}: the reference pipeline has no single pass to profile; "
                           "profile torch-eager instead")
+    not_benched = [b for b in o.end_to_end if b not in backends or get_backend(b).reference_pipeline]
+    if not_benched or (o.end_to_end and o.decoder_engine is None):
+        raise WanTrtError(f"--end-to-end {','.join(o.end_to_end)}: needs --decoder-engine and static-cache backends "
+                          f"among the benched ones ({', '.join(backends)}; the reference pipeline has no session)")
+    if o.decoder_engine is not None and o.decoder is None:
+        raise WanTrtError("--decoder-engine: give the decoder export with --decoder too")
+    decoder_spec = read_decoder(o.decoder)["steady"].spec if o.decoder is not None else None  # before any benching
+    if o.decoder_engine is not None:
+        check_pair({call: export_for_engine(path, EngineMetadata.read(path))[1]
+                    for call, path in decoder_engines(o.decoder_engine).items()},
+                   f"--decoder-engine {o.decoder_engine}")
     blocks, out, chart, profile = o.blocks, o.out, o.chart, o.profile
     bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
     cfg = bench.spec.config
+    if o.end_to_end:
+        check_attachable(decoder_spec, bench.spec)
     report: dict[str, Any] = {**provenance("wan-trt"),
                               "config": cfg.name, "precision": bench.spec.precision, "blocks": blocks,
                               "passes_per_block": cfg.passes_per_block, "weights": bench.manifest.weights,
-                              "backends": {}, "skipped": {}, "failed": {}, "profiles": {}}
+                              "backends": {}, "skipped": {}, "failed": {}, "profiles": {}, "end_to_end": {}}
 
     def save() -> None:
         if out:
@@ -162,7 +196,17 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
 
     save()  # an unwritable --out fails now, not after minutes of benchmarking
     for backend in backends:
-        _bench_one(bench, backend, blocks, report, named)
+        _bench_one(report, "backends", backend, named, run=lambda: bench.run(backend, blocks))
+        save()
+    if o.decoder is not None:
+        with stage("bench the video decoder"):
+            report["decoder"] = bench_decoder(Path(o.decoder), o.decoder_engine, o.device, blocks)
+        save()
+    for backend in o.end_to_end:
+        graphed = engine_variants(o.decoder_engine, o.device)[-1]
+        _bench_one(report, "end_to_end", f"{backend}+decoder", named=True,
+                   run=lambda: bench.run(backend, blocks, DecoderStream.from_engine(o.decoder_engine, graphed,
+                                                                                     o.device)))
         save()
     for backend in profile:
         if backend in report["backends"]:
@@ -174,12 +218,12 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     return report
 
 
-def _bench_one(bench: Bench, backend: str, blocks: int, report: dict[str, Any], named: bool) -> None:
-    """Bench one backend into ``report``: its numbers, why it was skipped, or why it failed."""
+def _bench_one(report: dict[str, Any], section: str, backend: str, named: bool, run) -> None:
+    """Bench one row into ``report[section]``: its numbers (``run()``), why it was skipped, or why it failed."""
     try:
         with stage(f"bench {backend}"):
-            report["backends"][backend] = bench.run(backend, blocks)
-        logger.info("%s: %.1f ms/block", backend, report["backends"][backend]["block_ms"]["mean"])
+            report[section][backend] = run()
+        logger.info("%s: %.1f ms/block", backend, report[section][backend]["block_ms"]["mean"])
     except Unavailable as exc:
         if named:
             report["failed"][backend] = f"asked for, but cannot run on this machine: {exc}"

@@ -10,6 +10,8 @@ from wan_trt.digest import file_digest
 from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import BUILDABLE, DEFAULT_BUILD, backend_module, get_backend
 from wan_trt.errors import WanTrtError
+from wan_trt.log import logger
+from wan_trt.export.decoder import decoder_dirs, read_decoder
 from wan_trt.export.manifest import Manifest
 from wan_trt.export.transformer import export_transformer
 
@@ -79,9 +81,28 @@ def build_engine(directory: str | None, config_name: str | None, options: BuildO
         raise WanTrtError(f"--backend {options.backend}: not an engine that `wan-trt build` makes; "
                           f"expected one of {', '.join(BUILDABLE)}")
     backend = get_backend(options.backend)
+    if directory is not None and decoder_dirs(directory) is not None:
+        if weights is not None:
+            raise WanTrtError(f"--weights {weights}: {directory} is a decoder export, whose weights were fixed at "
+                              "export (`wan-trt export --graph decoder --vae-weights`); drop --weights")
+        return build_decoder_engines(Path(directory), backend, options, seed=seed)
     export_dir = resolve_export(directory, config_name, options.precision, options.ops, weights=weights, seed=seed,
                                 backend=backend.name)
     return backend_module(backend).build(export_dir, options)
+
+
+def build_decoder_engines(directory: Path, backend, options: BuildOptions, *, seed: int | None = None) -> Path:
+    """The decoder's two engines, one beside each of its graphs (same file name); returns the steady one's path."""
+    if options.out is not None:
+        raise WanTrtError(f"--out {options.out}: a decoder's engines are written beside its two graphs "
+                          f"({directory}/first, {directory}/steady); drop --out")
+    read_decoder(directory)  # both exports verified, and one decoder's
+    engines = {}
+    for call, export_dir in decoder_dirs(directory).items():
+        resolve_export(str(export_dir), None, options.precision, options.ops, seed=seed, backend=backend.name)
+        engines[call] = backend_module(backend).build(export_dir, options)
+        logger.info("decoder %s engine: %s", call, engines[call])
+    return engines["steady"]
 
 
 def inspect_engine(engine: str | Path) -> dict[str, Any]:

@@ -2,17 +2,22 @@
 backend), optionally checked against the reference pipeline."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from wan_trt.actions import read_actions
 from wan_trt.config import WanConfig
+from wan_trt.decoder_spec import CALLS, DecoderSpec
 from wan_trt.engines.backends import RunnerSources, make_runner
+from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
@@ -23,7 +28,7 @@ from wan_trt.spec import PassSpec, precision_dtype
 from wan_trt.stream import NoiseSource, max_stream_blocks, synthetic_stream
 from wan_trt.validate.metrics import error_stats
 from wan_trt.validate.stream import reference_stream
-from wan_trt.video import FPS, to_uint8_frames, write_mp4
+from wan_trt.video import FPS, write_mp4
 
 # rel-L2 allowed between the two pipelines: same model, same precision, different cache form
 PIPELINE_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}
@@ -75,6 +80,7 @@ class StreamOptions:
         backend: the registered backend that runs the passes.
         video: decode the latents to frames and write them as ``out/video.mp4``.
         vae_weights: the Wan2.1 VAE checkpoint for the decoder; seeded random weights when None.
+        actions: a JSON-lines file of the blocks' actions (:mod:`wan_trt.actions`); synthetic when None.
     """
 
     blocks: int = 8
@@ -87,6 +93,7 @@ class StreamOptions:
     backend: str = "torch-eager"
     video: bool = True
     vae_weights: str | None = None
+    actions: Path | None = None
 
 
 def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
@@ -98,13 +105,17 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     blocks, precision, device, seed, out = o.blocks, o.precision, o.device, o.seed, o.out
     check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=o.weights, out=out,
                          vae_weights=o.vae_weights)
+    actions = read_actions(o.actions, cfg, blocks) if o.actions is not None else {}  # before the model is built
     with stage(f"build {cfg.name} ({precision}, {device})"):
         model = build_model(cfg, precision_dtype(precision), device, o.weights, seed)
     spec = PassSpec.from_config(cfg, precision)
-    inputs = synthetic_stream(cfg, blocks, seed)
+    inputs = dataclasses.replace(synthetic_stream(cfg, blocks, seed), **actions)
     sources = RunnerSources(spec, device, lambda ops="native": model)
-    with stage(f"stream {blocks} blocks"), make_runner(o.backend, sources) as runner:
-        results = stream_blocks(StreamingSession(runner, noise=NoiseSource(seed)), inputs, blocks)
+    decoder = stream_decoder(cfg, o) if out is not None and o.video else None
+    with stage(f"stream {blocks} blocks{' and decode them' if decoder else ''}"), \
+            make_runner(o.backend, sources) as runner, decoder or contextlib.nullcontext():
+        session = StreamingSession(runner, noise=NoiseSource(seed), decoder=decoder)
+        results = stream_blocks(session, inputs, blocks, keep_frames_on="cpu")
     for r in results:
         logger.info("block %d (frame %d): %.1f ms", r.index, r.start_frame, 1e3 * r.seconds)
     report: dict[str, Any] = {"config": cfg.name, "precision": precision, "device": device,
@@ -119,9 +130,10 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         summary.update(worst_rel_l2=worst, reference_match=worst <= PIPELINE_TOLERANCE[precision]
                        and all(s.non_finite == 0 for s in stats))
     frames = None
-    if out is not None and o.video:
-        frames, decode_ms = decode_stream(cfg, [r.latents for r in results], o)
-        report["decode_ms"] = decode_ms
+    if decoder is not None:
+        frames = torch.cat([r.frames for r in results])
+        report["stage_ms"] = [r.stage_ms for r in results]
+        report["decode_ms"] = [r.stage_ms["decode"] for r in results]
         summary["video_frames"] = int(frames.shape[0])
     report["summary"] = summary
     if out is not None:
@@ -134,21 +146,12 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     return report
 
 
-def decode_stream(cfg: WanConfig, latents: list[torch.Tensor], o: StreamOptions) -> tuple[torch.Tensor, list[float]]:
-    """Decode the blocks' latents in order, the decoder's histories carried from block to block:
-    uint8 frames [9 + 12 * (blocks - 1), H, W, 3] and milliseconds per block."""
+def stream_decoder(cfg: WanConfig, o: StreamOptions) -> DecoderStream:
+    """The PyTorch video decoder (its two calls) in the stream's precision and device."""
     with stage("build the video decoder"):
         decoder = build_decoder(cfg, precision_dtype(o.precision), o.device, o.vae_weights, o.seed)
     if o.weights is None or o.vae_weights is None:
         logger.warning("random %s weights: the video is noise (pass --weights and --vae-weights for real frames)",
                        "DiT and VAE" if o.weights is None and o.vae_weights is None else
                        "DiT" if o.weights is None else "VAE")
-    history = decoder.empty_history(1, cfg.inference.latent_height, cfg.inference.latent_width)
-    frames, ms = [], []
-    with stage(f"decode {len(latents)} blocks"), torch.no_grad():
-        for i, block in enumerate(latents):
-            begin = time.perf_counter()
-            rgb, history = decoder(block, history, first=i == 0)
-            frames.append(to_uint8_frames(rgb).cpu())
-            ms.append(1e3 * (time.perf_counter() - begin))
-    return torch.cat(frames), ms
+    return DecoderStream(*(TorchRunner(decoder, DecoderSpec.from_config(cfg, o.precision, call)) for call in CALLS))

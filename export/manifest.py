@@ -1,8 +1,8 @@
 """The manifest of an exported graph: spec, files, provenance. Written last, read first.
 
-``manifest.json`` alone is enough for a runtime to allocate every buffer (it holds the
-whole :class:`~wan_trt.spec.PassSpec`), and it says where the weights came from so a
-check can rebuild the same PyTorch reference.
+``manifest.json`` alone is enough for a runtime to allocate every buffer (it holds the graph's
+whole spec: a :class:`~wan_trt.spec.PassSpec` or :class:`~wan_trt.decoder_spec.DecoderSpec`), and
+it says where the weights came from so a check can rebuild the same PyTorch reference.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Any
 from wan_trt.digest import bytes_digest, file_digest, verify_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest_schema import FORMAT, parse_manifest, recorded_files
-from wan_trt.model import build_model
+from wan_trt.graphs import graph_kind
 from wan_trt.model.checkpoint import weights_fingerprint
 from wan_trt.outputs import CHECK_FILES, MARKER, engine_files_in
-from wan_trt.spec import PassSpec
+from wan_trt.spec import GraphSpec
 
 MANIFEST = "manifest.json"
 GRAPH = "model.onnx"
@@ -50,7 +50,7 @@ REMAKE = "re-export it with `wan-trt export --overwrite`"
 class Manifest:
     """What ``wan-trt export`` wrote into a directory."""
 
-    spec: PassSpec
+    spec: GraphSpec
     ops: str
     opset: int
     weights: dict[str, Any]  # source, seed, checkpoint path + file sha256, sha256 of the graph's weights
@@ -116,14 +116,15 @@ class Manifest:
 
 
 def reference_model(manifest: "Manifest", dtype, device):
-    """The PyTorch model holding the graph's weights (same seed or checkpoint), in ``dtype`` on ``device``."""
+    """The PyTorch module holding the graph's weights (same seed or checkpoint), in ``dtype`` on ``device``:
+    the DiT for a pass, the video decoder for a decoder graph."""
 
     w = manifest.weights
     path = w.get("path") if w["source"] == "checkpoint" else None
     if path and not Path(path).is_file():
         raise WanTrtError(f"the graph's checkpoint {path} is not on this machine; the check needs it to "
                           "rebuild the PyTorch reference")
-    return build_model(manifest.spec.config, dtype, device, path, w.get("seed", 0))
+    return graph_kind(manifest.spec).build(manifest.spec.config, dtype, device, path, w.get("seed", 0))
 
 
 def verify_weights(manifest: "Manifest", model) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from wan_trt.digest import check_digest_record
 from wan_trt.errors import WanTrtError
-from wan_trt.spec import PassSpec
+from wan_trt.graphs import spec_from_dict
 
 FORMAT = "wan-trt-export/1"
 OPS = ("native", "plugins")
@@ -79,7 +79,7 @@ def parse_manifest(raw: bytes, path: Path) -> dict[str, Any]:
     for name, record in data["files"].items():
         check_digest_record(record, f"{path} (files[{name!r}])")
     try:
-        spec = PassSpec.from_dict(data["spec"])
+        spec = spec_from_dict(data["spec"])
     except WanTrtError as exc:
         raise WanTrtError(f"{path}: {exc}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -11,6 +11,12 @@
 #   scripts/gpu_bench.sh checks RESULTS      what the session's per-block checks cost (scripts/bench_session_checks.py)
 #   scripts/gpu_bench.sh long RESULTS        one stream of LONG_BLOCKS (1500) blocks: memory, time and finiteness
 #                                            over the whole stream (scripts/long_stream.py)
+#   scripts/gpu_bench.sh decoder RESULTS     the video decoder: export (no ONNX graph) + AOTInductor build of its
+#                                            two graphs + wan-trt check of the engines (--blocks 3) as JSON
+#   scripts/gpu_bench.sh decoder-bench RESULTS  one wan-trt bench: the DiT engine (CUDA graphs), the decoder rows
+#                                            (PyTorch fp16 decoder eager / compiled / compiled with cuDNN
+#                                            benchmark, the engine with and without CUDA graphs) and DiT +
+#                                            decoder end to end (needs `build` and `decoder` first)
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
@@ -23,7 +29,9 @@ BLOCKS=${BLOCKS:-6}
 BACKENDS=${BACKENDS:-aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager}
 EXPORT=out/${CONFIG}_${PRECISION}_aoti
 ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
-step=${1:?"step: setup | build | bench | check | checks | long | all"}
+DECODER=out/${CONFIG}_${PRECISION}_decoder
+DECODER_ENGINE=$DECODER/steady/engine_aoti_cuda.pt2
+step=${1:?"step: setup | build | bench | check | checks | long | decoder | decoder-bench | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || mkdir -p "$results"
 tag=${CONFIG}_${PRECISION}
@@ -53,6 +61,19 @@ case "$step" in
     wan-trt check "$ENGINE" --blocks 4 --json --no-save-results > "$results/check_${tag}_aoti_plugins.json" \
       2> "$results/check.log" || { tail -20 "$results/check.log"; exit 1; }
     tail -3 "$results/check.log"
+    ;;
+  decoder)
+    run_step export_decoder wan-trt export --config "$CONFIG" --graph decoder --precision "$PRECISION" --no-onnx \
+      --out "$DECODER" --overwrite
+    run_step build_decoder wan-trt build "$DECODER" --backend aoti --precision "$PRECISION" --device cuda
+    wan-trt check "$DECODER_ENGINE" --blocks 3 --json --no-save-results \
+      > "$results/check_${tag}_decoder_aoti.json" 2> "$results/check_decoder.log" || { tail -20 "$results/check_decoder.log"; exit 1; }
+    tail -1 "$results/check_decoder.log"
+    ;;
+  decoder-bench)
+    run_step bench_decoder wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
+      --backends aoti-plugins+cudagraph --decoder "$DECODER" --decoder-engine "$DECODER_ENGINE" \
+      --end-to-end aoti-plugins+cudagraph --out "$results/bench_${tag}_decoder.json"
     ;;
   checks)
     python3 scripts/bench_session_checks.py "$EXPORT" "$ENGINE" --out "$results/session_checks_${tag}.json"

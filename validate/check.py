@@ -33,7 +33,7 @@ from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
-from wan_trt.spec import PassSpec
+from wan_trt.spec import GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
 from wan_trt.validate.stream import compare_stream
 
@@ -115,11 +115,12 @@ def require_polygraphy() -> None:
 
 
 def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict[str, torch.Tensor],
-                      feed_spec: PassSpec, save_to: Path | None = None) -> list[OutputCheck]:
+                      feed_spec: GraphSpec, save_to: Path | None = None,
+                      judged: list[str] | None = None) -> list[OutputCheck]:
     """Polygraphy Comparator over the three runners on one feed dict.
 
     ``backend`` is a wan-trt Runner or a native Polygraphy runner (e.g. TensorRT's ``TrtRunner``);
-    :func:`check_runner`, its caller, has made sure Polygraphy is installed.
+    the caller has made sure Polygraphy is installed. ``judged``: the outputs compared (default: all).
     """
     # deferred: Polygraphy is optional until a check runs (require_polygraphy says what to install)
     from polygraphy.backend.base import BaseRunner
@@ -128,8 +129,10 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
 
     from wan_trt.validate.polygraphy_runner import FloatOutputs, PolygraphyAdapter
 
-    runners = [PolygraphyAdapter(r, feed_spec) for r in (reference, yardstick)]
-    runners.append(FloatOutputs(backend) if isinstance(backend, BaseRunner) else PolygraphyAdapter(backend, feed_spec))
+    names = judged or feed_spec.output_names
+    runners = [PolygraphyAdapter(r, feed_spec, names) for r in (reference, yardstick)]
+    runners.append(FloatOutputs(backend) if isinstance(backend, BaseRunner) else
+                   PolygraphyAdapter(backend, feed_spec, names))
     with G_LOGGER.verbosity(G_LOGGER.ERROR):
         results = Comparator.run(runners, data_loader=[feeds])
     if save_to is not None:
@@ -139,7 +142,6 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
             results.save(str(path))
         logger.info("Polygraphy RunResults saved to %s", path)
     (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
-    names = feed_spec.output_names
     yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
     # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (floor x the mean |reference|)
     floor = rel_l2_floor(feed_spec.precision)

@@ -17,14 +17,15 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
 from wan_trt.engines.runtime.runner import Runner
-from wan_trt.spec import PassSpec
+from wan_trt.spec import GraphSpec
 
 
 class PolygraphyAdapter(BaseRunner):
-    def __init__(self, runner: Runner, feed_spec: PassSpec):
+    def __init__(self, runner: Runner, feed_spec: GraphSpec, outputs: list[str] | None = None):
         super().__init__(name=runner.name)
         self.runner = runner
         self.feed_spec = feed_spec
+        self.outputs = outputs or runner.spec.output_names  # the outputs handed to Polygraphy
 
     def activate_impl(self) -> None:
         self.runner.__enter__()
@@ -46,7 +47,7 @@ class PolygraphyAdapter(BaseRunner):
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
         self.inference_time = time.perf_counter() - start
-        return OrderedDict((name, _float_array(outputs[name])) for name in spec.output_names)
+        return OrderedDict((name, _float_array(outputs[name])) for name in self.outputs)
 
 
 class FloatOutputs(BaseRunner):

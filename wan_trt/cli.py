@@ -89,15 +89,19 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
 @click.option("--video/--no-video", default=True, show_default=True, help="With --out: decode and write video.mp4.")
 @click.option("--vae-weights", type=click.Path(dir_okay=False), default=None,
               help="Wan2.1 VAE checkpoint (Wan2.1_VAE.pth) for the video decoder; seeded random if omitted.")
+@click.option("--actions", type=click.Path(dir_okay=False), default=None,
+              help="JSON-lines file, one line per block: {\"mouse\": [dx, dy], \"keyboard\": [...]}, each one "
+                   "action held for the block or one row per video frame (9, then 12). Synthetic if omitted.")
 @user_errors
-def stream(config_name, weights, precision, device, seed, blocks, reference, out, video, vae_weights) -> None:
+def stream(config_name, weights, precision, device, seed, blocks, reference, out, video, vae_weights,
+           actions) -> None:
     """Stream blocks of synthetic input through the static-cache runtime (PyTorch backend)."""
     from wan_trt.config_load import load_config
     from wan_trt.engines.stream import StreamOptions, run_stream
 
     options = StreamOptions(blocks=blocks, precision=precision, device=pick_device(device), weights=weights,
                             seed=seed, reference=reference, out=Path(out) if out else None, video=video,
-                            vae_weights=vae_weights)
+                            vae_weights=vae_weights, actions=Path(actions) if actions else None)
     report = run_stream(load_config(config_name), options)
     click.echo(json.dumps(report["summary"], indent=2))
     if reference and not report["summary"]["reference_match"]:
@@ -119,17 +123,38 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
               help="Replace --out if it holds a wan-trt export (a folder with other files is never replaced).")
 @click.option("--no-onnx", is_flag=True,
               help="Manifest and sample inputs only, no ONNX graph: enough for `build --backend aoti`.")
+@click.option("--graph", type=click.Choice(["dit", "decoder"]), default="dit", show_default=True,
+              help="dit: one denoising pass. decoder: the video decoder's two graphs (first block, later blocks) "
+                   "into OUT/first and OUT/steady.")
+@click.option("--vae-weights", type=click.Path(dir_okay=False), default=None,
+              help="With --graph decoder: Wan2.1 VAE checkpoint (Wan2.1_VAE.pth); seeded random if omitted.")
 @user_errors
-def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no_onnx) -> None:
-    """ONNX of one denoising pass, KV caches as static-shaped inputs and outputs."""
+def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no_onnx, graph, vae_weights) -> None:
+    """ONNX of one denoising pass (KV caches as static-shaped inputs and outputs), or of the video decoder."""
     from wan_trt.config_load import load_config
-    from wan_trt.export.transformer import export_transformer
 
     cfg = load_config(config_name)
+    if graph == "decoder":
+        from wan_trt.export.decoder import export_decoder
+
+        if weights is not None:
+            raise WanTrtError("--graph decoder: the decoder's checkpoint is given with --vae-weights, not --weights")
+        if ops != "native":
+            raise WanTrtError(f"--graph decoder: the video decoder has no fused kernels; drop --ops {ops}")
+        out = Path(out or f"out/{cfg.name}_{precision}_decoder")
+        manifests = export_decoder(cfg, out, precision, vae_weights, seed, int(opset), overwrite, onnx=not no_onnx)
+        for call, manifest in manifests.items():
+            nodes = f"{sum(manifest.op_counts.values())} nodes" if manifest.graph else "no ONNX graph"
+            click.echo(f"{out / call}: {nodes}, spec {manifest.spec.fingerprint()}")
+        return
+    if vae_weights is not None:
+        raise WanTrtError("--vae-weights goes with --graph decoder")
+    from wan_trt.export.transformer import export_transformer
+
     out = Path(out or f"out/{cfg.name}_{precision}_{ops}")
     manifest = export_transformer(cfg, out, precision, weights, seed, ops, int(opset), overwrite, onnx=not no_onnx)
-    graph = f"{sum(manifest.op_counts.values())} nodes" if manifest.graph else "no ONNX graph"
-    click.echo(f"{out}: {graph}, spec {manifest.spec.fingerprint()}")
+    nodes = f"{sum(manifest.op_counts.values())} nodes" if manifest.graph else "no ONNX graph"
+    click.echo(f"{out}: {nodes}, spec {manifest.spec.fingerprint()}")
 
 
 @main.command()
@@ -150,14 +175,16 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
     """Accuracy against PyTorch (Polygraphy), single pass and stream.
 
     TARGET is an export directory (checked with ONNX Runtime) or an engine file built by
-    `wan-trt build` (AOTInductor package or TensorRT plan).
+    `wan-trt build` (AOTInductor package or TensorRT plan), of the DiT or of the video decoder
+    (its export folder, or either of its two engine files).
     """
-    from wan_trt.validate.check import CheckOptions, check_engine, check_export
+    from wan_trt.validate.check import CheckOptions
+    from wan_trt.validate.check_decoder import check_target
 
     options = CheckOptions(provider=provider, blocks=blocks, seed=seed, stream=stream, save_results=save_results)
     # with --json stdout carries the report only: library chatter (Polygraphy prints) goes to stderr
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        report = (check_export if Path(target).is_dir() else check_engine)(target, options)
+        report = check_target(target, options)
     if as_json:
         from wan_trt.profiling import provenance
         click.echo(json.dumps({**provenance("wan-trt"), **report.as_dict()}, indent=2))
@@ -231,11 +258,18 @@ def inspect(engine, as_json) -> None:
 @click.option(ENGINE_FLAGS["tensorrt"], "trt_engine", type=click.Path(exists=True, dir_okay=False), default=None,
               help="TensorRT engine (`wan-trt build DIR`).")
 @click.option("--profile", "profile", default="", help="Comma-separated backends to profile by op class.")
+@click.option("--decoder", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A decoder export (`wan-trt export --graph decoder`): bench the video decoder too, beside "
+                   "PyTorch's fp16 decoder eager and compiled (on CUDA).")
+@click.option("--decoder-engine", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Either engine file of that decoder (`wan-trt build DECODER`).")
+@click.option("--end-to-end", "end_to_end", default="",
+              help="Comma-separated benched backends to run again with the decoder engine decoding every block.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="JSON results file.")
 @click.option("--chart", type=click.Path(dir_okay=False), default=None, help="PNG chart of ms per block.")
 @user_errors
-def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine, trt_engine, profile, out,
-          chart) -> None:
+def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine, trt_engine, profile, decoder,
+          decoder_engine, end_to_end, out, chart) -> None:
     """ms per pass / block, FPS, P50/P95 and memory for every backend available, side by side."""
     from wan_trt.engines.bench import BenchOptions, run_bench
 
@@ -243,13 +277,21 @@ def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine,
     engines = {"aoti": aoti_engine, "aoti-plugins": aoti_plugins_engine, "tensorrt": trt_engine}
     options = BenchOptions(backends=None if names is None else tuple(names), blocks=blocks, device=pick_device(device),
                            engines={k: Path(v) if v else None for k, v in engines.items()},
-                           profile=tuple(b for b in profile.split(",") if b), out=Path(out) if out else None,
+                           profile=tuple(b for b in profile.split(",") if b),
+                           decoder=Path(decoder) if decoder else None,
+                           decoder_engine=Path(decoder_engine) if decoder_engine else None,
+                           end_to_end=tuple(b for b in end_to_end.split(",") if b), out=Path(out) if out else None,
                            chart=Path(chart) if chart else None)
     report = run_bench(directory, options)
     for name, r in report["backends"].items():
         click.echo(f"{name:16} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
                    f"p95 {r['block_ms']['p95']:8.1f}  {r['ms_per_pass']['mean']:7.1f} ms/pass  "
                    f"{r['video_fps']:6.1f} fps")
+    for name, r in report.get("decoder", {}).get("rows", {}).items():
+        click.echo(f"{'decoder ' + name:16} {r['block_ms']['p50']:9.1f} ms/block p50 {r['tflops']:6.1f} TFLOP/s")
+    for name, r in report["end_to_end"].items():
+        click.echo(f"{name:16} {r['block_ms']['p50']:9.1f} ms/block p50 (stages: "
+                   + ", ".join(f"{k} {v:.1f}" for k, v in r["stage_ms"].items()) + f") {r['video_fps']:6.1f} fps")
     for name, why in report["skipped"].items():
         click.echo(f"{name:16} skipped: {why}")
     for name, why in report["failed"].items():

@@ -144,13 +144,91 @@ class CacheSpec:
 
 
 @dataclass(frozen=True)
-class PassSpec:
-    """Everything a runtime needs to feed one pass: built from a config and a precision."""
+class GraphSpec:
+    """What every graph's spec holds: its config, precision and named, static-shaped I/O.
+
+    :class:`PassSpec` (one DiT pass) and :class:`wan_trt.decoder_spec.DecoderSpec` (one decoder
+    call) extend it; runners, exports, engines and checks read only these fields and methods.
+    """
 
     config: WanConfig
     precision: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+
+    KIND = "pass"  # the graph kind (wan_trt.graphs), recorded in every spec dict but the pass's
+
+    # ---- lookups ------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return precision_dtype(self.precision)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def tensor(self, name: str) -> TensorSpec:
+        for t in self.inputs + self.outputs:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    # ---- buffers ------------------------------------------------------------------------
+    def allocate(self, which: str = "inputs", device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        """Zero buffers for every input (or output), as the spec says."""
+        specs = self.inputs if which == "inputs" else self.outputs
+        return {t.name: torch.zeros(t.shape, dtype=t.torch_dtype, device=device) for t in specs}
+
+    def check_feeds(self, feeds: dict[str, torch.Tensor]) -> None:
+        """Raise WanTrtError naming every missing, unexpected or mis-shaped/typed input."""
+        problems = [f"missing input '{n}'" for n in self.input_names if n not in feeds]
+        problems += [f"unexpected input '{n}'" for n in feeds if n not in self.input_names]
+        for t in self.inputs:
+            got = feeds.get(t.name)
+            if got is not None and (tuple(got.shape) != t.shape or got.dtype != t.torch_dtype):
+                problems.append(f"input '{t.name}': expected {list(t.shape)} {t.dtype}, "
+                                f"got {list(got.shape)} {DTYPE_NAMES.get(got.dtype, got.dtype)}")
+        if problems:
+            raise WanTrtError("feeds do not match the graph spec: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GraphSpec":
+        """Rebuild from a manifest and check it equals the spec its config defines."""
+        if data.get("spec_version") != SPEC_VERSION:
+            raise WanTrtError(f"manifest spec_version {data.get('spec_version')} is not {SPEC_VERSION}: "
+                              "re-export with this wan-trt")
+        cfg = config_from_dict(data["config"], data["config"].get("name", "manifest"), "manifest")
+        spec = cls.from_config(cfg, data["precision"], **cls.variant(data))
+        if json.dumps(spec.to_dict(), sort_keys=True) != json.dumps(data, sort_keys=True):
+            raise WanTrtError("manifest I/O does not match its own config: it was written by another "
+                              "wan-trt version or edited; re-export")
+        return spec
+
+    @classmethod
+    def from_config(cls, cfg: WanConfig, precision: str = "bf16", **variant: Any) -> "GraphSpec":
+        raise NotImplementedError
+
+    @classmethod
+    def variant(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """The ``from_config`` keywords beyond config and precision that ``data`` (a spec dict) records."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        """Short hash of the whole I/O contract (config + precision + tensors)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PassSpec(GraphSpec):
+    """Everything a runtime needs to feed one pass: built from a config and a precision."""
+
     caches: tuple[CacheSpec, ...]
     rotaries: tuple[RotarySpec, ...]
 
@@ -199,37 +277,6 @@ class PassSpec:
             inputs.append(TensorSpec(VALID_FRAMES, (1,), "int32", "valid previous frames (0..P)"))
         return cls(cfg, precision, tuple(inputs), tuple(outputs), tuple(caches), rotaries)
 
-    # ---- lookups ------------------------------------------------------------------------
-    @property
-    def dtype(self) -> torch.dtype:
-        return precision_dtype(self.precision)
-
-    @property
-    def input_names(self) -> list[str]:
-        return [t.name for t in self.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [t.name for t in self.outputs]
-
-    def tensor(self, name: str) -> TensorSpec:
-        for t in self.inputs + self.outputs:
-            if t.name == name:
-                return t
-        raise KeyError(name)
-
-    def cache(self, kind: str) -> CacheSpec:
-        for c in self.caches:
-            if c.kind == kind:
-                return c
-        raise KeyError(kind)
-
-    # ---- buffers ------------------------------------------------------------------------
-    def allocate(self, which: str = "inputs", device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-        """Zero buffers for every input (or output), as the spec says."""
-        specs = self.inputs if which == "inputs" else self.outputs
-        return {t.name: torch.zeros(t.shape, dtype=t.torch_dtype, device=device) for t in specs}
-
     def sample_inputs(self, seed: int = 0, device: str | torch.device = "cpu", start_frame: int | None = None
                       ) -> dict[str, torch.Tensor]:
         """Random but plausible inputs of one steady-state pass (all previous frames valid)."""
@@ -261,17 +308,11 @@ class PassSpec:
             feeds[r.cos], feeds[r.sin] = r.factors(start_frame, self.config.block_frames, device)
         return feeds
 
-    def check_feeds(self, feeds: dict[str, torch.Tensor]) -> None:
-        """Raise WanTrtError naming every missing, unexpected or mis-shaped/typed input."""
-        problems = [f"missing input '{n}'" for n in self.input_names if n not in feeds]
-        problems += [f"unexpected input '{n}'" for n in feeds if n not in self.input_names]
-        for t in self.inputs:
-            got = feeds.get(t.name)
-            if got is not None and (tuple(got.shape) != t.shape or got.dtype != t.torch_dtype):
-                problems.append(f"input '{t.name}': expected {list(t.shape)} {t.dtype}, "
-                                f"got {list(got.shape)} {DTYPE_NAMES.get(got.dtype, got.dtype)}")
-        if problems:
-            raise WanTrtError("feeds do not match the graph spec: " + "; ".join(problems))
+    def cache(self, kind: str) -> CacheSpec:
+        for c in self.caches:
+            if c.kind == kind:
+                return c
+        raise KeyError(kind)
 
     # ---- manifest -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -284,20 +325,3 @@ class PassSpec:
             "caches": [dataclasses.asdict(c) for c in self.caches],
             "rotaries": [dataclasses.asdict(r) for r in self.rotaries],
         }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PassSpec":
-        """Rebuild from a manifest and check it equals the spec its config defines."""
-        if data.get("spec_version") != SPEC_VERSION:
-            raise WanTrtError(f"manifest spec_version {data.get('spec_version')} is not {SPEC_VERSION}: "
-                              "re-export with this wan-trt")
-        cfg = config_from_dict(data["config"], data["config"].get("name", "manifest"), "manifest")
-        spec = cls.from_config(cfg, data["precision"])
-        if json.dumps(spec.to_dict(), sort_keys=True) != json.dumps(data, sort_keys=True):
-            raise WanTrtError("manifest I/O does not match its own config: it was written by another "
-                              "wan-trt version or edited; re-export")
-        return spec
-
-    def fingerprint(self) -> str:
-        """Short hash of the whole I/O contract (config + precision + tensors)."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import av
 import torch
 
 FPS = 25  # Matrix-Game 2.0 streams at 25 video frames per second
@@ -16,6 +15,8 @@ def to_uint8_frames(rgb: torch.Tensor) -> torch.Tensor:
 
 def write_mp4(frames: torch.Tensor, path: str | Path, fps: int = FPS) -> Path:
     """Write uint8 frames [N, H, W, 3] as H.264 (yuv420p; odd sizes are padded by one pixel)."""
+    import av  # deferred: only writing and reading files needs PyAV, not the runtimes that make frames
+
     path = Path(path)
     _, h, w, _ = frames.shape
     frames = torch.nn.functional.pad(frames.cpu(), (0, 0, 0, w % 2, 0, h % 2))  # H.264 needs even sizes
@@ -30,5 +31,7 @@ def write_mp4(frames: torch.Tensor, path: str | Path, fps: int = FPS) -> Path:
 
 def count_frames(path: str | Path) -> int:
     """Video frames in a file (decoded, not from the header)."""
+    import av  # deferred, as in write_mp4
+
     with av.open(str(path)) as container:
         return sum(1 for _ in container.decode(video=0))

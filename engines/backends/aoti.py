@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_engine_path, engine_key,
                                      install_engine, staged_file, up_to_date)
@@ -21,7 +22,7 @@ from wan_trt.engines.runtime.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import stage
-from wan_trt.model.static_pass import StaticPass
+from wan_trt.graphs import graph_kind
 from wan_trt.outputs import output_lock
 
 def build_aoti(directory: str | Path, out: str | Path | None = None, device: str = "cuda",
@@ -55,14 +56,13 @@ def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device
     """Rebuild the model, torch.export it and AOTInductor-package it into ``engine`` (staged, then renamed)."""
     spec = manifest.spec
     begin = time.perf_counter()
-    with stage(f"rebuild {spec.config.name} ({spec.precision}) on {device}"):
-        model = reference_model(manifest, spec.dtype, device)
-        verify_weights(manifest, model)
-        model.sinusoid_dtype = torch.float32  # the same fp32 islands as the ONNX graph
-        if ops == "plugins":
-            model.use_plugins()
-    static = StaticPass(model, spec).eval()
-    feeds = spec.sample_inputs(device=device)
+    kind = graph_kind(spec)
+    with stage(f"rebuild {spec.config.name} {kind.name} ({spec.precision}) on {device}"):
+        module = reference_model(manifest, spec.dtype, device)
+        verify_weights(manifest, module)
+        module = kind.prepare(module, ops)  # the same fp32 islands as the ONNX graph
+    static = kind.static(module, spec).eval()
+    feeds = {k: v.to(device) for k, v in load_file(str(directory / manifest.sample_inputs)).items()}
     with stage("torch.export"), torch.no_grad():
         program = torch.export.export(static, tuple(feeds[n] for n in spec.input_names), strict=False)
     with stage("AOTInductor compile + package"), staged_file(engine) as partial:

@@ -6,19 +6,19 @@ import torch
 
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
-from wan_trt.model.static_pass import StaticPass
-from wan_trt.model.transformer import CausalWanModel
-from wan_trt.spec import PassSpec
+from wan_trt.graphs import graph_kind
+from wan_trt.spec import GraphSpec
 
 
 class TorchRunner(Runner):
-    """Runs :class:`StaticPass` on the model's device; ``compile=True`` wraps it in torch.compile."""
+    """Runs a graph's static wrapper (:class:`StaticPass` for the DiT, ``StaticDecode`` for the decoder)
+    over ``model`` on the model's device; ``compile=True`` wraps it in torch.compile."""
 
-    def __init__(self, model: CausalWanModel, spec: PassSpec, compile: bool = False):
-        super().__init__(spec, model.patch_embedding.weight.device)
+    def __init__(self, model: torch.nn.Module, spec: GraphSpec, compile: bool = False):
+        super().__init__(spec, next(model.parameters()).device)
         self.name = "torch-compile" if compile else "torch"
-        self.static_pass = StaticPass(model, spec)
-        self._fn = torch.compile(self.static_pass, fullgraph=True) if compile else self.static_pass
+        self.static = graph_kind(spec).static(model, spec)
+        self._fn = torch.compile(self.static, fullgraph=True) if compile else self.static
 
     @torch.no_grad()
     def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

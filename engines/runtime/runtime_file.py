@@ -26,7 +26,7 @@ from pathlib import Path
 
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.scheduler import BlockSchedule
-from wan_trt.spec import PassSpec
+from wan_trt.spec import GraphSpec, PassSpec
 
 
 def runtime_text(spec: PassSpec) -> str:
@@ -51,7 +51,10 @@ def runtime_path(engine: Path) -> Path:
     return engine.with_name(engine.name + ".runtime.txt")
 
 
-def write_runtime_file(spec: PassSpec, engine: Path) -> Path:
+def write_runtime_file(spec: GraphSpec, engine: Path) -> Path | None:
+    """The runtime file of a DiT pass engine; None for other graphs (the C++ runtime runs passes only)."""
+    if not isinstance(spec, PassSpec):
+        return None
     path = runtime_path(Path(engine))
     path.write_text(runtime_text(spec))
     return path

@@ -1,10 +1,12 @@
 """StreamingSession: the per-block schedule over any backend, with the caches kept on the device.
 
-    session = StreamingSession(runner, seed=0)
+    session = StreamingSession(runner, seed=0, decoder=decoder)   # decoder: optional DecoderStream
     session.start(visual_context)         # start_block=N: from block N, empty caches
     for each block:
         result = session.step(cond_concat_block, mouse_frames, keyboard_frames)
         result.latents  # [1, 16, 3, 44, 80]
+        result.frames   # with a decoder: uint8 [n, 352, 640, 3] on the device (n = 9, then 12)
+        result.stage_ms # {"passes", "clean", "checks", "decode", "commit"}: milliseconds
 
 Every input buffer is allocated once from the spec. One block = the denoising passes
 (x0 = x_t - sigma * flow, then re-noise) and the clean pass at t = 0, whose current-block
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.finite import NonFiniteBlock, first_non_finite
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
@@ -32,14 +35,44 @@ from wan_trt.stream import ActionHistory, NoiseSource, first_raw_frame, max_stre
 
 @dataclass
 class BlockResult:
-    """One streamed block: its latents and its time (seconds, up to the step's final device sync);
-    ``pass_seconds`` only when the step was asked to time its passes."""
+    """One streamed block: its latents, its frames (with a decoder) and its time (seconds, up to the
+    step's final device sync); ``stage_ms``: milliseconds of the denoising passes, the clean pass, the
+    output checks, the decode and the cache commit (device time between events on a GPU, no extra
+    sync); ``pass_seconds`` only when the step was asked to time its passes."""
 
     index: int
     start_frame: int
     latents: torch.Tensor
     seconds: float
     pass_seconds: list[float] = field(default_factory=list)
+    frames: torch.Tensor | None = None
+    stage_ms: dict[str, float] = field(default_factory=dict)
+
+
+class StageClock:
+    """Marks stage boundaries without synchronising: CUDA events on a GPU, the host clock on a CPU;
+    :meth:`elapsed_ms` (after the caller's sync) gives each stage's milliseconds."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.current_stream(device) if self.cuda else None
+        self.marks: list[tuple[str, object]] = []
+        self.mark("start")
+
+    def mark(self, stage: str) -> None:
+        """End of ``stage`` (the first mark is the start)."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(self.stream)
+            self.marks.append((stage, event))
+        else:
+            self.marks.append((stage, time.perf_counter()))
+
+    def elapsed_ms(self) -> dict[str, float]:
+        out = {}
+        for (_, a), (stage, b) in zip(self.marks, self.marks[1:]):
+            out[stage] = a.elapsed_time(b) if self.cuda else 1e3 * (b - a)
+        return out
 
 
 @dataclass(frozen=True)
@@ -63,7 +96,8 @@ class StreamingSession:
     without committing anything, so the session stays as it was before that step.
     """
 
-    def __init__(self, runner: Runner, seed: int = 0, noise: NoiseSource | None = None):
+    def __init__(self, runner: Runner, seed: int = 0, noise: NoiseSource | None = None,
+                 decoder: DecoderStream | None = None):
         self.runner = runner
         self.spec = runner.spec
         self.cfg = self.spec.config
@@ -75,7 +109,26 @@ class StreamingSession:
         self.histories = self._new_histories(0)
         self.started = False
         self.block = 0
+        self.stream_start = 0
         self.valid_frames = 0
+        self.decoder: DecoderStream | None = None
+        if decoder is not None:
+            self.attach_decoder(decoder)
+
+    def attach_decoder(self, decoder: DecoderStream) -> None:
+        """Decode every later block to frames. Refused mid-stream: the decoder's histories start with the
+        stream (its first block decodes by the first-frame rule), so attach it before the first step."""
+        decoder.check_attachable(self.spec)
+        if self.started and self.block != self.stream_start:
+            raise WanTrtError(f"a decoder attached at block {self.block} would lack the histories of the "
+                              f"{self.block - self.stream_start} block(s) already streamed: attach it before the "
+                              "first step, or start a new stream")
+        if decoder.device != self.device:
+            raise WanTrtError(f"the decoder runs on {decoder.device}, the session on {self.device}")
+        if self.started:  # start() activated the runner; the decoder needs the same
+            decoder.__enter__()
+        self.decoder = decoder
+        decoder.reset()
 
     @property
     def start_frame(self) -> int:
@@ -96,12 +149,15 @@ class StreamingSession:
         visual_context = self._checked(VISUAL_CONTEXT, visual_context, self.spec.tensor(VISUAL_CONTEXT).shape)
         self._check_finite({VISUAL_CONTEXT: visual_context}, "of the stream")
         self.runner.__enter__()
+        if self.decoder is not None:
+            self.decoder.__enter__()
+            self.decoder.reset()
         self.feeds[VISUAL_CONTEXT].copy_(visual_context)
         for name in self.feeds:
             if name.endswith("_prev"):
                 self.feeds[name].zero_()
         self.histories = self._new_histories(start_block)
-        self.block = start_block
+        self.block = self.stream_start = start_block
         self.valid_frames = 0
         self.started = True
 
@@ -126,15 +182,25 @@ class StreamingSession:
         """
         begin = time.perf_counter()
         block = self._validate_block_inputs(cond_concat, mouse, keyboard)
+        clock = StageClock(self.device)
         self._feed(block)
         x0, pass_seconds = self._denoise(time_passes)
+        clock.mark("passes")
         outputs = self._run(x0, self.schedule.clean_timestep, pass_seconds, time_passes)
+        clock.mark("clean")
         self._check_outputs(x0, outputs)
+        clock.mark("checks")
+        frames = None
+        if self.decoder is not None:  # before the commit: a decode that fails leaves the caches as they were
+            frames = self.decoder.decode(x0)
+            clock.mark("decode")
         self._commit(outputs)
         self.histories = block.histories
+        clock.mark("commit")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        result = BlockResult(self.block, self.start_frame, x0, time.perf_counter() - begin, pass_seconds)
+        result = BlockResult(self.block, self.start_frame, x0, time.perf_counter() - begin, pass_seconds, frames,
+                             clock.elapsed_ms())
         logger.debug("block %d: %.1f ms", self.block, 1e3 * result.seconds)
         self.block += 1
         for history in self.histories.values():
@@ -278,15 +344,19 @@ class StreamingSession:
 
 
 def stream_blocks(session: StreamingSession, inputs, blocks: int, time_passes: bool = False, *,
-                  start_block: int = 0) -> list[BlockResult]:
+                  start_block: int = 0, keep_frames_on: str | None = None) -> list[BlockResult]:
     """Run ``blocks`` blocks of a :class:`~wan_trt.stream.StreamInputs` through a fresh stream
-    that starts at block ``start_block`` (``inputs`` hold that block and the ones after it)."""
+    that starts at block ``start_block`` (``inputs`` hold that block and the ones after it);
+    ``keep_frames_on``: move each block's frames there (e.g. 'cpu') as soon as it is made."""
     cfg = session.cfg
     session.start(inputs.visual_context.to(session.device, session.dtype), start_block=start_block)
     results = []
     for block in progress(range(start_block, start_block + blocks), "blocks", total=blocks):
         mouse, keyboard = inputs.block_actions(cfg, block)
         move = (lambda t: None if t is None else t.to(session.device, session.dtype))
-        results.append(session.step(move(inputs.block_cond(cfg, block)), move(mouse), move(keyboard),
-                                    time_passes=time_passes))
+        result = session.step(move(inputs.block_cond(cfg, block)), move(mouse), move(keyboard),
+                              time_passes=time_passes)
+        if keep_frames_on is not None and result.frames is not None:
+            result.frames = result.frames.to(keep_frames_on)
+        results.append(result)
     return results

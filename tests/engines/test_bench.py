@@ -45,11 +45,11 @@ def test_default_set_skips_what_this_machine_cannot_run(plain_export):
     """Without --backends an unavailable backend is skipped with its reason, not failed."""
     report = {"backends": {}, "skipped": {}, "failed": {}}
     bench = Bench(plain_export, "cpu", {})
-    _bench_one(bench, "aoti", 2, report, named=False)
-    _bench_one(bench, "onnxruntime", 2, report, named=False)
+    _bench_one(report, "backends", "aoti", False, run=lambda: bench.run("aoti", 2))
+    _bench_one(report, "backends", "onnxruntime", False, run=lambda: bench.run("onnxruntime", 2))
     assert set(report["skipped"]) == {"aoti", "onnxruntime"} and not report["failed"]
     assert "--aoti-engine" in report["skipped"]["aoti"]
-    _bench_one(bench, "aoti", 2, report, named=True)
+    _bench_one(report, "backends", "aoti", True, run=lambda: bench.run("aoti", 2))
     assert "cannot run on this machine" in report["failed"]["aoti"]
 
 
@@ -60,7 +60,7 @@ def test_a_backend_that_raises_is_a_failure_with_its_traceback(plain_export, mon
     def broken_infer(self, feeds):
         raise RuntimeError("kernel exploded")
     monkeypatch.setattr("wan_trt.engines.backends.torch.TorchRunner.infer", broken_infer)
-    _bench_one(bench, "torch-eager", 2, report, named=False)
+    _bench_one(report, "backends", "torch-eager", False, run=lambda: bench.run("torch-eager", 2))
     assert "RuntimeError: kernel exploded" in report["failed"]["torch-eager"]
     assert "Traceback" in report["failed"]["torch-eager"] and not report["skipped"]
 

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from wan_trt.cli import main
+from wan_trt.errors import WanTrtError
 
 
 def test_stream_command_matches_reference(tmp_path):
@@ -88,22 +90,25 @@ def test_stream_out_writes_a_video_of_every_decoded_frame(tmp_path):
     """9 video frames for the first block, 12 for each after; the block-by-block decode (histories
     carried) equals one decode of all the latents at once."""
     from wan_trt.config_load import load_config
-    from wan_trt.engines.stream import StreamOptions, decode_stream
+    from wan_trt.engines.stream import StreamOptions, stream_decoder
     from wan_trt.model import build_decoder
     from wan_trt.video import count_frames, to_uint8_frames
 
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["stream", "--config", "gta_drive-small", "--blocks", "3", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    summary = json.loads((out / "report.json").read_text())["summary"]
-    assert summary["video_frames"] == 9 + 12 * 2 == count_frames(out / "video.mp4")
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["video_frames"] == 9 + 12 * 2 == count_frames(out / "video.mp4")
+    assert len(report["decode_ms"]) == 3
+    assert set(report["stage_ms"][0]) == {"passes", "clean", "checks", "decode", "commit"}
     cfg = load_config("gta_drive-small")
     latents = torch.load(out / "latents.pt")
-    frames, ms = decode_stream(cfg, list(latents.split(3, dim=2)), StreamOptions())
+    with stream_decoder(cfg, StreamOptions()) as blockwise:
+        frames = torch.cat([blockwise.decode(block) for block in latents.split(3, dim=2)])
     decoder = build_decoder(cfg)
     with torch.no_grad():
         whole, _ = decoder(latents, decoder.empty_history(1, 4, 6), first=True)
-    assert len(ms) == 3 and frames.shape == (33, 32, 48, 3)
+    assert frames.shape == (33, 32, 48, 3)
     assert (frames.int() - to_uint8_frames(whole).int()).abs().max() <= 1
 
 
@@ -114,3 +119,43 @@ def test_no_video_and_a_missing_vae_checkpoint(tmp_path, monkeypatch):
     assert res.exit_code == 0 and not (out / "video.mp4").exists() and (out / "latents.pt").exists()
     message = _refused(tmp_path, monkeypatch, "--blocks", "1", "--vae-weights", str(tmp_path / "nope.pth"))
     assert "--vae-weights" in message and "no such file" in message
+
+
+def test_actions_come_from_a_json_lines_file(tmp_path):
+    """Held and per-frame actions from the file reach the stream (they change its latents), and each
+    defect is refused with its line before any block runs."""
+    from wan_trt.actions import read_actions
+    from wan_trt.config_load import load_config
+
+    cfg = load_config("universal-small")
+    keys = cfg.model.action_config.keyboard_dim_in
+    lines = [{"mouse": [0.1, -0.2], "keyboard": [1] + [0] * (keys - 1)},
+             {"mouse": [[0.01 * i, 0.0] for i in range(12)], "keyboard": [0] * keys}]
+    path = tmp_path / "actions.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    actions = read_actions(path, cfg, 2)
+    assert actions["mouse"].shape == (1, 9 + 12, 2) and actions["keyboard"].shape == (1, 21, keys)
+    assert torch.equal(actions["mouse"][0, :9], torch.tensor([[0.1, -0.2]]).expand(9, 2))
+    assert torch.equal(actions["mouse"][0, 9:, 0], torch.tensor([0.01 * i for i in range(12)]))
+    runs = {}
+    for name, extra in (("file", ["--actions", str(path)]), ("synthetic", [])):
+        out = tmp_path / name
+        res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "2", "--out", str(out),
+                                        "--no-video", *extra])
+        assert res.exit_code == 0, res.output
+        runs[name] = torch.load(out / "latents.pt")
+    assert not torch.allclose(runs["file"], runs["synthetic"])
+    bad = {"not JSON": "{mouse", "keys ['keyboard', 'mouse']": json.dumps({"mouse": [0, 0]}),
+           "9 rows of 2": json.dumps({"mouse": [[0, 0]] * 5, "keyboard": [0] * keys}),
+           "finite numbers": json.dumps({"mouse": [float("nan"), 0], "keyboard": [0] * keys}),
+           "2 finite numbers": json.dumps({"mouse": [10 ** 400, 0], "keyboard": [0] * keys})}
+    for message, line in bad.items():
+        path.write_text(line + "\n" + json.dumps(lines[1]) + "\n")
+        with pytest.raises(WanTrtError, match=re.escape(message)) as info:
+            read_actions(path, cfg, 2)
+        assert "line 1 (block 0)" in str(info.value)
+    with pytest.raises(WanTrtError, match="2 block line"):
+        read_actions(path, cfg, 3)
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(WanTrtError, match="not UTF-8"):
+        read_actions(path, cfg, 1)

@@ -72,7 +72,7 @@ def test_the_stream_check_covers_positions_far_into_a_stream(export_dir, monkeyp
 def test_a_non_finite_block_is_a_failing_row_not_a_crash(export_dir):
     manifest, backend = _backend(export_dir, None)
     with torch.no_grad():
-        backend.static_pass.model.blocks[0].ffn[0].weight[0, 0] = float("nan")
+        backend.static.model.blocks[0].ffn[0].weight[0, 0] = float("nan")
     report = check_runner(export_dir, manifest, backend, CheckOptions(blocks=2, seed=1, save_results=False))
     assert not report.ok and report.stream[0]["non_finite"] and "non-finite" in report.stream[0]["error"]
     assert any(p.startswith("stream block 0: ") for p in report.problems())

@@ -37,11 +37,16 @@ def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str 
     return model.eval().requires_grad_(False)
 
 
+def decoder_config(cfg: WanConfig) -> DecoderConfig:
+    """The decoder of ``cfg``: Wan2.1's VAE decoder at ``inference.vae_dim`` over the DiT's latent channels."""
+    return DecoderConfig(dim=cfg.inference.vae_dim, z_dim=cfg.model.out_dim)
+
+
 def build_decoder(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                   weights: str | Path | None = None, seed: int = 0) -> VideoDecoder:
     """The video decoder of ``cfg`` (Wan2.1's VAE decoder at ``inference.vae_dim``) in eval mode: the
     decoder part of a VAE checkpoint, or seeded random weights (their frames are noise)."""
-    cfg = DecoderConfig(dim=cfg.inference.vae_dim, z_dim=cfg.model.out_dim)
+    cfg = decoder_config(cfg)
     with torch.device("meta"):
         decoder = VideoDecoder(cfg)
     if weights is not None:
@@ -59,4 +64,4 @@ def count_parameters(cfg: WanConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["CausalWanModel", "VideoDecoder", "build_decoder", "build_model", "count_parameters"]
+__all__ = ["CausalWanModel", "VideoDecoder", "build_decoder", "build_model", "decoder_config", "count_parameters"]

@@ -71,13 +71,17 @@ class CausalConv3d(nn.Conv3d):
         self.history_frames = 2 * pt
         self.spatial_pad = (pw, pw, ph, ph, 0, 0)
         self.padding = (0, 0, 0)
+        self.channels_last = False  # see VideoDecoder.use_channels_last
 
     def forward(self, x: torch.Tensor, history: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.history_frames:
             x = torch.cat([history.to(x.dtype), x], dim=2)
             history = x[:, :, -self.history_frames:]
-        return super().forward(F.pad(x, self.spatial_pad)), history
+        x = F.pad(x, self.spatial_pad)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        return super().forward(x), history
 
 
 class RMS_norm(nn.Module):  # noqa: N801  (upstream's name, kept for the checkpoint's module paths)
@@ -231,24 +235,42 @@ class VideoDecoder(nn.Module):
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
 
-    def history_shapes(self, batch: int, height: int, width: int) -> list[tuple[int, ...]]:
-        """[B, C, 2, h', w'] of each causal convolution's history, in call order, for latents h x w."""
-        shapes, scale = [], 1
+    def use_channels_last(self) -> "VideoDecoder":
+        """Run the 3D convolutions channels-last (NDHWC): cuDNN's fast kernels take that layout, and
+        without it every convolution transposes its input and output. The same arithmetic in another
+        layout (cuDNN may pick other kernels, so roundings can differ); weights are converted in
+        place. Returns self."""
+        for module in self.modules():
+            if isinstance(module, CausalConv3d):
+                module.channels_last = True
+                module.weight.data = module.weight.data.contiguous(memory_format=torch.channels_last_3d)
+        return self
 
-        def conv(c: CausalConv3d) -> None:
-            shapes.append((batch, c.in_channels, HISTORY_FRAMES, height * scale, width * scale))
+    def history_layout(self, batch: int, height: int, width: int) -> list[tuple[str, tuple[int, ...]]]:
+        """(module path, [B, C, 2, h', w']) of each causal convolution's history, in call order, for
+        latents h x w."""
+        layout, scale = [], 1
 
-        conv(self.decoder.conv1)
-        for layer in (*self.decoder.middle, *self.decoder.upsamples):
+        def conv(path: str, c: CausalConv3d) -> None:
+            layout.append((path, (batch, c.in_channels, HISTORY_FRAMES, height * scale, width * scale)))
+
+        conv("decoder.conv1", self.decoder.conv1)
+        stages = [(f"decoder.middle.{i}", m) for i, m in enumerate(self.decoder.middle)]
+        stages += [(f"decoder.upsamples.{i}", m) for i, m in enumerate(self.decoder.upsamples)]
+        for path, layer in stages:
             if isinstance(layer, ResidualBlock):
-                conv(layer.residual[2])
-                conv(layer.residual[6])
+                conv(f"{path}.residual.2", layer.residual[2])
+                conv(f"{path}.residual.6", layer.residual[6])
             elif isinstance(layer, Resample):
                 if layer.mode == "upsample3d":
-                    conv(layer.time_conv)
+                    conv(f"{path}.time_conv", layer.time_conv)
                 scale *= 2
-        conv(self.decoder.head[2])
-        return shapes
+        conv("decoder.head.2", self.decoder.head[2])
+        return layout
+
+    def history_shapes(self, batch: int, height: int, width: int) -> list[tuple[int, ...]]:
+        """[B, C, 2, h', w'] of each causal convolution's history, in call order, for latents h x w."""
+        return [shape for _, shape in self.history_layout(batch, height, width)]
 
     def empty_history(self, batch: int, height: int, width: int, dtype: torch.dtype | None = None,
                       device: str | torch.device | None = None) -> list[torch.Tensor]:

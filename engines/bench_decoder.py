@@ -1,0 +1,125 @@
+"""The video decoder's rows of `wan-trt bench`: ms per block of each way to decode, side by side.
+
+Rows (each decodes the same seeded latents block by block, histories carried, one device sync per
+block; steady state = blocks after the first):
+
+    reference-fp16-eager     wan-trt's PyTorch decoder in fp16, one latent frame per call, as upstream
+                             runs its decoder (fp16, frame by frame with its feature caches)
+    reference-fp16-compile   the same under torch.compile (default mode), as upstream compiles it
+    reference-fp16-compile-cudnn-benchmark
+                             the same with cuDNN's benchmark mode (fastest algorithm per shape), as the
+                             engines run (still upstream's layout: no channels-last, one frame per call)
+    <backend>                the decoder engine (its first and steady graphs) through the registry
+    <backend>+cudagraph      the same replayed as CUDA graphs (CUDA only)
+
+Each row also gets achieved TFLOP/s from the decoder's FLOPs per block (:func:`decoder_flops`).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from wan_trt.config import WanConfig
+from wan_trt.decoder_spec import CALLS
+from wan_trt.engines.artifact import EngineMetadata
+from wan_trt.engines.backends import BY_NAME
+from wan_trt.engines.runtime.decoder import DecoderStream
+from wan_trt.export.decoder import read_decoder
+from wan_trt.export.manifest import reference_model
+from wan_trt.log import logger, stage
+from wan_trt.model import decoder_config
+from wan_trt.model.vae import VideoDecoder
+from wan_trt.profiling import peak_memory_gib, reset_peak_memory, summarize_ms, synchronize
+from wan_trt.validate.check_decoder import stream_latents
+
+H100_DENSE_BF16_TFLOPS = 989.4  # H100 SXM data sheet, dense (no sparsity)
+
+
+def decoder_flops(cfg: WanConfig) -> dict[str, float]:
+    """FLOPs of one decoder call per block (a multiply-add = 2), counted on the meta device: first, steady."""
+    f, h, w = cfg.block_frames, cfg.inference.latent_height, cfg.inference.latent_width
+    out = {}
+    with torch.device("meta"):
+        decoder = VideoDecoder(decoder_config(cfg))
+        decoder.mean, decoder.std = decoder.mean.to("meta"), decoder.std.to("meta")
+        for call in CALLS:
+            with FlopCounterMode(display=False) as counter:
+                decoder(torch.empty(1, decoder.cfg.z_dim, f, h, w), decoder.empty_history(1, h, w, device="meta"),
+                        first=call == "first")
+            out[call] = float(counter.get_total_flops())
+    return out
+
+
+def time_blocks(decode: Callable[[int, torch.Tensor], Any], latents: torch.Tensor, block_frames: int) -> list[float]:
+    """Seconds per block of ``decode(block_index, block_latents)``, synchronised per block."""
+    seconds = []
+    for b, i in enumerate(range(0, latents.shape[2], block_frames)):
+        synchronize()
+        begin = time.perf_counter()
+        decode(b, latents[:, :, i:i + block_frames])
+        synchronize()
+        seconds.append(time.perf_counter() - begin)
+    return seconds
+
+
+def reference_decode(module: VideoDecoder, compile: bool) -> Callable[[int, torch.Tensor], None]:
+    """Upstream's way: one latent frame per call, the stream's first frame by the first-frame rule."""
+    fn = torch.compile(module) if compile else module
+    state = {}
+
+    @torch.no_grad()
+    def decode(block: int, z: torch.Tensor) -> None:
+        if block == 0:
+            state["history"] = module.empty_history(1, *z.shape[-2:])
+        for i in range(z.shape[2]):
+            _, state["history"] = fn(z[:, :, i:i + 1], state["history"], first=block == 0 and i == 0)
+    return decode
+
+
+def engine_variants(engine: Path, device: str) -> list[str]:
+    """The registry backends that run the decoder engine ``engine`` here: its own, then CUDA graphs of it."""
+    kind = EngineMetadata.read(engine).backend
+    graphed = f"{kind}+cudagraph"
+    return [kind] + ([graphed] if str(device).startswith("cuda") and graphed in BY_NAME else [])
+
+
+def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int) -> dict[str, Any]:
+    """Every decoder row this machine can run, with FLOPs and the fraction of the dense bf16 peak."""
+    manifests = read_decoder(directory)
+    spec = manifests["steady"].spec
+    cfg = spec.config
+    flops = decoder_flops(cfg)
+    latents = stream_latents(spec, blocks, seed=0).to(device)
+    rows: dict[str, Any] = {}
+
+    def record(name: str, seconds: list[float]) -> None:
+        steady = summarize_ms([1e3 * s for s in seconds[1:]])
+        per_second = 1e3 / steady["p50"]
+        rows[name] = {"block_ms": steady, "block_ms_all": [1e3 * s for s in seconds],
+                      "video_fps": spec.video_frames * per_second, "tflops": flops["steady"] * per_second / 1e12,
+                      "peak_torch_mem_gib": peak_memory_gib()}
+        logger.info("decoder %s: %.1f ms/block p50", name, steady["p50"])
+
+    if device.startswith("cuda"):
+        for name, compile, benchmark in (("reference-fp16-eager", False, False),
+                                         ("reference-fp16-compile", True, False),
+                                         ("reference-fp16-compile-cudnn-benchmark", True, True)):
+            with stage(f"bench decoder {name}"):
+                torch.backends.cudnn.benchmark = benchmark
+                reset_peak_memory()
+                module = reference_model(manifests["steady"], torch.float16, device)
+                record(name, time_blocks(reference_decode(module, compile), latents.half(), cfg.block_frames))
+                del module
+    if engine is not None:
+        for name in engine_variants(engine, device):
+            with stage(f"bench decoder {name}"), DecoderStream.from_engine(engine, name, device) as stream:
+                reset_peak_memory()
+                record(name, time_blocks(lambda b, z: stream.decode(z), latents.to(spec.dtype), cfg.block_frames))
+    return {"export": str(directory), "precision": spec.precision, "flops_per_block": flops,
+            "roofline_ms_dense_bf16_h100": 1e3 * flops["steady"] / (H100_DENSE_BF16_TFLOPS * 1e12),
+            "rows": rows}
+

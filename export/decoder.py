@@ -1,0 +1,62 @@
+"""``wan-trt export --graph decoder``: the video decoder's two graphs (:mod:`wan_trt.decoder_spec`).
+
+``OUT/first`` and ``OUT/steady`` are each a complete export (manifest, graph, sample inputs; the
+manifest's spec says which call it serves), written and replaced under the same rules as the DiT's.
+``OUT`` itself only holds them: build, check and stream take ``OUT`` and find both.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from wan_trt.config import WanConfig
+from wan_trt.decoder_spec import CALLS, DecoderSpec
+from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest import MANIFEST, Manifest
+from wan_trt.export.writer import export_graph
+
+
+def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", weights: str | None = None,
+                   seed: int = 0, opset: int = 23, overwrite: bool = False, onnx: bool = True
+                   ) -> dict[str, Manifest]:
+    """Export the decoder of ``cfg`` into ``out/first`` and ``out/steady``; ``weights``: a Wan2.1 VAE
+    checkpoint (seeded random weights when None). Returns the manifests by call."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise WanTrtError(f"--out {out}: exists and is not a folder; the decoder export is a folder of two exports")
+    if (out / MANIFEST).is_file():
+        raise WanTrtError(f"--out {out} holds a single-graph export ({MANIFEST}); the decoder's two graphs go into "
+                          "a folder of their own: pick another --out")
+    return {call: export_graph(DecoderSpec.from_config(cfg, precision, call), out / call, weights=weights, seed=seed,
+                               opset=opset, overwrite=overwrite, onnx=onnx) for call in CALLS}
+
+
+def decoder_dirs(directory: str | Path) -> dict[str, Path] | None:
+    """``{call: export directory}`` when ``directory`` is a decoder export (holds first/ and steady/), else None."""
+    directory = Path(directory)
+    if not all((directory / call / MANIFEST).is_file() for call in CALLS):
+        return None
+    return {call: directory / call for call in CALLS}
+
+
+def read_decoder(directory: str | Path) -> dict[str, Manifest]:
+    """Both manifests of a decoder export, verified and refused unless they are one decoder's two calls."""
+    dirs = decoder_dirs(directory)
+    if dirs is None:
+        raise WanTrtError(f"{directory} is not a decoder export (no first/ and steady/ exports in it); make one with "
+                          "`wan-trt export --graph decoder`")
+    manifests = {call: Manifest.read(path) for call, path in dirs.items()}
+    check_pair(manifests, str(directory))
+    return manifests
+
+
+def check_pair(manifests: dict[str, Manifest], where: str) -> None:
+    """Refuse two exports (by call) that are not one decoder's first and steady graphs."""
+    for call, m in manifests.items():
+        if not isinstance(m.spec, DecoderSpec) or m.spec.call != call:
+            raise WanTrtError(f"{where}: its {call} export does not hold the decoder's {call} graph; re-export with "
+                              "`wan-trt export --graph decoder`")
+    made_from = {call: (m.spec.config.to_dict(), m.spec.precision, m.weights["sha256"])
+                 for call, m in manifests.items()}
+    if made_from["first"] != made_from["steady"]:
+        raise WanTrtError(f"{where}: first/ and steady/ were exported from different configs, precisions or "
+                          "weights; re-export both with `wan-trt export --graph decoder --overwrite`")

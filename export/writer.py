@@ -1,0 +1,105 @@
+"""One graph (any registered kind, :mod:`wan_trt.graphs`) written as an export directory.
+
+Stages: build the module (checkpoint or seeded random) -> torch.export + ONNX translation
+(``torch.onnx.export(dynamo=True)``) -> structural check against the spec -> sample inputs
+-> manifest (with the size and sha256 of every file). Everything is written into a staging
+folder wan-trt creates next to ``<out>`` and renamed to ``<out>`` only when complete, so a
+failed or interrupted export never leaves a directory that looks done (wan_trt/outputs.py).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from wan_trt.digest import file_digest
+from wan_trt.errors import WanTrtError
+from wan_trt.export.graph import check_graph
+from wan_trt.export.manifest import GRAPH, SAMPLE_INPUTS, Manifest, owned_export_files
+from wan_trt.export.plugin_ops import plugin_node_counts, translation_table
+from wan_trt.graphs import graph_kind
+from wan_trt.log import logger, stage
+from wan_trt.model.checkpoint import weights_fingerprint
+from wan_trt.outputs import check_out_dir, staged_dir
+from wan_trt.spec import GraphSpec
+
+OPS = ("native", "plugins")
+OPSETS = (18, 23)
+PROTOBUF_LIMIT = 1_800_000_000  # bytes of weights above which they go to one external data file
+
+
+def export_graph(spec: GraphSpec, out: str | Path, *, weights: str | None = None, seed: int = 0, ops: str = "native",
+                 opset: int = 23, overwrite: bool = False, onnx: bool = True) -> Manifest:
+    """Export the graph ``spec`` describes to ``out/model.onnx`` with manifest and sample inputs.
+
+    ``onnx=False`` writes the manifest and sample inputs only (seconds instead of minutes at full
+    size): what `wan-trt build --backend aoti` needs, not ONNX Runtime or TensorRT. ``overwrite``
+    replaces an existing wan-trt export (never a folder holding other files or the checkpoint).
+
+    Raises:
+        WanTrtError: bad flag value, an ``out`` that may not be written, checkpoint mismatch, a graph
+            that breaks its spec, or a write that failed (disk full, permissions).
+    """
+    out = Path(out)
+    kind = graph_kind(spec)
+    if ops not in OPS:
+        raise WanTrtError(f"--ops {ops!r}: this build exports {', '.join(OPS)}")
+    if opset not in OPSETS:
+        raise WanTrtError(f"--opset {opset}: expected one of {OPSETS} (23: fused Attention/RMSNormalization, "
+                          "18: decomposed, for TensorRT 10.x parsers)")
+    if weights is not None and not Path(weights).is_file():
+        raise WanTrtError(f"{kind.weights_flag} {weights}: no such file")
+    protect = [Path(weights)] if weights else []
+    # before minutes of work; again under the lock
+    check_out_dir(out, owned_export_files, overwrite=overwrite, protect=protect)
+    with staged_dir(out, owned_export_files, overwrite=overwrite, protect=protect) as staging:
+        manifest = _export_into(staging, spec, weights=weights, seed=seed, ops=ops, opset=opset, onnx=onnx)
+    logger.info("exported %s %s (%s, %s, opset %d%s) to %s", spec.config.name, kind.name, spec.precision, ops, opset,
+                "" if onnx else ", no ONNX graph", out)
+    return manifest
+
+
+def _export_into(staging: Path, spec: GraphSpec, *, weights: str | None, seed: int, ops: str, opset: int,
+                 onnx: bool) -> Manifest:
+    """Every file of the export, written into ``staging``; manifest.json (with the files' hashes) last."""
+    begin = time.perf_counter()
+    kind = graph_kind(spec)
+    with stage(f"build {spec.config.name} {kind.name} ({spec.precision})"):
+        module = kind.prepare(kind.build(spec.config, spec.dtype, "cpu", weights, seed), ops)
+    table = translation_table() if ops == "plugins" and onnx else None
+    static = kind.static(module, spec).eval()
+    feeds = kind.sample_inputs(module, spec, seed)
+    graph, external, counts = (write_graph(static, feeds, spec, staging, opset, table) if onnx else (None, False, {}))
+    from safetensors.torch import save
+    (staging / SAMPLE_INPUTS).write_bytes(save({k: v.contiguous() for k, v in feeds.items()}))  # OSError if full
+    with stage("hash weights"):
+        provenance = {"source": "random", "seed": seed, "sha256": weights_fingerprint(module)}
+        if weights:
+            provenance.update(source="checkpoint", path=str(Path(weights).resolve()),
+                              file_sha256=file_digest(weights)["sha256"])
+    manifest = Manifest(spec=spec, ops=ops, opset=opset, weights=provenance, graph=graph,
+                        external_data=GRAPH + ".data" if external else None, op_counts=counts,
+                        export_seconds=time.perf_counter() - begin)
+    manifest.write(staging)
+    return manifest
+
+
+def write_graph(static: torch.nn.Module, feeds: dict, spec: GraphSpec, staging: Path, opset: int,
+                table) -> tuple[str, bool, dict[str, int]]:
+    """torch.export -> ONNX into ``staging``; checked against the spec. Returns (name, external data?, op counts)."""
+    with stage("torch.export -> ONNX"), torch.no_grad():
+        program = torch.onnx.export(static, tuple(feeds[n] for n in spec.input_names), dynamo=True,
+                                    opset_version=opset, input_names=spec.input_names,
+                                    output_names=spec.output_names, custom_translation_table=table,
+                                    verbose=False)
+    weight_bytes = sum(t.numel() * t.element_size() for t in static.parameters())
+    external = weight_bytes > PROTOBUF_LIMIT
+    with stage(f"save graph ({weight_bytes / 2 ** 30:.2f} GiB of weights{', external data' if external else ''})"):
+        program.save(str(staging / GRAPH), external_data=external)
+        del program
+    with stage("check graph against the spec"):
+        counts = check_graph(staging / GRAPH, spec)
+    if table is not None:
+        logger.info("plugin nodes: %s", plugin_node_counts(counts))
+    return GRAPH, external, counts

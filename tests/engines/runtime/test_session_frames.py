@@ -1,0 +1,70 @@
+"""A session with a decoder yields each block's frames; what may be attached, and when."""
+import dataclasses
+
+import pytest
+import torch
+
+from wan_trt.config_load import load_config
+from wan_trt.decoder_spec import CALLS, DecoderSpec
+from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.runtime.decoder import DecoderStream
+from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
+from wan_trt.errors import WanTrtError
+from wan_trt.model import build_decoder, build_model
+from wan_trt.spec import PassSpec
+from wan_trt.stream import NoiseSource, synthetic_stream
+from wan_trt.validate.check_decoder import decode_whole_clip
+from wan_trt.video import to_uint8_frames
+
+CFG = "gta_drive-small"
+
+
+def _decoder(cfg, precision="fp32", seed=2):
+    module = build_decoder(cfg, {"fp32": torch.float32, "bf16": torch.bfloat16}[precision], "cpu", seed=seed)
+    return module, DecoderStream(*(TorchRunner(module, DecoderSpec.from_config(cfg, precision, c)) for c in CALLS))
+
+
+def test_step_yields_the_frames_of_its_latents_with_stage_times():
+    """9 frames for the first block, 12 after, uint8 [n, H, W, 3]: the decode of all the stream's
+    latents at once; every stage timed."""
+    cfg = load_config(CFG)
+    model = build_model(cfg, torch.float32, "cpu", seed=1)
+    module, decoder = _decoder(cfg)
+    inputs = synthetic_stream(cfg, 8, seed=3)
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(3),
+                               decoder=decoder)
+    results = stream_blocks(session, inputs, 8)
+    assert [r.frames.shape for r in results] == [(9, 32, 48, 3)] + [(12, 32, 48, 3)] * 7
+    assert all(r.frames.dtype == torch.uint8 for r in results)
+    assert all(set(r.stage_ms) == {"passes", "clean", "checks", "decode", "commit"} and min(r.stage_ms.values()) >= 0
+               for r in results)
+    whole = to_uint8_frames(decode_whole_clip(module, torch.cat([r.latents for r in results], dim=2)))
+    assert (torch.cat([r.frames for r in results]).int() - whole.int()).abs().max() <= 1
+    again = stream_blocks(session, inputs, 2)  # a new stream restarts the decoder too
+    assert [r.frames.shape[0] for r in again] == [9, 12] and torch.equal(again[0].frames, results[0].frames)
+
+
+def test_a_decoder_that_does_not_fit_the_stream_is_refused():
+    cfg = load_config(CFG)
+    model = build_model(cfg, torch.float32, "cpu", seed=1)
+    runner = TorchRunner(model, PassSpec.from_config(cfg, "fp32"))
+    with pytest.raises(WanTrtError, match="from the same config and precision"):
+        StreamingSession(runner, decoder=_decoder(cfg, "bf16")[1])
+    wider = dataclasses.replace(cfg, inference=dataclasses.replace(cfg.inference, latent_width=8))
+    with pytest.raises(WanTrtError, match=r"takes latents \[1, 16, 3, 4, 8\]"):  # another resolution
+        StreamingSession(runner, decoder=_decoder(wider)[1])
+    inputs = synthetic_stream(cfg, 2, seed=3)
+    session = StreamingSession(runner, noise=NoiseSource(3))
+    stream_blocks(session, inputs, 1)
+    with pytest.raises(WanTrtError, match="would lack the histories"):
+        session.attach_decoder(_decoder(cfg)[1])
+    assert session.decoder is None
+    session.start(inputs.visual_context)  # a new stream: attaching before its first step is fine
+    late = _decoder(cfg)[1]
+    session.attach_decoder(late)
+    assert late.first.is_active and late.steady.is_active  # activated like the session's runner
+    mouse, keyboard = inputs.block_actions(cfg, 0)
+    assert session.step(inputs.block_cond(cfg, 0), mouse, keyboard).frames.shape[0] == 9
+    steady = _decoder(cfg)[1].steady
+    with pytest.raises(WanTrtError, match="does not run the first decoder graph"):
+        DecoderStream(steady, steady)

@@ -1,0 +1,148 @@
+"""The video decoder's graphs: spec, export, ONNX Runtime check, AOTInductor engines, bad input."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from wan_trt.cli import main
+from wan_trt.config_load import load_config
+from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
+from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.bench import BenchOptions, run_bench
+from wan_trt.engines.build import BuildOptions, build_engine
+from wan_trt.engines.runtime.decoder import DecoderStream
+from wan_trt.errors import WanTrtError
+from wan_trt.export.decoder import export_decoder, read_decoder
+from wan_trt.graphs import spec_from_dict
+from wan_trt.model import build_decoder, decoder_config
+from wan_trt.model.vae import VideoDecoder
+from wan_trt.validate.check import CheckOptions
+from wan_trt.validate.check_decoder import check_target, decode_blocks, decode_whole_clip, stream_latents
+from wan_trt.validate.metrics import error_stats
+
+CFG = "universal-small"
+
+
+@pytest.fixture(scope="module")
+def decoder_export(tmp_path_factory):
+    """fp32 ONNX export of the small decoder (both graphs), seed 4."""
+    out = tmp_path_factory.mktemp("decoder") / "dec"
+    export_decoder(load_config(CFG), out, "fp32", seed=4)
+    return out
+
+
+def _runners(cfg, decoder, precision="fp32"):
+    return [TorchRunner(decoder, DecoderSpec.from_config(cfg, precision, call)) for call in CALLS]
+
+
+def test_spec_describes_both_calls_and_round_trips():
+    cfg = load_config(CFG)
+    first, steady = (DecoderSpec.from_config(cfg, "bf16", call) for call in CALLS)
+    assert first.input_names == ["latents"] and len(steady.inputs) == 1 + len(steady.histories) == 33
+    assert first.tensor(RGB).shape == (1, 3, 9, 32, 48) and steady.tensor(RGB).shape == (1, 3, 12, 32, 48)
+    assert first.output_names == steady.output_names  # the first call leaves what the steady call takes
+    with torch.device("meta"):
+        layout = VideoDecoder(decoder_config(cfg)).history_shapes(1, 4, 6)
+    assert [steady.tensor(i).shape for i, _ in steady.histories] == layout  # in call order
+    assert [first.tensor(o).shape for _, o in first.histories] == layout
+    assert layout[0] == (1, 16, 2, 4, 6) and layout[-1] == (1, 8, 2, 32, 48)  # conv1 ... the head at 8x
+    for spec in (first, steady):
+        assert spec_from_dict(json.loads(json.dumps(spec.to_dict()))).fingerprint() == spec.fingerprint()
+    edited = steady.to_dict() | {"graph": "vocoder"}
+    with pytest.raises(WanTrtError, match="vocoder"):
+        spec_from_dict(edited)
+    edited = steady.to_dict() | {"call": "first"}  # inputs no longer those of the call it claims
+    with pytest.raises(WanTrtError, match="does not match"):
+        spec_from_dict(edited)
+
+
+def test_block_by_block_decode_equals_the_whole_clip_at_once():
+    """8 blocks through the two graphs' static form, histories carried, against one decode of the whole
+    clip (upstream's semantics); decoding every block as a stream's first (histories dropped) does not."""
+    cfg = load_config(CFG)
+    decoder = build_decoder(cfg, torch.float32, "cpu", seed=1)
+    latents = stream_latents(DecoderSpec.from_config(cfg, "fp32"), 8, seed=3)
+    whole = decode_whole_clip(decoder, latents)
+    blocks = torch.cat(decode_blocks(*_runners(cfg, decoder), latents, cfg.block_frames), dim=2)
+    assert blocks.shape == whole.shape == (1, 3, 9 + 12 * 7, 32, 48)
+    assert error_stats(blocks, whole).max_abs < 2e-5
+    first = DecoderSpec.from_config(cfg, "fp32", "first")
+    with torch.no_grad():  # block 1 decoded as if it started a stream: its latent frames 4, 5 -> frames 13..20
+        restarted = TorchRunner(decoder, first).infer({"latents": latents[:, :, 3:6]})[RGB]
+    assert error_stats(restarted[:, :, 1:], whole[:, :, 13:21]).rel_l2 > 1e-2  # without its history it differs
+
+
+def test_onnx_export_passes_the_check_on_onnxruntime(decoder_export):
+    manifests = read_decoder(decoder_export)
+    assert {c: m.spec.call for c, m in manifests.items()} == {"first": "first", "steady": "steady"}
+    res = CliRunner().invoke(main, ["check", str(decoder_export), "--blocks", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output[res.output.index("{"):])
+    assert report["ok"] and [o["output"] for o in report["single_pass"]] == ["first:rgb", "steady:rgb"]
+    assert [b["video_frames"] for b in report["stream"]] == [9] + [12] * 7
+    assert all(b["rel_l2"] < 1e-5 for b in report["stream"])
+
+
+def test_aoti_engines_build_check_stream_and_bench(decoder_export, plain_export, tmp_path):
+    """`wan-trt build` on the decoder export builds both engines; `wan-trt check` of either passes;
+    a DecoderStream over them equals the PyTorch decoder's frames; `wan-trt bench` times them, alone
+    and end to end behind the DiT."""
+    engine = build_engine(str(decoder_export), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))
+    assert engine == decoder_export / "steady" / "engine_aoti_cpu.pt2"
+    assert (decoder_export / "first" / engine.name).is_file()
+    report = check_target(decoder_export / "first" / engine.name, CheckOptions(blocks=8, save_results=False))
+    assert report.ok and len(report.stream) == 8, report.table()
+    cfg = load_config(CFG)
+    latents = stream_latents(DecoderSpec.from_config(cfg, "fp32"), 8, seed=5)
+    with DecoderStream.from_engine(engine, "aoti", "cpu") as stream:
+        frames = torch.cat([stream.decode(latents[:, :, i:i + 3]) for i in range(0, 24, 3)])
+    reference = build_decoder(cfg, torch.float32, "cpu", seed=4)
+    with DecoderStream(*_runners(cfg, reference)) as stream:
+        expected = torch.cat([stream.decode(latents[:, :, i:i + 3]) for i in range(0, 24, 3)])
+    assert frames.dtype == torch.uint8 and frames.shape == (93, 32, 48, 3)
+    assert (frames.int() - expected.int()).abs().max() <= 1
+    options = BenchOptions(backends=("torch-eager",), blocks=3, device="cpu", decoder=decoder_export,
+                           decoder_engine=engine, end_to_end=("torch-eager",))
+    report = run_bench(plain_export, options)
+    assert list(report["decoder"]["rows"]) == ["aoti"] and report["decoder"]["flops_per_block"]["steady"] > 0
+    e2e = report["end_to_end"]["torch-eager+decoder"]
+    assert e2e["stage_ms"]["decode"] > 0 and len(e2e["block_ms_all"]) == 3
+    with pytest.raises(WanTrtError, match="--decoder-engine"):
+        run_bench(plain_export, dataclasses.replace(options, decoder_engine=None))
+    with pytest.raises(WanTrtError, match="static-cache backends"):  # the reference pipeline has no session
+        run_bench(plain_export, dataclasses.replace(options, backends=("reference-eager",),
+                                                    end_to_end=("reference-eager",)))
+    lone = tmp_path / "lone" / "steady"
+    lone.mkdir(parents=True)
+    for name in (engine.name, engine.name + ".json"):
+        shutil.copy(decoder_export / "steady" / name, lone / name)
+    with pytest.raises(WanTrtError, match="other graph's engine"):
+        check_target(lone / engine.name, CheckOptions(save_results=False))
+
+
+def test_bad_decoder_exports_and_flags_are_refused(decoder_export, tmp_path):
+    cfg = load_config(CFG)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(decoder_export, mixed)
+    shutil.rmtree(mixed / "steady")
+    export_decoder(cfg, tmp_path / "other", "fp32", seed=9)
+    shutil.copytree(tmp_path / "other" / "steady", mixed / "steady")
+    with pytest.raises(WanTrtError, match="different configs, precisions or weights"):
+        read_decoder(mixed)
+    with pytest.raises(WanTrtError, match="not a decoder export"):
+        read_decoder(tmp_path)
+    dit = tmp_path / "dit"
+    dit.mkdir()
+    (dit / "manifest.json").write_text("{}")
+    with pytest.raises(WanTrtError, match="single-graph export"):
+        export_decoder(cfg, dit, "fp32")
+    for extra, message in ((["--ops", "plugins"], "drop --ops plugins"),
+                           (["--weights", str(dit / "manifest.json")], "with --vae-weights, not --weights")):
+        res = CliRunner().invoke(main, ["export", "--config", CFG, "--graph", "decoder", "--out",
+                                        str(tmp_path / "x"), *extra])
+        assert res.exit_code == 1 and message in res.output, res.output

@@ -1,0 +1,142 @@
+"""``wan-trt check`` of the video decoder: both graphs against PyTorch, one call each and a stream.
+
+Single call (Polygraphy, as for the DiT): each graph (first, steady) on its export's sample inputs
+against the fp32 PyTorch decoder, with the decoder in the graph's precision as the yardstick, ``rgb``
+judged by the same policy as the DiT's outputs. The histories (about 1 GB per call at 352x640:
+comparing them on the host took minutes) are judged through the stream: a history that is wrong
+changes the next block's frames.
+
+Stream: ``blocks`` blocks of seeded latents decoded block by block through both graphs (histories
+carried), each block's frames compared with the fp32 decoder's decode of the whole clip at once
+(upstream's semantics: one call, the first-frame rule once), the yardstick being the PyTorch decoder
+in the graph's precision streamed the same way. The stream thus also proves the histories: a graph
+that drops or misplaces one drifts from the whole-clip decode.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
+from wan_trt.engines.artifact import EngineMetadata, export_for_engine
+from wan_trt.engines.backends import backend_module, get_backend
+from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.runtime.decoder import DecoderStream, decoder_engines
+from wan_trt.engines.runtime.runner import Runner
+from wan_trt.export.decoder import check_pair, decoder_dirs, read_decoder
+from wan_trt.export.manifest import Manifest, reference_model, verify_weights
+from wan_trt.log import logger, stage
+from wan_trt.validate.check import (RESULTS_DIR, CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
+                                   check_single_pass, require_polygraphy)
+from wan_trt.validate.metrics import error_stats, passes, tolerance
+
+
+def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners: dict[str, Runner],
+                  options: CheckOptions) -> CheckReport:
+    """Check the decoder graphs run by ``runners`` (by call) against the PyTorch decoder; the report is
+    written to ``<steady export>/check/report_<backend>.json``."""
+    require_polygraphy()
+    spec = manifests["steady"].spec
+    device = str(runners["steady"].device)
+    with stage("rebuild the PyTorch decoders"):
+        low = reference_model(manifests["steady"], spec.dtype, device)
+        verify_weights(manifests["steady"], low)
+        fp32 = low if spec.precision == "fp32" else reference_model(manifests["steady"], torch.float32, device)
+    name = runners["steady"].name
+    report = CheckReport(f"decoder-{name}", spec.precision)
+    for call in CALLS:
+        call_spec = manifests[call].spec
+        reference = TorchRunner(fp32, DecoderSpec.from_config(spec.config, "fp32", call))
+        reference.name = "torch-fp32"
+        yardstick = TorchRunner(low, call_spec)
+        yardstick.name = f"torch-{spec.precision}"
+        feeds = load_file(str(dirs[call] / manifests[call].sample_inputs))
+        with stage(f"{call} call (Polygraphy Comparator)"):
+            outputs = check_single_pass(runners[call], reference, yardstick, feeds, call_spec,
+                                        dirs[call] / RESULTS_DIR if options.save_results else None, judged=[RGB])
+        report.outputs += [OutputCheck(f"{call}:{o.name}", o.stats, o.yardstick, o.allowed_rel_l2, o.polygraphy_ok)
+                           for o in outputs]
+    if options.stream:
+        with stage(f"stream of {options.blocks} blocks vs the whole clip decoded at once"):
+            report.stream = decoder_stream_rows(runners, fp32, low, options.blocks, options.seed)
+    out = dirs["steady"] / RESULTS_DIR
+    out.mkdir(exist_ok=True)
+    (out / f"report_{report.backend}.json").write_text(json.dumps(report.as_dict(), indent=2))
+    logger.info("check %s: %s", report.backend, "passed" if report.ok else "FAILED")
+    return report
+
+
+def stream_latents(spec: DecoderSpec, blocks: int, seed: int) -> torch.Tensor:
+    """Seeded latents of ``blocks`` blocks, [1, 16, blocks * F, h, w] fp32 on the CPU."""
+    b, c, f, h, w = spec.tensor("latents").shape
+    return torch.randn((b, c, blocks * f, h, w), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def decode_whole_clip(decoder, latents: torch.Tensor) -> torch.Tensor:
+    """The reference: the whole clip decoded in one call from empty histories, fp32 [1, 3, T', H, W] on the CPU."""
+    dtype, device = decoder.conv2.weight.dtype, decoder.conv2.weight.device
+    history = decoder.empty_history(latents.shape[0], *latents.shape[-2:])
+    rgb, _ = decoder(latents.to(device, dtype), history, first=True)
+    return rgb.float().cpu()
+
+
+@torch.no_grad()
+def decode_blocks(first: Runner, steady: Runner, latents: torch.Tensor, block_frames: int) -> list[torch.Tensor]:
+    """Each block's frames from a :class:`DecoderStream` over the two runners, fp32 on the CPU."""
+    dtype = steady.spec.dtype
+    with DecoderStream(first, steady) as decoder:
+        blocks = (latents[:, :, i:i + block_frames].to(decoder.device, dtype)
+                  for i in range(0, latents.shape[2], block_frames))
+        return [decoder.decode_rgb(z).to("cpu", torch.float32, copy=True) for z in blocks]
+
+
+def decoder_stream_rows(runners: dict[str, Runner], fp32, low, blocks: int, seed: int) -> list[dict]:
+    spec = runners["steady"].spec
+    f = spec.config.block_frames
+    latents = stream_latents(spec, blocks, seed)
+    whole = decode_whole_clip(fp32, latents)
+    got = decode_blocks(runners["first"], runners["steady"], latents, f)
+    yard = decode_blocks(*(TorchRunner(low, runners[c].spec) for c in CALLS), latents, f)
+    rows, start = [], 0
+    for i, (g, y) in enumerate(zip(got, yard)):
+        expected = whole[:, :, start:start + g.shape[2]]
+        start += g.shape[2]
+        stats, base = error_stats(g, expected), error_stats(y, expected)
+        allowed = tolerance(base.rel_l2, spec.precision)
+        rows.append({"block": i, "video_frames": g.shape[2], **stats.as_dict(), "yardstick_rel_l2": base.rel_l2,
+                     "allowed_rel_l2": allowed, "ok": passes(stats, allowed)})
+    if start != whole.shape[2]:
+        rows.append({"block": len(got), "max_abs": float("nan"), "mean_abs": float("nan"), "rel_l2": float("inf"),
+                     "cosine": float("nan"), "non_finite": 0, "allowed_rel_l2": float("nan"), "ok": False,
+                     "error": f"the blocks gave {start} frames, the whole clip {whole.shape[2]}"})
+    return rows
+
+
+def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
+    """``wan-trt check TARGET``: an export directory (ONNX Runtime) or an engine file, DiT or decoder."""
+    target = Path(target)
+    if target.is_dir():
+        dirs = decoder_dirs(target)
+        if dirs is None:
+            return check_export(target, options)
+        manifests = read_decoder(target)
+        onnxruntime = backend_module(get_backend("onnxruntime"))
+        runners = {c: onnxruntime.check_runners(dirs[c], manifests[c], options.provider)[0] for c in CALLS}
+        return check_decoder(dirs, manifests, runners, options)
+    meta = EngineMetadata.read(target)
+    directory, manifest = export_for_engine(target, meta)
+    if not isinstance(manifest.spec, DecoderSpec):
+        return check_engine(target, options)
+    dirs, manifests, metas = {}, {}, {}
+    for call, engine in decoder_engines(target).items():
+        metas[call] = EngineMetadata.read(engine)
+        dirs[call], manifests[call] = export_for_engine(engine, metas[call])
+        metas[call].check_against(manifests[call], engine)
+    check_pair(manifests, f"decoder engine {target}")  # the two engines are one decoder's
+    runners = {call: backend_module(get_backend(metas[call].backend)).check_runners(engine, manifests[call])[0]
+               for call, engine in decoder_engines(target).items()}
+    return check_decoder(dirs, manifests, runners, options)

@@ -1,0 +1,86 @@
+"""Actions from a JSON-lines file: one line per block, in stream order from block 0.
+
+Each line is a JSON object with one key per action input the config has (``mouse``: camera delta,
+2 values; ``keyboard``: ``keyboard_dim_in`` values, one-hot or multi-hot), each either one action
+held for the whole block or one row per video frame of the block (9 for block 0, 12 after)::
+
+    {"mouse": [0.1, 0.0], "keyboard": [1, 0, 0, 0]}
+    {"mouse": [[0.1, 0.0], [0.1, 0.0], ...12 rows], "keyboard": [0, 0, 1, 0]}
+
+Blank lines are skipped; lines past the blocks asked for are not read. Every defect of the lines
+read is refused with its line number before any block runs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from wan_trt.config import WanConfig
+from wan_trt.errors import WanTrtError
+from wan_trt.stream import raw_frames_in_block
+
+
+def action_dims(cfg: WanConfig) -> dict[str, int]:
+    """The config's action inputs and their widths."""
+    a = cfg.model.action_config
+    dims = {}
+    if cfg.has_mouse:
+        dims["mouse"] = a.mouse_dim_in
+    if cfg.has_keyboard:
+        dims["keyboard"] = a.keyboard_dim_in
+    return dims
+
+
+def read_actions(path: str | Path, cfg: WanConfig, blocks: int) -> dict[str, torch.Tensor]:
+    """The raw action frames of blocks 0 .. ``blocks - 1`` from ``path``: name -> fp32 [1, N_raw, D]."""
+    path = Path(path)
+    if not path.is_file():
+        raise WanTrtError(f"--actions {path}: no such file")
+    dims = action_dims(cfg)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise WanTrtError(f"--actions {path}: not UTF-8 text (byte {exc.start}); expected JSON lines") from None
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if len(lines) < blocks:
+        raise WanTrtError(f"--actions {path}: {len(lines)} block line(s), {blocks} block(s) asked; add lines or pass "
+                          f"--blocks {len(lines)}")
+    frames: dict[str, list[torch.Tensor]] = {name: [] for name in dims}
+    for block, (number, line) in enumerate(lines[:blocks]):
+        where = f"--actions {path}, line {number} (block {block})"
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WanTrtError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(entry, dict) or set(entry) != set(dims):
+            got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise WanTrtError(f"{where}: expected an object with keys {sorted(dims)} ({cfg.name}), got {got}")
+        n = raw_frames_in_block(cfg, block)
+        for name, dim in dims.items():
+            frames[name].append(_rows(entry[name], n, dim, f"{where}, {name}"))
+    return {name: torch.cat(rows)[None] for name, rows in frames.items()}
+
+
+def _rows(value, n: int, dim: int, where: str) -> torch.Tensor:
+    """One held action (``dim`` numbers) or ``n`` rows of ``dim`` numbers, as fp32 [n, dim]."""
+    held = isinstance(value, list) and len(value) == dim and all(_number(v) for v in value)
+    rows = isinstance(value, list) and len(value) == n and all(
+        isinstance(r, list) and len(r) == dim and all(_number(v) for v in r) for r in value)
+    if not (held or rows):
+        raise WanTrtError(f"{where}: expected {dim} finite numbers (held for the block) or {n} rows of {dim} "
+                          "(one per video frame)")
+    t = torch.tensor(value, dtype=torch.float32)
+    return t.expand(n, dim).clone() if held else t
+
+
+def _number(v) -> bool:
+    """A finite JSON number within fp32's range (an int too large for a float is not)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v) and abs(v) <= 3.4e38
+    except OverflowError:
+        return False
