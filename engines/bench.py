@@ -27,12 +27,11 @@ import torch
 from wan_trt.engines.backends import (ALL_BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
                                      parse_backends)
 from wan_trt.engines.bench_decoder import bench_decoder, engine_variants
-from wan_trt.engines.artifact import EngineMetadata, export_for_engine
-from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable, decoder_engines
+from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable, paired_engines
 from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
-from wan_trt.export.decoder import check_pair, read_decoder
+from wan_trt.export.decoder import read_decoder
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
 from wan_trt.pipeline import ReferencePipeline
@@ -176,9 +175,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         raise WanTrtError("--decoder-engine: give the decoder export with --decoder too")
     decoder_spec = read_decoder(o.decoder)["steady"].spec if o.decoder is not None else None  # before any benching
     if o.decoder_engine is not None:
-        check_pair({call: export_for_engine(path, EngineMetadata.read(path))[1]
-                    for call, path in decoder_engines(o.decoder_engine).items()},
-                   f"--decoder-engine {o.decoder_engine}")
+        paired_engines(o.decoder_engine)
     blocks, out, chart, profile = o.blocks, o.out, o.chart, o.profile
     bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
     cfg = bench.spec.config

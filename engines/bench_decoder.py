@@ -105,6 +105,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
         logger.info("decoder %s: %.1f ms/block p50", name, steady["p50"])
 
     if device.startswith("cuda"):
+        before = torch.backends.cudnn.benchmark  # process-wide: restored for the rows after these
         for name, compile, benchmark in (("reference-fp16-eager", False, False),
                                          ("reference-fp16-compile", True, False),
                                          ("reference-fp16-compile-cudnn-benchmark", True, True)):
@@ -114,6 +115,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
                 module = reference_model(manifests["steady"], torch.float16, device)
                 record(name, time_blocks(reference_decode(module, compile), latents.half(), cfg.block_frames))
                 del module
+        torch.backends.cudnn.benchmark = before
     if engine is not None:
         for name in engine_variants(engine, device):
             with stage(f"bench decoder {name}"), DecoderStream.from_engine(engine, name, device) as stream:

@@ -24,11 +24,12 @@ from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 from wan_trt.engines.backends import backend_module, get_backend
 from wan_trt.engines.backends.torch import TorchRunner
-from wan_trt.engines.runtime.decoder import DecoderStream, decoder_engines
+from wan_trt.engines.runtime.decoder import DecoderStream, paired_engines
 from wan_trt.engines.runtime.runner import Runner
-from wan_trt.export.decoder import check_pair, decoder_dirs, read_decoder
+from wan_trt.export.decoder import decoder_dirs, read_decoder
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
+from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (RESULTS_DIR, CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                    check_single_pass, require_polygraphy)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
@@ -71,7 +72,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
 
 def stream_latents(spec: DecoderSpec, blocks: int, seed: int) -> torch.Tensor:
     """Seeded latents of ``blocks`` blocks, [1, 16, blocks * F, h, w] fp32 on the CPU."""
-    b, c, f, h, w = spec.tensor("latents").shape
+    b, c, f, h, w = spec.tensor(LATENTS).shape
     return torch.randn((b, c, blocks * f, h, w), generator=torch.Generator().manual_seed(seed))
 
 
@@ -131,12 +132,10 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
     directory, manifest = export_for_engine(target, meta)
     if not isinstance(manifest.spec, DecoderSpec):
         return check_engine(target, options)
-    dirs, manifests, metas = {}, {}, {}
-    for call, engine in decoder_engines(target).items():
-        metas[call] = EngineMetadata.read(engine)
-        dirs[call], manifests[call] = export_for_engine(engine, metas[call])
-        metas[call].check_against(manifests[call], engine)
-    check_pair(manifests, f"decoder engine {target}")  # the two engines are one decoder's
-    runners = {call: backend_module(get_backend(metas[call].backend)).check_runners(engine, manifests[call])[0]
-               for call, engine in decoder_engines(target).items()}
-    return check_decoder(dirs, manifests, runners, options)
+    pair = paired_engines(target)  # the two engines, of one decoder's two exports
+    for e in pair.values():
+        e.meta.check_against(e.manifest, e.path)
+    runners = {call: backend_module(get_backend(e.meta.backend)).check_runners(e.path, e.manifest)[0]
+               for call, e in pair.items()}
+    return check_decoder({c: e.directory for c, e in pair.items()}, {c: e.manifest for c, e in pair.items()},
+                         runners, options)

@@ -18,7 +18,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.model import build_decoder, build_model
 from wan_trt.model.static_decode import StaticDecode
 from wan_trt.model.static_pass import StaticPass
-from wan_trt.spec import GraphSpec, PassSpec
+from wan_trt.spec import LATENTS, GraphSpec, PassSpec
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,8 @@ def _decoder_samples(decoder: nn.Module, spec: DecoderSpec, seed: int) -> dict[s
     """Random latents; for the steady call, the histories a first call on other random latents leaves."""
     gen = torch.Generator().manual_seed(seed)
     device = next(decoder.parameters()).device
-    shape = spec.tensor("latents").shape
-    feeds = {"latents": torch.randn(shape, generator=gen).to(spec.dtype)}
+    shape = spec.tensor(LATENTS).shape
+    feeds = {LATENTS: torch.randn(shape, generator=gen).to(spec.dtype)}
     if not spec.first:
         start = DecoderSpec.from_config(spec.config, spec.precision, "first")
         outputs = StaticDecode(decoder, start)(torch.randn(shape, generator=gen).to(device, spec.dtype))

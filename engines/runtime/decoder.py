@@ -12,6 +12,7 @@ reuse their output buffers, and CUDA graphs need fixed input addresses).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from wan_trt.engines.backends import RunnerSources, backend_module, get_backend
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import check_pair
+from wan_trt.export.manifest import Manifest
 from wan_trt.spec import LATENTS, PassSpec
 from wan_trt.video import to_uint8_frames
 
@@ -49,12 +51,9 @@ class DecoderStream:
         """Over the decoder engine pair of ``engine`` (either file), run by registry backend ``backend``
         (e.g. 'aoti', 'aoti+cudagraph'); each engine is verified against the export it was built from."""
         entry = get_backend(backend)
-        engines = decoder_engines(engine)
-        exports = {call: export_for_engine(path, EngineMetadata.read(path)) for call, path in engines.items()}
-        check_pair({call: manifest for call, (_, manifest) in exports.items()}, f"decoder engine {engine}")
         runners = {}
-        for call, (directory, manifest) in exports.items():
-            sources = RunnerSources(manifest.spec, device, None, manifest, directory, {entry.engine_key: engines[call]})
+        for call, e in paired_engines(engine).items():
+            sources = RunnerSources(e.manifest.spec, device, None, e.manifest, e.directory, {entry.engine_key: e.path})
             runners[call] = backend_module(entry).make_runner(entry, sources)
         return cls(runners["first"], runners["steady"])
 
@@ -112,6 +111,27 @@ def decoder_engines(engine: Path) -> dict[str, Path]:
     if missing:
         raise WanTrtError(f"decoder engine {engine}: its other graph's engine {', '.join(missing)} is missing; build "
                           f"both with `wan-trt build {root}`")
+    return pair
+
+
+@dataclass(frozen=True)
+class PairedEngine:
+    """One engine of a decoder engine pair, with its metadata and the export it was built from."""
+
+    path: Path
+    meta: EngineMetadata
+    directory: Path
+    manifest: Manifest
+
+
+def paired_engines(engine: str | Path) -> dict[str, PairedEngine]:
+    """Both engines of the decoder engine pair of ``engine`` (either file), by call, each with the export
+    it was built from; refused unless the two exports are one decoder's (:func:`check_pair`)."""
+    pair = {}
+    for call, path in decoder_engines(engine).items():
+        meta = EngineMetadata.read(path)
+        pair[call] = PairedEngine(path, meta, *export_for_engine(path, meta))
+    check_pair({call: e.manifest for call, e in pair.items()}, f"decoder engine {engine}")
     return pair
 
 

@@ -30,8 +30,3 @@ class StaticDecode(nn.Module):
             history = [feeds[name] for name, _ in self.spec.histories]
         rgb, history = self.decoder(latents, history, first=self.spec.first)
         return (rgb, *history)
-
-    def run(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Named call: checks the feeds against the spec, returns named outputs."""
-        self.spec.check_feeds(feeds)
-        return dict(zip(self.output_names, self(*(feeds[n] for n in self.input_names))))
