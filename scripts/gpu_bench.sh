@@ -17,6 +17,9 @@
 #                                            (PyTorch fp16 decoder eager / compiled / compiled with cuDNN
 #                                            benchmark, the engine with and without CUDA graphs) and DiT +
 #                                            decoder end to end (needs `build` and `decoder` first)
+#   scripts/gpu_bench.sh cpp RESULTS         the C++ runtime (wan_stream) beside the Python session on the DiT and
+#                                            decoder engines: identical frames?, ms per block (scripts/cpp_stream.py;
+#                                            needs `build` and `decoder` first)
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
@@ -31,7 +34,7 @@ EXPORT=out/${CONFIG}_${PRECISION}_aoti
 ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 DECODER=out/${CONFIG}_${PRECISION}_decoder
 DECODER_ENGINE=$DECODER/steady/engine_aoti_cuda.pt2
-step=${1:?"step: setup | build | bench | check | checks | long | decoder | decoder-bench | all"}
+step=${1:?"step: setup | build | bench | check | checks | long | decoder | decoder-bench | cpp | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || mkdir -p "$results"
 tag=${CONFIG}_${PRECISION}
@@ -74,6 +77,10 @@ case "$step" in
     run_step bench_decoder wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
       --backends aoti-plugins+cudagraph --decoder "$DECODER" --decoder-engine "$DECODER_ENGINE" \
       --end-to-end aoti-plugins+cudagraph --out "$results/bench_${tag}_decoder.json"
+    ;;
+  cpp)
+    python3 scripts/cpp_stream.py "$EXPORT" "$ENGINE" "$DECODER_ENGINE" --blocks "${CPP_BLOCKS:-12}" \
+      --build-dir build/cpp --out "$results/cpp_stream_${tag}.json" 2> "$results/cpp.log" || { tail -20 "$results/cpp.log"; exit 1; }
     ;;
   checks)
     python3 scripts/bench_session_checks.py "$EXPORT" "$ENGINE" --out "$results/session_checks_${tag}.json"

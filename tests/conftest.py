@@ -15,6 +15,8 @@ import pytest  # noqa: E402
 
 from wan_trt.config_load import load_config
 from wan_trt.engines.backends.aoti import build_aoti
+from wan_trt.engines.build import BuildOptions, build_engine
+from wan_trt.export.decoder import export_decoder
 from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model
 
@@ -71,3 +73,17 @@ def plain_export(tmp_path_factory):
     out = tmp_path_factory.mktemp("plain") / "export"
     export_transformer(load_config("universal-small"), out, "fp32", seed=2, onnx=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def decoder_export(tmp_path_factory):
+    """fp32 ONNX export of universal-small's decoder (both graphs), seed 4. Read-only."""
+    out = tmp_path_factory.mktemp("decoder") / "dec"
+    export_decoder(load_config("universal-small"), out, "fp32", seed=4)
+    return out
+
+
+@pytest.fixture(scope="session")
+def decoder_aoti(decoder_export):
+    """The CPU AOTInductor engine pair of ``decoder_export`` (built once: ~40 s); the steady graph's engine."""
+    return build_engine(str(decoder_export), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))

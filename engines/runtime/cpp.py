@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,17 +38,37 @@ def write_stream_inputs(inputs: StreamInputs, path: str | Path) -> Path:
     return Path(path)
 
 
+@dataclass
+class CppStream:
+    """What ``wan_stream`` wrote and printed: the latents [1, 16, 3N, h, w], the frames (with a decoder:
+    uint8 [9 + 12 (N - 1), 8h, 8w, 3]), and per block its milliseconds and its stages' milliseconds."""
+
+    latents: torch.Tensor
+    frames: torch.Tensor | None
+    block_ms: list[float]
+    stage_ms: list[dict[str, float]]
+
+
 def run_wan_stream(exe: Path, engine: Path, inputs: Path, blocks: int, out: Path, seed: int = 0,
-                   device: str = "cpu", cuda_graph: bool = False, start_block: int | None = None
-                   ) -> tuple[torch.Tensor, list[float]]:
-    """Run ``wan_stream`` (from the inputs' first block; ``start_block``, if given, must be it);
-    returns the latents and the per-block milliseconds it printed."""
+                   device: str = "cpu", cuda_graph: bool = False, start_block: int | None = None,
+                   decoder: Path | None = None, actions: Path | None = None) -> CppStream:
+    """Run ``wan_stream`` (from the inputs' first block; ``start_block``, if given, must be it); with
+    ``decoder`` (either engine of a decoder engine pair) its frames go to ``out`` + '.frames.pt';
+    ``actions``: a JSON-lines actions file replacing the inputs' actions."""
     cmd = [str(exe), "--engine", str(engine), "--inputs", str(inputs), "--blocks", str(blocks), "--out", str(out),
            "--seed", str(seed), "--device", device]
     cmd += [] if start_block is None else ["--start-block", str(start_block)]
     cmd += ["--cuda-graph"] if cuda_graph else []
+    frames = Path(str(out) + ".frames.pt")
+    cmd += [] if decoder is None else ["--decoder", str(decoder), "--frames", str(frames)]
+    cmd += [] if actions is None else ["--actions", str(actions)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise WanTrtError(f"wan_stream failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    ms = [float(line.split(":")[1].split()[0]) for line in proc.stdout.splitlines() if line.startswith("block ")]
-    return torch.load(str(out)), ms
+    block_ms, stage_ms = [], []
+    for line in proc.stdout.splitlines():  # block <i>: <ms> ms (<stage> <ms>, ...)
+        if line.startswith("block "):
+            head, _, stages = line.partition(" ms (")
+            block_ms.append(float(head.split(":")[1]))
+            stage_ms.append({k: float(v) for k, v in (part.split() for part in stages.rstrip(")").split(", "))})
+    return CppStream(torch.load(str(out)), torch.load(str(frames)) if decoder is not None else None, block_ms, stage_ms)

@@ -1,7 +1,8 @@
-"""The runtime file: the spec and schedule of an engine in a line format the C++ runtime reads.
+"""The runtime file: the spec (and schedule) of an engine in a line format the C++ runtime reads.
 
-Written next to every engine (``<engine>.runtime.txt``) from the same :class:`PassSpec`
-and :class:`BlockSchedule` the Python session uses, so the two runtimes cannot disagree:
+Written next to every engine (``<engine>.runtime.txt``) from the same spec (and
+:class:`BlockSchedule`) the Python session uses, so the two runtimes cannot disagree. A DiT
+pass engine's file:
 
     wan_trt_runtime 2
     config <name>            precision <bf16|fp16|fp32>
@@ -19,6 +20,15 @@ and :class:`BlockSchedule` the Python session uses, so the two runtimes cannot d
 A ``rotary`` line says how to fill a rotary input pair per block: cos/sin of
 ``(start_frame + f) * inv_freq`` in double precision, stored fp32 (wan_trt.rotary). The
 frequencies are written as Python's repr, which reads back as the same double.
+
+A decoder engine's file (one per graph of the pair; ``history`` lines in call order, for both
+calls, though only the steady one takes them as inputs):
+
+    wan_trt_decoder 1
+    config <name>            precision <bf16|fp16|fp32>      call <first|steady>
+    input <name> <dtype> <dims...>
+    output <name> <dtype> <dims...>
+    history <input> <output>
 """
 from __future__ import annotations
 
@@ -26,10 +36,31 @@ from pathlib import Path
 
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.scheduler import BlockSchedule
+from wan_trt.decoder_spec import DecoderSpec
 from wan_trt.spec import GraphSpec, PassSpec
 
 
-def runtime_text(spec: PassSpec) -> str:
+def _io_lines(spec: GraphSpec) -> list[str]:
+    return ([f"input {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.inputs]
+            + [f"output {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.outputs])
+
+
+def runtime_text(spec: GraphSpec) -> str | None:
+    """The runtime file's text for ``spec``'s engine; None for a graph the C++ runtime does not run."""
+    if isinstance(spec, DecoderSpec):
+        return decoder_text(spec)
+    if isinstance(spec, PassSpec):
+        return pass_text(spec)
+    return None
+
+
+def decoder_text(spec: DecoderSpec) -> str:
+    lines = ["wan_trt_decoder 1", f"config {spec.config.name}", f"precision {spec.precision}", f"call {spec.call}"]
+    lines += _io_lines(spec) + [f"history {i} {o}" for i, o in spec.histories]
+    return "\n".join(lines) + "\n"
+
+
+def pass_text(spec: PassSpec) -> str:
     cfg, a = spec.config, spec.config.model.action_config
     sched = BlockSchedule.from_config(cfg)
     lines = ["wan_trt_runtime 2", f"config {cfg.name}", f"precision {spec.precision}",
@@ -40,8 +71,7 @@ def runtime_text(spec: PassSpec) -> str:
              "timesteps " + " ".join(repr(t) for t in sched.timesteps),
              "sigmas " + " ".join(repr(s) for s in sched.sigmas),
              f"clean_timestep {sched.clean_timestep!r}"]
-    lines += [f"input {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.inputs]
-    lines += [f"output {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.outputs]
+    lines += _io_lines(spec)
     lines += [f"cache {c.kind} {c.units} {c.prev_k} {c.cur_k} {c.prev_v} {c.cur_v}" for c in spec.caches]
     lines += [f"rotary {r.cos} {r.sin} " + " ".join(repr(f) for f in r.inv_freq) for r in spec.rotaries]
     return "\n".join(lines) + "\n"
@@ -52,9 +82,10 @@ def runtime_path(engine: Path) -> Path:
 
 
 def write_runtime_file(spec: GraphSpec, engine: Path) -> Path | None:
-    """The runtime file of a DiT pass engine; None for other graphs (the C++ runtime runs passes only)."""
-    if not isinstance(spec, PassSpec):
+    """The runtime file of ``engine`` (a DiT pass or a decoder graph); None for other graphs."""
+    text = runtime_text(spec)
+    if text is None:
         return None
     path = runtime_path(Path(engine))
-    path.write_text(runtime_text(spec))
+    path.write_text(text)
     return path

@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #ifdef WAN_TRT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -39,18 +41,38 @@ static TensorSpec parse_tensor(std::istringstream& in) {
   return t;
 }
 
-RuntimeSpec RuntimeSpec::load(const std::string& path) {
+// The lines of a runtime file after its header line, which must be `header`.
+static std::vector<std::string> read_runtime_file(const std::string& path, const std::string& header) {
   std::ifstream file(path);
   if (!file) throw Error("cannot open runtime file " + path + " (written by `wan-trt build` beside the engine)");
-  RuntimeSpec s;
-  std::string line, key;
+  std::string line;
   std::getline(file, line);
   if (line == "wan_trt_runtime 1")
     throw Error(path + " is from an older wan-trt (a RoPE table with a frame offset input): re-export and rebuild");
-  if (line != "wan_trt_runtime 2") throw Error(path + " is not a wan-trt runtime file (version 2)");
-  while (std::getline(file, line)) {
+  if (line != header) {
+    const bool other = line.rfind("wan_trt_", 0) == 0;
+    throw Error(path + (other ? " is the runtime file of another kind of engine (" + line + "), not " + header
+                              : " is not a wan-trt runtime file (" + header + ")"));
+  }
+  std::vector<std::string> lines;
+  while (std::getline(file, line)) lines.push_back(line);
+  return lines;
+}
+
+// An `input` or `output` line of any runtime file; false for other keys.
+static bool parse_io(GraphIO& io, const std::string& key, std::istringstream& in) {
+  if (key == "input") io.inputs.push_back(parse_tensor(in));
+  else if (key == "output") io.outputs.push_back(parse_tensor(in));
+  else return false;
+  return true;
+}
+
+RuntimeSpec RuntimeSpec::load(const std::string& path) {
+  RuntimeSpec s;
+  std::string key;
+  for (const auto& line : read_runtime_file(path, "wan_trt_runtime 2")) {
     std::istringstream in(line);
-    if (!(in >> key)) continue;
+    if (!(in >> key) || parse_io(s, key, in)) continue;
     if (key == "config") in >> s.config;
     else if (key == "precision") in >> s.precision;
     else if (key == "block_frames") in >> s.block_frames;
@@ -63,8 +85,6 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
     else if (key == "timesteps") for (double v; in >> v;) s.timesteps.push_back(v);
     else if (key == "sigmas") for (double v; in >> v;) s.sigmas.push_back(v);
     else if (key == "clean_timestep") in >> s.clean_timestep;
-    else if (key == "input") s.inputs.push_back(parse_tensor(in));
-    else if (key == "output") s.outputs.push_back(parse_tensor(in));
     else if (key == "cache") {
       CacheSpec c;
       in >> c.kind >> c.units >> c.prev_k >> c.cur_k >> c.prev_v >> c.cur_v;
@@ -82,13 +102,62 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
   return s;
 }
 
-const TensorSpec& RuntimeSpec::input(const std::string& name) const {
+DecoderSpec DecoderSpec::load(const std::string& path) {
+  DecoderSpec s;
+  std::string key;
+  for (const auto& line : read_runtime_file(path, "wan_trt_decoder 1")) {
+    std::istringstream in(line);
+    if (!(in >> key) || parse_io(s, key, in)) continue;
+    if (key == "config") in >> s.config;
+    else if (key == "precision") in >> s.precision;
+    else if (key == "call") in >> s.call;
+    else if (key == "history") {
+      std::pair<std::string, std::string> pair;
+      in >> pair.first >> pair.second;
+      s.histories.push_back(pair);
+    } else throw Error(path + ": unknown key '" + key + "'");
+  }
+  if ((s.call != "first" && s.call != "steady") || !s.has_input("latents") || s.outputs.empty() ||
+      s.histories.empty())
+    throw Error(path + ": incomplete decoder runtime file");
+  return s;
+}
+
+static std::vector<std::string> names(const std::vector<TensorSpec>& tensors) {
+  std::vector<std::string> out;
+  for (const auto& t : tensors) out.push_back(t.name);
+  return out;
+}
+
+DecoderEngines DecoderEngines::load(const std::string& engine) {
+  namespace fs = std::filesystem;
+  const fs::path path(engine);
+  if (!fs::is_regular_file(path)) throw Error("decoder engine " + engine + ": no such file");
+  const fs::path root = fs::absolute(path).lexically_normal().parent_path().parent_path();
+  DecoderEngines d;
+  d.first = (root / "first" / path.filename()).string();
+  d.steady = (root / "steady" / path.filename()).string();
+  for (const auto& e : {d.first, d.steady})
+    if (!fs::is_regular_file(e))
+      throw Error("decoder engine " + engine + ": its other graph's engine " + e + " is missing; build both with " +
+                  "`wan-trt build " + root.string() + "`");
+  d.first_spec = DecoderSpec::load(d.first + ".runtime.txt");
+  d.steady_spec = DecoderSpec::load(d.steady + ".runtime.txt");
+  const DecoderSpec &a = d.first_spec, &b = d.steady_spec;
+  if (a.call != "first" || b.call != "steady" || a.config != b.config || a.precision != b.precision ||
+      a.histories != b.histories || names(a.outputs) != names(b.outputs))
+    throw Error("decoder engine " + engine + ": " + d.first + " and " + d.steady +
+                " are not the first and steady graphs of one decoder (config, precision or histories differ)");
+  return d;
+}
+
+const TensorSpec& GraphIO::input(const std::string& name) const {
   for (const auto& t : inputs)
     if (t.name == name) return t;
   throw Error("spec has no input '" + name + "'");
 }
 
-bool RuntimeSpec::has_input(const std::string& name) const {
+bool GraphIO::has_input(const std::string& name) const {
   return std::any_of(inputs.begin(), inputs.end(), [&](const TensorSpec& t) { return t.name == name; });
 }
 
@@ -97,7 +166,8 @@ at::ScalarType RuntimeSpec::dtype() const { return input("latents").dtype; }
 // ---- AOTInductor runner ---------------------------------------------------------------------
 
 struct AotiRunner::Impl {
-  explicit Impl(const std::string& package) : loader(package) {}
+  // single_threaded: no locking and no event queries between runs, which CUDA-graph capture forbids
+  Impl(const std::string& package, bool single_threaded) : loader(package, "model", single_threaded) {}
   torch::inductor::AOTIModelPackageLoader loader;
   std::map<std::string, at::Tensor> outputs;
   std::map<std::string, const void*> pointers;
@@ -106,8 +176,8 @@ struct AotiRunner::Impl {
 #endif
 };
 
-AotiRunner::AotiRunner(const std::string& package, const RuntimeSpec& spec, at::Device device, bool cuda_graph)
-    : impl_(std::make_unique<Impl>(package)), spec_(spec), device_(device), cuda_graph_(cuda_graph) {
+AotiRunner::AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph)
+    : impl_(std::make_unique<Impl>(package, cuda_graph)), io_(io), device_(device), cuda_graph_(cuda_graph) {
 #ifndef WAN_TRT_WITH_CUDA
   if (cuda_graph) throw Error("CUDA graphs need a CUDA build of libtorch");
 #endif
@@ -116,7 +186,7 @@ AotiRunner::AotiRunner(const std::string& package, const RuntimeSpec& spec, at::
 AotiRunner::~AotiRunner() = default;
 
 static std::map<std::string, at::Tensor> run_package(torch::inductor::AOTIModelPackageLoader& loader,
-                                                     const RuntimeSpec& spec,
+                                                     const GraphIO& spec,
                                                      const std::map<std::string, at::Tensor>& feeds,
                                                      void* stream) {
   std::vector<at::Tensor> inputs;
@@ -128,7 +198,7 @@ static std::map<std::string, at::Tensor> run_package(torch::inductor::AOTIModelP
 }
 
 std::map<std::string, at::Tensor> AotiRunner::infer(const std::map<std::string, at::Tensor>& feeds) {
-  for (const auto& t : spec_.inputs) {
+  for (const auto& t : io_.inputs) {
     const at::Tensor& v = feeds.at(t.name);
     if (v.sizes() != at::IntArrayRef(t.shape) || v.scalar_type() != t.dtype)
       throw Error("input '" + t.name + "' does not match the spec");
@@ -141,11 +211,11 @@ std::map<std::string, at::Tensor> AotiRunner::infer(const std::map<std::string, 
       c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
       {
         c10::cuda::CUDAStreamGuard guard(side);
-        for (int i = 0; i < 2; ++i) run_package(impl_->loader, spec_, feeds, side.stream());
+        for (int i = 0; i < 2; ++i) run_package(impl_->loader, io_, feeds, side.stream());
         side.synchronize();
         impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
         impl_->graph->capture_begin();
-        impl_->outputs = run_package(impl_->loader, spec_, feeds, side.stream());
+        impl_->outputs = run_package(impl_->loader, io_, feeds, side.stream());
         impl_->graph->capture_end();
       }
       for (const auto& [name, v] : feeds) impl_->pointers[name] = v.data_ptr();
@@ -156,9 +226,9 @@ std::map<std::string, at::Tensor> AotiRunner::infer(const std::map<std::string, 
     return impl_->outputs;
   }
   if (device_.is_cuda())
-    return run_package(impl_->loader, spec_, feeds, c10::cuda::getCurrentCUDAStream(device_.index()).stream());
+    return run_package(impl_->loader, io_, feeds, c10::cuda::getCurrentCUDAStream(device_.index()).stream());
 #endif
-  return run_package(impl_->loader, spec_, feeds, nullptr);
+  return run_package(impl_->loader, io_, feeds, nullptr);
 }
 
 // ---- noise ----------------------------------------------------------------------------------
@@ -179,12 +249,102 @@ at::Tensor noise(int64_t seed, int64_t block, int64_t step, at::IntArrayRef shap
   return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat).device(device)).to(dtype);
 }
 
+// ---- decoder --------------------------------------------------------------------------------
+
+at::Tensor to_uint8_frames(const at::Tensor& rgb) {
+  return ((rgb[0].to(at::kFloat).clamp(-1, 1) + 1) * 127.5).round().to(at::kByte).permute({1, 2, 3, 0}).contiguous();
+}
+
+static std::map<std::string, at::Tensor> allocate(const std::vector<TensorSpec>& tensors, at::Device device) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& t : tensors) out[t.name] = at::zeros(t.shape, at::TensorOptions().dtype(t.dtype).device(device));
+  return out;
+}
+
+DecoderStream::DecoderStream(Runner& first, const DecoderSpec& first_spec, Runner& steady,
+                             const DecoderSpec& steady_spec)
+    : first_(first), steady_(steady), spec_(steady_spec) {
+  if (first_spec.call != "first" || steady_spec.call != "steady")
+    throw Error("DecoderStream: expected the first and the steady decoder graphs, got '" + first_spec.call +
+                "' and '" + steady_spec.call + "'");
+  if (first.device() != steady.device()) throw Error("DecoderStream: the two graphs' runners are on different devices");
+  feeds_ = allocate(steady_spec.inputs, steady.device());
+  // cuDNN picks its fastest convolution algorithm per shape (once, on the first call); restored after
+  benchmark_ = at::globalContext().benchmarkCuDNN();
+  at::globalContext().setBenchmarkCuDNN(true);
+}
+
+DecoderStream::~DecoderStream() { at::globalContext().setBenchmarkCuDNN(benchmark_); }
+
+void DecoderStream::check_attachable(const RuntimeSpec& spec) const {
+  const TensorSpec &want = spec.input("latents"), &have = spec_.input("latents");
+  if (want.shape != have.shape || want.dtype != have.dtype)
+    throw Error("the decoder (" + spec_.config + ", " + spec_.precision + ") takes other latents than the DiT (" +
+                spec.config + ", " + spec.precision + ") makes: export and build the decoder from the same config " +
+                "and precision");
+}
+
+at::Tensor DecoderStream::decode(const at::Tensor& latents) {
+  at::Tensor& slot = feeds_.at("latents");
+  if (latents.sizes() != slot.sizes()) throw Error("decoder latents: wrong shape");
+  slot.copy_(latents);
+  auto outputs = started_ ? steady_.infer(feeds_) : first_.infer({{"latents", slot}});
+  for (const auto& [input, output] : spec_.histories) feeds_.at(input).copy_(outputs.at(output));
+  started_ = true;
+  return to_uint8_frames(outputs.at("rgb"));
+}
+
+// ---- stage clock ----------------------------------------------------------------------------
+
+struct StageClock::Impl {
+  at::Device device;
+  std::vector<std::string> stages;
+  std::vector<std::chrono::steady_clock::time_point> times;
+#ifdef WAN_TRT_WITH_CUDA
+  std::vector<std::unique_ptr<at::cuda::CUDAEvent>> events;
+#endif
+};
+
+StageClock::StageClock(at::Device device) : impl_(std::make_unique<Impl>(Impl{device, {}, {}})) { mark("start"); }
+
+StageClock::~StageClock() = default;
+
+void StageClock::mark(const std::string& stage) {
+  impl_->stages.push_back(stage);
+#ifdef WAN_TRT_WITH_CUDA
+  if (impl_->device.is_cuda()) {
+    impl_->events.push_back(std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault));
+    impl_->events.back()->record(c10::cuda::getCurrentCUDAStream(impl_->device.index()));
+    return;
+  }
+#endif
+  impl_->times.push_back(std::chrono::steady_clock::now());
+}
+
+std::vector<std::pair<std::string, double>> StageClock::elapsed_ms() const {
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 1; i < impl_->stages.size(); ++i) {
+#ifdef WAN_TRT_WITH_CUDA
+    if (impl_->device.is_cuda()) {
+      out.emplace_back(impl_->stages[i], impl_->events[i - 1]->elapsed_time(*impl_->events[i]));
+      continue;
+    }
+#endif
+    out.emplace_back(impl_->stages[i],
+                     std::chrono::duration<double, std::milli>(impl_->times[i] - impl_->times[i - 1]).count());
+  }
+  return out;
+}
+
 // ---- session --------------------------------------------------------------------------------
 
-StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed)
-    : runner_(runner), spec_(spec), seed_(seed), device_(runner.device()) {
-  for (const auto& t : spec.inputs)
-    feeds_[t.name] = at::zeros(t.shape, at::TensorOptions().dtype(t.dtype).device(device_));
+StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed, DecoderStream* decoder)
+    : runner_(runner), spec_(spec), seed_(seed), device_(runner.device()), decoder_(decoder) {
+  feeds_ = allocate(spec.inputs, device_);
+  if (decoder) {
+    decoder->check_attachable(spec);
+    if (decoder->device() != device_) throw Error("the decoder runs on another device than the session");
+  }
 }
 
 // The name of the first tensor holding NaN or Inf, or "" (one reduction per tensor, one device sync).
@@ -221,6 +381,7 @@ void StreamingSession::start(const at::Tensor& visual_context, int64_t start_blo
   block_ = start_block;
   valid_frames_ = 0;
   started_ = true;
+  if (decoder_) decoder_->reset();
 }
 
 bool StreamingSession::check_actions(const std::string& name, const at::Tensor& raw) const {
@@ -281,7 +442,7 @@ std::map<std::string, at::Tensor> StreamingSession::run(const at::Tensor& x, dou
   return runner_.infer(feeds_);
 }
 
-at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard) {
+Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard) {
   const auto begin = std::chrono::steady_clock::now();
   const int64_t f = spec_.block_frames, start = block_ * f;
   const std::string of_block = " of block " + std::to_string(block_);
@@ -299,6 +460,7 @@ at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mous
   if (!bad_input.empty()) throw Error(bad_input + of_block + " holds non-finite values (NaN or Inf)");
   const auto kept_history = history_;  // tensor handles: feed_actions replaces, never writes in place
   const auto kept_base = base_;
+  StageClock clock(device_);
   for (size_t i = 1; i < given.size(); ++i) feed_actions(given[i].first, given[i].second);
   cond_slot.copy_(cond);
   feed_rotaries(start);
@@ -317,7 +479,9 @@ at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mous
       x = ((1 - s) * x0.to(at::kFloat) + s * fresh.to(at::kFloat)).to(dtype);
     }
   }
+  clock.mark("passes");
   auto outputs = run(x0, spec_.clean_timestep);
+  clock.mark("clean");
   std::vector<std::pair<std::string, at::Tensor>> produced{{"latents", x0}};
   if (spec_.prev_frames > 0)
     for (const auto& c : spec_.caches)
@@ -328,11 +492,26 @@ at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mous
     base_ = kept_base;
     throw Error(bad_output + of_block + " came out non-finite (NaN or Inf): the block was not committed");
   }
+  clock.mark("checks");
+  Block result;
+  result.latents = x0;
+  if (decoder_) {  // before the commit: a decode that fails leaves the caches as they were
+    try {
+      result.frames = decoder_->decode(x0);
+    } catch (...) {
+      history_ = kept_history;
+      base_ = kept_base;
+      throw;
+    }
+    clock.mark("decode");
+  }
   commit(outputs);
+  clock.mark("commit");
 #ifdef WAN_TRT_WITH_CUDA
   if (device_.is_cuda()) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
 #endif
-  last_block_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+  result.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+  result.stage_ms = clock.elapsed_ms();
   ++block_;
   for (auto& [name, frames] : history_) {  // drop raw frames no later window reads
     const int64_t drop = spec_.ratio * block_ * f - base_.at(name);
@@ -341,7 +520,7 @@ at::Tensor StreamingSession::step(const at::Tensor& cond, const at::Tensor& mous
       base_.at(name) += drop;
     }
   }
-  return x0;
+  return result;
 }
 
 void StreamingSession::commit(std::map<std::string, at::Tensor>& outputs) {

@@ -20,7 +20,7 @@ class Logger : public nvinfer1::ILogger {
 
 class TensorRTRunner : public Runner {
  public:
-  TensorRTRunner(const std::string& path, const RuntimeSpec& spec) : spec_(spec) {
+  TensorRTRunner(const std::string& path, const GraphIO& io) : io_(io) {
     std::ifstream file(path, std::ios::binary);
     if (!file) throw Error("cannot open TensorRT engine " + path);
     std::vector<char> blob((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
@@ -28,12 +28,12 @@ class TensorRTRunner : public Runner {
     engine_.reset(runtime_->deserializeCudaEngine(blob.data(), blob.size()));
     if (!engine_) throw Error(path + ": TensorRT cannot deserialize it; rebuild with this TensorRT");
     context_.reset(engine_->createExecutionContext());
-    for (const auto& t : spec.outputs)
+    for (const auto& t : io.outputs)
       outputs_[t.name] = at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(at::kCUDA));
   }
 
   std::map<std::string, at::Tensor> infer(const std::map<std::string, at::Tensor>& feeds) override {
-    for (const auto& t : spec_.inputs) context_->setTensorAddress(t.name.c_str(), feeds.at(t.name).data_ptr());
+    for (const auto& t : io_.inputs) context_->setTensorAddress(t.name.c_str(), feeds.at(t.name).data_ptr());
     for (auto& [name, tensor] : outputs_) context_->setTensorAddress(name.c_str(), tensor.data_ptr());
     if (!context_->enqueueV3(c10::cuda::getCurrentCUDAStream().stream())) throw Error("TensorRT enqueueV3 failed");
     return outputs_;
@@ -44,7 +44,7 @@ class TensorRTRunner : public Runner {
 
  private:
   Logger logger_;
-  const RuntimeSpec& spec_;
+  const GraphIO& io_;
   std::unique_ptr<nvinfer1::IRuntime> runtime_;
   std::unique_ptr<nvinfer1::ICudaEngine> engine_;
   std::unique_ptr<nvinfer1::IExecutionContext> context_;
@@ -53,8 +53,8 @@ class TensorRTRunner : public Runner {
 
 }  // namespace
 
-std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const RuntimeSpec& spec) {
-  return std::make_unique<TensorRTRunner>(engine, spec);
+std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const GraphIO& io) {
+  return std::make_unique<TensorRTRunner>(engine, io);
 }
 
 }  // namespace wan_trt

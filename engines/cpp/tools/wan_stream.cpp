@@ -1,18 +1,23 @@
-// wan_stream: stream N blocks through an engine from C++ and write the latents.
+// wan_stream: stream N blocks through an engine from C++ and write the latents (and the frames).
 //
 //   wan_stream --engine E.pt2 --inputs stream_inputs.pt --blocks 8 --out latents.pt
 //              [--runtime E.pt2.runtime.txt] [--seed 0] [--device cpu|cuda] [--cuda-graph] [--tensorrt]
-//              [--start-block 0]
+//              [--start-block 0] [--actions actions.jsonl] [--decoder DEC/steady/E.pt2 --frames frames.pt]
 //
 // --inputs is a file written with torch.save (Python) of a dict {"visual_context", "cond_concat",
 // "mouse", "keyboard", "first_block"} (see wan_trt.engines.runtime.cpp.write_stream_inputs) holding the
 // blocks from first_block on (raw actions from that block's first raw frame on); the stream starts
 // there (--start-block, if given, must say the same); raw action histories are cut
-// into each block's new frames here, as a live client would send them. Output: torch.save-loadable
-// tensor [1, 16, 3*N, H, W] and one "block i: ms" line per block on stdout.
+// into each block's new frames here, as a live client would send them. --actions replaces the inputs'
+// actions by those of a JSON-lines file (one line per block from the first streamed block on; the
+// format of wan_trt/actions.py). --decoder (either engine of a decoder engine pair, same backend as
+// --engine) decodes every block; --frames then receives its uint8 frames [9 + 12 (N - 1), 8H, 8W, 3].
+// Output: torch.save-loadable tensor [1, 16, 3*N, H, W] and one line per block on stdout:
+// "block i: <ms> ms (passes <ms>, clean <ms>, checks <ms>[, decode <ms>], commit <ms>)".
 #include <torch/serialize.h>
 
 #include <fstream>
+#include <optional>
 #include <iostream>
 #include <iterator>
 
@@ -32,6 +37,33 @@ at::Tensor get(const c10::Dict<c10::IValue, c10::IValue>& dict, const std::strin
   return it->value().toTensor();
 }
 
+int64_t integer(std::map<std::string, std::string>& args, const std::string& key) {
+  const std::string& text = args.at(key);
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw wan_trt::Error(key + ": expected an integer, got '" + text + "'");
+  return value;
+}
+
+void save(const at::Tensor& tensor, const std::string& path) {
+  std::vector<char> bytes = torch::pickle_save(tensor);
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::unique_ptr<wan_trt::Runner> make_runner(const std::string& engine, const wan_trt::GraphIO& io, at::Device device,
+                                             bool cuda_graph, bool tensorrt) {
+#ifdef WAN_TRT_WITH_TENSORRT
+  if (tensorrt) return wan_trt::make_tensorrt_runner(engine, io);
+#endif
+  if (tensorrt) throw wan_trt::Error("--tensorrt: this build has no TensorRT runner");
+  return std::make_unique<wan_trt::AotiRunner>(engine, io, device, cuda_graph);
+}
+
 int run(int argc, char** argv) {
   std::map<std::string, std::string> args{{"--blocks", "8"}, {"--seed", "0"}, {"--device", "cpu"}};
   bool cuda_graph = false, tensorrt = false;
@@ -44,42 +76,59 @@ int run(int argc, char** argv) {
   }
   for (const char* required : {"--engine", "--inputs", "--out"})
     if (!args.count(required)) throw wan_trt::Error(std::string("missing ") + required);
+  if (args.count("--frames") != args.count("--decoder"))
+    throw wan_trt::Error("--decoder and --frames go together: the frames of the decoder are written to --frames");
   const std::string engine = args["--engine"];
   const auto spec = wan_trt::RuntimeSpec::load(args.count("--runtime") ? args["--runtime"] : engine + ".runtime.txt");
   const at::Device device(args["--device"]);
-  std::unique_ptr<wan_trt::Runner> runner;
-#ifdef WAN_TRT_WITH_TENSORRT
-  if (tensorrt) runner = wan_trt::make_tensorrt_runner(engine, spec);
-#endif
-  if (tensorrt && !runner) throw wan_trt::Error("--tensorrt: this build has no TensorRT runner");
-  if (!runner) runner = std::make_unique<wan_trt::AotiRunner>(engine, spec, device, cuda_graph);
+  std::optional<wan_trt::DecoderEngines> pair;  // every file is read and checked before any engine loads
+  if (args.count("--decoder")) pair = wan_trt::DecoderEngines::load(args["--decoder"]);
+  const int64_t blocks = integer(args, "--blocks");
+  if (blocks < 1) throw wan_trt::Error("--blocks: at least 1, got " + std::to_string(blocks));
 
   auto inputs = torch::pickle_load(read_file(args["--inputs"])).toGenericDict();
   const at::Tensor visual = get(inputs, "visual_context"), cond = get(inputs, "cond_concat");
-  const at::Tensor mouse = get(inputs, "mouse"), keyboard = get(inputs, "keyboard");
+  at::Tensor mouse = get(inputs, "mouse"), keyboard = get(inputs, "keyboard");
   auto held = inputs.find("first_block");
   const int64_t first = held == inputs.end() ? 0 : held->value().toInt();
-  if (args.count("--start-block") && std::stoll(args["--start-block"]) != first)
+  if (args.count("--start-block") && integer(args, "--start-block") != first)
     throw wan_trt::Error("--start-block " + args["--start-block"] + ": the inputs hold the stream from block " +
                          std::to_string(first));
-  const int64_t blocks = std::stoll(args["--blocks"]);
+  if (args.count("--actions")) {
+    auto actions = wan_trt::read_actions(args["--actions"], spec, first, blocks);
+    mouse = actions.count("mouse") ? actions.at("mouse") : at::Tensor();
+    keyboard = actions.count("keyboard") ? actions.at("keyboard") : at::Tensor();
+  }
   const int64_t f = spec.block_frames;
   const int64_t held_from = wan_trt::first_raw_frame(spec, first);  // first raw frame the inputs hold
 
-  wan_trt::StreamingSession session(*runner, spec, std::stoll(args["--seed"]));
+  auto runner = make_runner(engine, spec, device, cuda_graph, tensorrt);
+  std::unique_ptr<wan_trt::Runner> first_runner, steady_runner;
+  std::unique_ptr<wan_trt::DecoderStream> decoder;
+  if (pair) {
+    first_runner = make_runner(pair->first, pair->first_spec, device, cuda_graph, tensorrt);
+    steady_runner = make_runner(pair->steady, pair->steady_spec, device, cuda_graph, tensorrt);
+    decoder = std::make_unique<wan_trt::DecoderStream>(*first_runner, pair->first_spec, *steady_runner,
+                                                       pair->steady_spec);
+  }
+  wan_trt::StreamingSession session(*runner, spec, integer(args, "--seed"), decoder.get());
   session.start(visual.to(device, spec.dtype()), first);
-  std::vector<at::Tensor> latents;
+  std::vector<at::Tensor> latents, frames;
   for (int64_t b = first; b < first + blocks; ++b) {
     // this block's new raw frames, as a live client would send them
     const int64_t begin = wan_trt::first_raw_frame(spec, b), n = wan_trt::first_raw_frame(spec, b + 1) - begin;
     auto cut = [&](const at::Tensor& h) { return h.defined() ? h.narrow(1, begin - held_from, n) : at::Tensor(); };
-    at::Tensor x0 =
+    wan_trt::Block block =
         session.step(cond.narrow(2, (b - first) * f, f).to(device, spec.dtype()), cut(mouse), cut(keyboard));
-    latents.push_back(x0.to(at::kCPU));
-    std::cout << "block " << b << ": " << session.last_block_ms() << " ms\n";
+    latents.push_back(block.latents.to(at::kCPU));
+    if (block.frames.defined()) frames.push_back(block.frames.to(at::kCPU));
+    std::cout << "block " << b << ": " << block.ms << " ms (";
+    for (size_t i = 0; i < block.stage_ms.size(); ++i)
+      std::cout << (i ? ", " : "") << block.stage_ms[i].first << " " << block.stage_ms[i].second;
+    std::cout << ")\n";
   }
-  std::vector<char> bytes = torch::pickle_save(at::cat(latents, 2));
-  std::ofstream(args["--out"], std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  save(at::cat(latents, 2), args["--out"]);
+  if (decoder) save(at::cat(frames), args["--frames"]);
   return 0;
 }
 
@@ -91,5 +140,8 @@ int main(int argc, char** argv) {
   } catch (const wan_trt::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;
+  } catch (const std::exception& e) {  // from libtorch or AOTInductor: not the input's fault
+    std::cerr << "internal error: " << e.what() << "\n";
+    return 2;
   }
 }

@@ -28,9 +28,10 @@ def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream,
     with AotiRunner(engine, manifest) as runner:
         python = torch.cat([r.latents for r in stream_blocks(StreamingSession(runner, noise=NoiseSource(4)),
                                                              inputs, BLOCKS)], dim=2)
-    cpp, block_ms = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), BLOCKS,
-                                   tmp_path / "out.pt", seed=4)
-    assert len(block_ms) == BLOCKS
+    run = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), BLOCKS,
+                         tmp_path / "out.pt", seed=4)
+    cpp = run.latents
+    assert len(run.block_ms) == BLOCKS and all(set(s) == {"passes", "clean", "checks", "commit"} for s in run.stage_ms)
     torch.testing.assert_close(cpp, python, rtol=0, atol=1e-6)
     expected = torch.cat(reference_stream(reference_model(manifest, torch.float32, "cpu"), inputs, BLOCKS, 4), dim=2)
     for b in range(BLOCKS):
@@ -49,8 +50,8 @@ def test_cpp_runtime_equals_python_across_upstreams_table_ends(aoti, wan_stream,
     with AotiRunner(engine, manifest) as runner:
         python = torch.cat([r.latents for r in stream_blocks(StreamingSession(runner, noise=NoiseSource(4)),
                                                              inputs, 4, start_block=start_block)], dim=2)
-    cpp, _ = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 4,
-                            tmp_path / "out.pt", seed=4, start_block=start_block)
+    cpp = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 4,
+                         tmp_path / "out.pt", seed=4, start_block=start_block).latents
     torch.testing.assert_close(cpp, python, rtol=0, atol=1e-6)
     expected = torch.cat(reference_stream(reference_model(manifest, torch.float32, "cpu"), inputs, 4, 4,
                                           start_block=start_block), dim=2)
@@ -102,5 +103,150 @@ def test_cpp_runtime_runs_to_the_last_reachable_block_and_refuses_the_next(aoti,
     out = tmp_path / "out.pt"
     with pytest.raises(WanTrtError, match=r"block 89478485 would end past the 268435456 latent frames"):
         run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 2, out)
-    cpp, ms = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, out)
-    assert len(ms) == 1 and torch.isfinite(cpp).all()
+    run = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, out)
+    assert len(run.block_ms) == 1 and torch.isfinite(run.latents).all()
+
+
+# ---- with the decoder engine pair, and actions from a file ----------------------------------------
+
+def _copy_pair(decoder_engine, to):
+    """The decoder engine pair (engines and their files) copied into ``to``/first and ``to``/steady."""
+    import shutil
+    for call in ("first", "steady"):
+        (to / call).mkdir(parents=True)
+        for f in decoder_engine.parents[1].joinpath(call).glob(decoder_engine.name + "*"):
+            shutil.copy(f, to / call / f.name)
+    return to / "steady" / decoder_engine.name
+
+
+def test_cpp_and_python_stream_the_same_frames(aoti, decoder_aoti, wan_stream, tmp_path):
+    """DiT engine + decoder engine pair over 8 blocks: the C++ runtime yields exactly the Python session's
+    uint8 frames (9 + 12 * 7), and times the decode with the other stages."""
+    from wan_trt.engines.runtime.decoder import DecoderStream
+    export_dir, engine = aoti
+    manifest = Manifest.read(export_dir)
+    inputs = synthetic_stream(manifest.spec.config, BLOCKS, seed=9)
+    with AotiRunner(engine, manifest) as runner, DecoderStream.from_engine(decoder_aoti, "aoti", "cpu") as decoder:
+        results = stream_blocks(StreamingSession(runner, noise=NoiseSource(4), decoder=decoder), inputs, BLOCKS)
+    python = torch.cat([r.frames for r in results])
+    first = decoder_aoti.parents[1] / "first" / decoder_aoti.name  # either engine of the pair names it
+    run = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), BLOCKS,
+                         tmp_path / "out.pt", seed=4, decoder=first)
+    assert run.frames.dtype == torch.uint8 and run.frames.shape == (9 + 12 * (BLOCKS - 1), 32, 48, 3)
+    assert run.frames.float().std() > 10  # real pictures, not a constant
+    assert torch.equal(run.frames, python)
+    torch.testing.assert_close(run.latents, torch.cat([r.latents for r in results], dim=2), rtol=0, atol=1e-6)
+    assert all(list(s) == ["passes", "clean", "checks", "decode", "commit"] for s in run.stage_ms)
+
+
+def test_cpp_runtime_refuses_a_decoder_that_is_not_the_streams(aoti, decoder_aoti, wan_stream, tmp_path):
+    """A missing other graph, a pair of two decoders, a DiT engine as decoder, and a decoder whose latents
+    differ from the DiT's are refused before any block runs, and nothing is written."""
+    export_dir, engine = aoti
+    inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
+    out = tmp_path / "out.pt"
+
+    def refused(decoder, message):
+        with pytest.raises(WanTrtError, match=message):
+            run_wan_stream(wan_stream, engine, inputs, 1, out, decoder=decoder)
+        assert not out.exists()
+
+    lone = _copy_pair(decoder_aoti, tmp_path / "lone")
+    (lone.parents[1] / "first" / lone.name).unlink()
+    refused(lone, "its other graph's engine .*first/engine_aoti_cpu.pt2 is missing; build both with `wan-trt build")
+
+    def edited(name, call, old, new):
+        steady = _copy_pair(decoder_aoti, tmp_path / name)
+        text = steady.parents[1] / call / (steady.name + ".runtime.txt")
+        assert old in text.read_text()
+        text.write_text(text.read_text().replace(old, new))
+        return steady
+
+    refused(edited("mixed", "first", "config universal-small", "config gta_drive-small"),
+            "are not the first and steady graphs of one decoder")
+    wider = edited("wider", "first", "input latents float32 1 16 3 4 6", "input latents float32 1 16 3 4 8")
+    wider_steady = wider.with_name(wider.name + ".runtime.txt")
+    wider_steady.write_text(wider_steady.read_text().replace("input latents float32 1 16 3 4 6",
+                                                             "input latents float32 1 16 3 4 8"))
+    refused(wider, r"takes other latents than the DiT .*export and build the decoder from the same config")
+    import shutil
+    for call in ("first", "steady"):  # DiT engine files where a decoder's should be
+        (tmp_path / "dit" / call).mkdir(parents=True)
+        for f in (engine, engine.with_name(engine.name + ".runtime.txt")):
+            shutil.copy(f, tmp_path / "dit" / call / f.name)
+    dit = tmp_path / "dit" / "steady" / engine.name
+    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 2\\), not wan_trt_decoder 1")
+
+
+def _actions_file(path, lines):
+    import json
+    path.write_text("\n".join(json.dumps(x) if not isinstance(x, str) else x for x in lines) + "\n")
+    return path
+
+
+def test_cpp_runtime_reads_actions_from_a_json_lines_file_as_python_does(aoti, wan_stream, tmp_path):
+    """Held and per-frame actions from the file drive the C++ stream to the latents the Python session
+    makes from the same file through wan_trt.actions; they are not the inputs file's actions."""
+    import dataclasses
+
+    from wan_trt.actions import read_actions
+    export_dir, engine = aoti
+    manifest = Manifest.read(export_dir)
+    cfg = manifest.spec.config
+    keys = cfg.model.action_config.keyboard_dim_in
+    lines = [{"mouse": [0.3, -0.2], "keyboard": [1] + [0] * (keys - 1)},
+             "",  # blank lines are skipped
+             {"mouse": [[0.05 * i, -0.01 * i] for i in range(12)], "keyboard": [0] * (keys - 1) + [1]},
+             {"mouse": [0, 0.5], "keyboard": [[i % 2] * keys for i in range(12)]}]
+    path = _actions_file(tmp_path / "actions.jsonl", lines)
+    synthetic = synthetic_stream(cfg, 3, seed=9)
+    inputs = dataclasses.replace(synthetic, **read_actions(path, cfg, 3))
+    with AotiRunner(engine, manifest) as runner:
+        python = torch.cat([r.latents for r in stream_blocks(StreamingSession(runner, noise=NoiseSource(4)),
+                                                             inputs, 3)], dim=2)
+    stored = write_stream_inputs(synthetic, tmp_path / "in.pt")  # the file's actions replace these
+    cpp = run_wan_stream(wan_stream, engine, stored, 3, tmp_path / "out.pt", seed=4, actions=path).latents
+    torch.testing.assert_close(cpp, python, rtol=0, atol=1e-6)
+    without = run_wan_stream(wan_stream, engine, stored, 3, tmp_path / "out.pt", seed=4).latents
+    assert (without - cpp).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("lines, message", [
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}], r"actions.jsonl: 1 block line\(s\), 2 block\(s\) asked; add lines "
+                                                    r"or pass --blocks 1"),
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, "{\"mouse\": [0, 0],"], r"line 2 \(block 1\): not JSON"),
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, {"mouse": [0, 0]}],
+     r"line 2 \(block 1\): expected an object with keys \['keyboard', 'mouse'\] \(universal-small\)"),
+    ([{"mouse": [[0, 0]] * 8, "keyboard": [0, 0, 0, 0]}, {"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}],
+     r"line 1 \(block 0\), mouse: expected 2 finite numbers \(held for the block\) or 9 rows of 2"),
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, {"mouse": [0, 1e39], "keyboard": [0, 0, 0, 0]}],
+     r"line 2 \(block 1\), mouse: expected 2 finite numbers"),
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, {"mouse": [0, True], "keyboard": [0, 0, 0, 0]}],
+     r"line 2 \(block 1\), mouse: expected 2 finite numbers"),
+])
+def test_cpp_runtime_refuses_the_actions_python_refuses(aoti, wan_stream, tmp_path, lines, message):
+    from wan_trt.actions import read_actions
+    export_dir, engine = aoti
+    cfg = Manifest.read(export_dir).spec.config
+    assert cfg.model.action_config.keyboard_dim_in == 4 and cfg.has_mouse
+    path = _actions_file(tmp_path / "actions.jsonl", lines)
+    with pytest.raises(WanTrtError, match=message):
+        read_actions(path, cfg, 2)
+    out = tmp_path / "out.pt"
+    with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: --actions .*" + message):
+        run_wan_stream(wan_stream, engine, write_stream_inputs(synthetic_stream(cfg, 2, seed=9), tmp_path / "in.pt"),
+                       2, out, actions=path)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag, value, message", [("--blocks", "8x", "--blocks: expected an integer, got '8x'"),
+                                                  ("--blocks", "0", "--blocks: at least 1, got 0"),
+                                                  ("--seed", "", "--seed: expected an integer, got ''")])
+def test_wan_stream_refuses_bad_numbers_with_a_message(aoti, wan_stream, tmp_path, flag, value, message):
+    """A user error exits 1 with a message, not an abort."""
+    import subprocess
+    export_dir, engine = aoti
+    inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
+    args = {"--engine": str(engine), "--inputs": str(inputs), "--out": str(tmp_path / "out.pt"), flag: value}
+    proc = subprocess.run([str(wan_stream), *[x for kv in args.items() for x in kv]], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: " + message, (proc.returncode, proc.stderr)

@@ -49,10 +49,10 @@ from wan_trt.stream import synthetic_stream
 assert str(SOURCE).startswith({site!r}), SOURCE  # the installed copy, not the checkout
 inputs = synthetic_stream(Manifest.read({str(export_dir)!r}).spec.config, 2, seed=1)
 exe = build_cpp(Path({str(tmp_path)!r}) / "build")
-latents, ms = run_wan_stream(exe, Path({str(engine)!r}), write_stream_inputs(inputs, Path({str(tmp_path)!r}) / "in.pt"),
-                             2, Path({str(tmp_path)!r}) / "out.pt")
-torch.save(latents, {str(tmp_path / "latents.pt")!r})
-print(wan_trt.config.__file__, len(ms))
+run = run_wan_stream(exe, Path({str(engine)!r}), write_stream_inputs(inputs, Path({str(tmp_path)!r}) / "in.pt"),
+                     2, Path({str(tmp_path)!r}) / "out.pt")
+torch.save(run.latents, {str(tmp_path / "latents.pt")!r})
+print(wan_trt.config.__file__, len(run.block_ms))
 """
     res = subprocess.run([str(python), "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

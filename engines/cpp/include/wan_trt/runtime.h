@@ -1,22 +1,28 @@
-// wan-trt C++ runtime: the same streaming session as engines/session.py, over any engine.
+// wan-trt C++ runtime: the same streaming session as engines/runtime/session.py, over any engine.
 //
 //   wan_trt::RuntimeSpec spec = wan_trt::RuntimeSpec::load("engine.pt2.runtime.txt");
 //   wan_trt::AotiRunner runner("engine.pt2", spec, device);
-//   wan_trt::StreamingSession session(runner, spec, /*seed=*/0);
+//   wan_trt::DecoderEngines dec = wan_trt::DecoderEngines::load("dec/steady/engine.pt2");  // optional
+//   wan_trt::AotiRunner first(dec.first, dec.first_spec, device), steady(dec.steady, dec.steady_spec, device);
+//   wan_trt::DecoderStream decoder(first, dec.first_spec, steady, dec.steady_spec);
+//   wan_trt::StreamingSession session(runner, spec, /*seed=*/0, &decoder);
 //   session.start(visual_context);
-//   at::Tensor latents = session.step(cond_block, mouse_frames, keyboard_frames);
+//   wan_trt::Block block = session.step(cond_block, mouse_frames, keyboard_frames);
+//   block.latents;  // [1, 16, 3, h, w]
+//   block.frames;   // with a decoder: uint8 [n, 8h, 8w, 3] on the device (n = 9, then 12)
 //
 // One block: denoising passes (x0 = x_t - sigma * flow, re-noise with seeded noise), the
-// clean pass at t = 0, then the cache commit (swap when the runner allows it, copy otherwise).
+// clean pass at t = 0, the output checks, the decode, then the cache commit (swap when the
+// runner allows it, copy otherwise).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <map>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace wan_trt {
@@ -37,27 +43,49 @@ struct CacheSpec {
   int64_t units;
 };
 
+// A graph's inputs and outputs, in the engine's order.
+struct GraphIO {
+  std::vector<TensorSpec> inputs, outputs;
+  const TensorSpec& input(const std::string& name) const;
+  bool has_input(const std::string& name) const;
+};
+
 // A rotary input pair: per block, fp32 cos/sin [F, n] of (start_frame + f) * inv_freq[i], formed in double.
 struct RotarySpec {
   std::string cos, sin;
   std::vector<double> inv_freq;
 };
 
-// The spec + schedule of one engine, read from the `.runtime.txt` written by `wan-trt build`.
-struct RuntimeSpec {
+// The spec + schedule of one DiT pass engine, read from the `.runtime.txt` written by `wan-trt build`.
+struct RuntimeSpec : GraphIO {
   std::string config, precision;
   int64_t block_frames = 0, prev_frames = 0, tokens_per_frame = 0, window_frames = 0, ratio = 0;
   int64_t max_stream_frames = 0, channels = 0, height = 0, width = 0;
   std::vector<double> timesteps, sigmas;
   double clean_timestep = 0;
-  std::vector<TensorSpec> inputs, outputs;
   std::vector<CacheSpec> caches;
   std::vector<RotarySpec> rotaries;
 
   static RuntimeSpec load(const std::string& path);
-  const TensorSpec& input(const std::string& name) const;
-  bool has_input(const std::string& name) const;
   at::ScalarType dtype() const;
+};
+
+// One graph of the video decoder ("first": a stream's first block, no history inputs; "steady": every
+// later block), read from its engine's `.runtime.txt`. histories: (input, output) pairs in call order.
+struct DecoderSpec : GraphIO {
+  std::string config, precision, call;
+  std::vector<std::pair<std::string, std::string>> histories;
+
+  static DecoderSpec load(const std::string& path);
+};
+
+// A decoder engine pair: one engine file per graph, the same name in the decoder export's first/ and
+// steady/ folders, each with its runtime file. load() takes either file and checks they are one decoder's.
+struct DecoderEngines {
+  std::string first, steady;
+  DecoderSpec first_spec, steady_spec;
+
+  static DecoderEngines load(const std::string& engine);
 };
 
 // One pass of an engine: named device tensors in, named device tensors out.
@@ -73,7 +101,7 @@ class Runner {
 // AOTInductor package (`wan-trt build --backend aoti`), optionally replayed as a CUDA graph.
 class AotiRunner : public Runner {
  public:
-  AotiRunner(const std::string& package, const RuntimeSpec& spec, at::Device device, bool cuda_graph = false);
+  AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph = false);
   ~AotiRunner() override;
   std::map<std::string, at::Tensor> infer(const std::map<std::string, at::Tensor>& feeds) override;
   bool swap_inputs() const override { return !cuda_graph_; }
@@ -82,14 +110,14 @@ class AotiRunner : public Runner {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  const RuntimeSpec& spec_;
+  const GraphIO& io_;
   at::Device device_;
   bool cuda_graph_;
 };
 
 #ifdef WAN_TRT_WITH_TENSORRT
 // TensorRT engine (`wan-trt build`): enqueueV3 on device buffers; outputs owned by the runner.
-std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const RuntimeSpec& spec);
+std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const GraphIO& io);
 #endif
 
 // Index of the first new raw action frame of `block` (0, then ratio * F * block - (ratio - 1)),
@@ -100,16 +128,66 @@ int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block);
 at::Tensor noise(int64_t seed, int64_t block, int64_t step, at::IntArrayRef shape, at::Device device,
                  at::ScalarType dtype);
 
+// Decoder output [1, 3, n, H, W] in [-1, 1] -> uint8 [n, H, W, 3], as wan_trt.video.to_uint8_frames.
+at::Tensor to_uint8_frames(const at::Tensor& rgb);
+
+// A stream's blocks decoded in order: the first block through the first graph, every later one through
+// the steady graph fed the histories the previous call returned (copied into fixed input buffers, so
+// runners may own their outputs and CUDA graphs keep their addresses). Turns on cuDNN's benchmark mode
+// while it lives (restored after). Mirrors engines/runtime/decoder.py.
+class DecoderStream {
+ public:
+  DecoderStream(Runner& first, const DecoderSpec& first_spec, Runner& steady, const DecoderSpec& steady_spec);
+  ~DecoderStream();
+  DecoderStream(const DecoderStream&) = delete;
+  DecoderStream& operator=(const DecoderStream&) = delete;
+  // Throws Error unless the decoder takes the latents the DiT of `spec` makes (shape and dtype).
+  void check_attachable(const RuntimeSpec& spec) const;
+  void reset() { started_ = false; }  // the next decode starts a stream
+  bool started() const { return started_; }
+  // The block's frames, uint8 [n, H, W, 3] on the device; the histories are carried to the next block.
+  at::Tensor decode(const at::Tensor& latents);
+  at::Device device() const { return steady_.device(); }
+
+ private:
+  Runner &first_, &steady_;
+  const DecoderSpec& spec_;  // the steady graph's
+  std::map<std::string, at::Tensor> feeds_;
+  bool started_ = false, benchmark_ = false;
+};
+
+// Marks stage boundaries without synchronising: CUDA events on a GPU, the host clock on a CPU.
+class StageClock {
+ public:
+  explicit StageClock(at::Device device);
+  ~StageClock();
+  void mark(const std::string& stage);  // end of `stage`
+  // Milliseconds per stage, in order (after the device has synchronised).
+  std::vector<std::pair<std::string, double>> elapsed_ms() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One streamed block: its latents, its frames (with a decoder; undefined otherwise) and the
+// milliseconds of its stages (passes, clean, checks, decode, commit).
+struct Block {
+  at::Tensor latents, frames;
+  std::vector<std::pair<std::string, double>> stage_ms;
+  double ms = 0;
+};
+
 class StreamingSession {
  public:
-  StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed);
+  // decoder: optional; when given, every block is also decoded to frames (attach before start()).
+  StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed, DecoderStream* decoder = nullptr);
   // start_block: absolute index of the first block (its position and noise), with empty caches.
   void start(const at::Tensor& visual_context, int64_t start_block = 0);
   // cond: [1, C, F, H, W]; mouse/keyboard: this block's raw frames [1, n, D] (empty if the config has none).
   // Throws Error on a bad or non-finite input (nothing changed) or a non-finite block (nothing committed).
-  at::Tensor step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard);
+  Block step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard);
   int64_t block() const { return block_; }
-  double last_block_ms() const { return last_block_ms_; }
 
  private:
   std::map<std::string, at::Tensor> run(const at::Tensor& x, double t);
@@ -122,12 +200,18 @@ class StreamingSession {
   const RuntimeSpec& spec_;
   int64_t seed_;
   at::Device device_;
+  DecoderStream* decoder_;
   std::map<std::string, at::Tensor> feeds_;
   std::map<std::string, at::Tensor> history_;  // padded raw action frames, from absolute index base_
   std::map<std::string, int64_t> base_;
   int64_t block_ = 0, valid_frames_ = 0;
   bool started_ = false;
-  double last_block_ms_ = 0;
 };
+
+// Raw action frames of blocks first_block .. first_block + blocks - 1 from a JSON-lines actions file
+// (one line per block from first_block on; the format of wan_trt/actions.py): name -> fp32 [1, N, D]
+// for each action input of the spec. Every defect of the lines read is refused with its line number.
+std::map<std::string, at::Tensor> read_actions(const std::string& path, const RuntimeSpec& spec,
+                                               int64_t first_block, int64_t blocks);
 
 }  // namespace wan_trt

@@ -1,0 +1,220 @@
+// Actions from a JSON-lines file, the format of wan_trt/actions.py: one line per block, a JSON object
+// with one key per action input ("mouse", "keyboard"), each one action held for the block (D numbers)
+// or one row per video frame (n rows of D). Blank lines are skipped; lines past the blocks asked for are
+// not read. The messages are those of the Python reader.
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "wan_trt/runtime.h"
+
+namespace wan_trt {
+namespace {
+
+// The JSON this format needs: objects, arrays, numbers; strings only as keys; true/false/null are
+// read (and refused where a number is expected).
+struct Json {
+  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = kNull;
+  double number = 0;
+  std::string text;
+  std::vector<Json> items;
+  std::vector<std::pair<std::string, Json>> fields;
+};
+
+class Parser {
+ public:
+  explicit Parser(const std::string& text) : s_(text) {}
+
+  Json document() {
+    Json v = value();
+    space();
+    if (i_ != s_.size()) fail("Extra data");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) { throw Error(what + " at column " + std::to_string(i_ + 1)); }
+
+  void space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\r' || s_[i_] == '\n')) ++i_;
+  }
+
+  bool take(char c) {
+    space();
+    if (i_ < s_.size() && s_[i_] == c) return ++i_, true;
+    return false;
+  }
+
+  Json value() {
+    space();
+    if (i_ >= s_.size()) fail("Expecting value");
+    const char c = s_[i_];
+    if (c == '{') return object();
+    if (c == '[') return array();
+    if (c == '"') {
+      Json v;
+      v.kind = Json::kString;
+      v.text = string();
+      return v;
+    }
+    for (const auto& [word, kind] : {std::make_pair("true", Json::kBool), std::make_pair("false", Json::kBool),
+                                     std::make_pair("null", Json::kNull)})
+      if (s_.compare(i_, std::string(word).size(), word) == 0) {
+        i_ += std::string(word).size();
+        Json v;
+        v.kind = kind;
+        return v;
+      }
+    return number();
+  }
+
+  Json object() {
+    ++i_;  // '{'
+    Json v;
+    v.kind = Json::kObject;
+    if (take('}')) return v;
+    do {
+      space();
+      if (i_ >= s_.size() || s_[i_] != '"') fail("Expecting property name enclosed in double quotes");
+      std::string key = string();
+      if (!take(':')) fail("Expecting ':' delimiter");
+      v.fields.emplace_back(key, value());
+    } while (take(','));
+    if (!take('}')) fail("Expecting ',' delimiter");
+    return v;
+  }
+
+  Json array() {
+    ++i_;  // '['
+    Json v;
+    v.kind = Json::kArray;
+    if (take(']')) return v;
+    do v.items.push_back(value());
+    while (take(','));
+    if (!take(']')) fail("Expecting ',' delimiter");
+    return v;
+  }
+
+  std::string string() {
+    ++i_;  // '"'
+    std::string out;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      if (s_[i_] == '\\') {
+        if (++i_ >= s_.size()) break;
+        const char e = s_[i_];
+        if (e == 'u') fail("Unsupported \\u escape");  // keys are plain ASCII names
+        out += e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == 'b' ? '\b' : e == 'f' ? '\f' : e;
+      } else {
+        out += s_[i_];
+      }
+      ++i_;
+    }
+    if (i_ >= s_.size()) fail("Unterminated string");
+    ++i_;
+    return out;
+  }
+
+  Json number() {
+    // JSON's grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+    const size_t begin = i_;
+    auto digits = [&] {
+      const size_t from = i_;
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+      return i_ > from;
+    };
+    if (i_ < s_.size() && s_[i_] == '-') ++i_;
+    if (i_ < s_.size() && s_[i_] == '0') ++i_;
+    else if (!digits()) fail("Expecting value");
+    if (i_ < s_.size() && s_[i_] == '.' && (++i_, !digits())) fail("Expecting value");
+    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      ++i_;
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
+      if (!digits()) fail("Expecting value");
+    }
+    Json v;
+    v.kind = Json::kNumber;
+    v.number = std::strtod(s_.substr(begin, i_ - begin).c_str(), nullptr);  // inf when out of double's range
+    return v;
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+// A finite number within fp32's range.
+bool is_number(const Json& v) { return v.kind == Json::kNumber && std::isfinite(v.number) && std::abs(v.number) <= 3.4e38; }
+
+bool is_row(const Json& v, int64_t dim) {
+  if (v.kind != Json::kArray || static_cast<int64_t>(v.items.size()) != dim) return false;
+  for (const auto& x : v.items)
+    if (!is_number(x)) return false;
+  return true;
+}
+
+// One held action (dim numbers) or n rows of dim numbers, as fp32 [n, dim].
+at::Tensor rows(const Json& v, int64_t n, int64_t dim, const std::string& where) {
+  bool per_frame = v.kind == Json::kArray && static_cast<int64_t>(v.items.size()) == n;
+  for (size_t i = 0; per_frame && i < v.items.size(); ++i) per_frame = is_row(v.items[i], dim);
+  const bool held = is_row(v, dim);
+  if (!held && !per_frame)
+    throw Error(where + ": expected " + std::to_string(dim) + " finite numbers (held for the block) or " +
+                std::to_string(n) + " rows of " + std::to_string(dim) + " (one per video frame)");
+  at::Tensor out = at::empty({n, dim}, at::kFloat);
+  float* p = out.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < dim; ++d)
+      p[r * dim + d] = static_cast<float>((held ? v.items[d] : v.items[r].items[d]).number);
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> read_actions(const std::string& path, const RuntimeSpec& spec,
+                                               int64_t first_block, int64_t blocks) {
+  std::map<std::string, int64_t> dims;  // the action inputs the config has, by name
+  for (const std::string name : {"keyboard", "mouse"})
+    if (spec.has_input(name + "_window")) dims[name] = spec.input(name + "_window").shape.back();
+  std::ifstream file(path);
+  if (!file) throw Error("--actions " + path + ": no such file");
+  std::vector<std::pair<int64_t, std::string>> lines;  // (line number, text) of the non-blank lines
+  std::string line;
+  for (int64_t number = 1; std::getline(file, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) lines.emplace_back(number, line);
+  }
+  if (static_cast<int64_t>(lines.size()) < blocks)
+    throw Error("--actions " + path + ": " + std::to_string(lines.size()) + " block line(s), " +
+                std::to_string(blocks) + " block(s) asked; add lines or pass --blocks " + std::to_string(lines.size()));
+  std::string expected = "[";
+  for (const auto& [name, dim] : dims) expected += (expected.size() > 1 ? ", '" : "'") + name + "'";
+  expected += "]";
+  std::map<std::string, std::vector<at::Tensor>> frames;
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t block = first_block + k;
+    const std::string where = "--actions " + path + ", line " + std::to_string(lines[k].first) + " (block " +
+                              std::to_string(block) + ")";
+    Json entry;
+    try {
+      entry = Parser(lines[k].second).document();
+    } catch (const Error& e) {
+      throw Error(where + ": not JSON (" + e.what() + ")");
+    }
+    std::set<std::string> keys;
+    for (const auto& [key, value] : entry.fields) keys.insert(key);
+    std::set<std::string> want;
+    for (const auto& [name, dim] : dims) want.insert(name);
+    if (entry.kind != Json::kObject || keys != want || keys.size() != entry.fields.size())
+      throw Error(where + ": expected an object with keys " + expected + " (" + spec.config + ")");
+    const int64_t n = first_raw_frame(spec, block + 1) - first_raw_frame(spec, block);
+    for (const auto& [key, value] : entry.fields)
+      frames[key].push_back(rows(value, n, dims.at(key), where + ", " + key));
+  }
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, list] : frames) out[name] = at::cat(list).unsqueeze(0);
+  return out;
+}
+
+}  // namespace wan_trt

@@ -1,0 +1,87 @@
+"""The C++ runtime beside the Python session on the same engines: the same frames? how fast?
+
+    python scripts/cpp_stream.py EXPORT ENGINE DECODER_ENGINE --blocks 10 --out RESULT.json [--device cuda]
+
+Builds engines/cpp (``wan_stream``) and streams ``--blocks`` blocks of the same synthetic inputs
+(seed 0) through the DiT engine ``ENGINE`` (built from ``EXPORT``) and the decoder engine pair of
+``DECODER_ENGINE``, once from Python (``--backend``, default aoti-plugins+cudagraph; the decoder
+with ``--decoder-backend``, default aoti+cudagraph) and once from C++ (``wan_stream``, with
+``--cuda-graph`` on a GPU). Records whether the uint8 frames are identical, the largest latent
+difference, and per runtime the block milliseconds (p50 over the blocks after the first two) and
+the stage milliseconds of every block.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from wan_trt.engines.backends import RunnerSources, get_backend, make_runner
+from wan_trt.engines.runtime.cpp import build_cpp, run_wan_stream, write_stream_inputs
+from wan_trt.engines.runtime.decoder import DecoderStream
+from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
+from wan_trt.export.manifest import Manifest
+from wan_trt.profiling import provenance
+from wan_trt.stream import NoiseSource, synthetic_stream
+
+WARMUP = 2  # blocks left out of the p50 (CUDA-graph capture, cuDNN's algorithm search)
+
+
+def compare(export: str, engine: str, decoder_engine: str, blocks: int, device: str, backend: str,
+            decoder_backend: str, build_dir: str | None = None) -> dict:
+    manifest = Manifest.read(export)
+    inputs = synthetic_stream(manifest.spec.config, blocks, seed=0)
+    sources = RunnerSources(manifest.spec, device, model=None, manifest=manifest, directory=Path(export),
+                            engines={get_backend(backend).engine_key: Path(engine)})
+    with make_runner(backend, sources) as runner, \
+            DecoderStream.from_engine(decoder_engine, decoder_backend, device) as decoder:
+        results = stream_blocks(StreamingSession(runner, noise=NoiseSource(0), decoder=decoder), inputs, blocks,
+                                keep_frames_on="cpu")
+    python_frames = torch.cat([r.frames for r in results])
+    python_latents = torch.cat([r.latents.cpu() for r in results], dim=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build_cpp(Path(build_dir or Path(tmp) / "build"))
+        cpp = run_wan_stream(exe, Path(engine), write_stream_inputs(inputs, Path(tmp) / "in.pt"), blocks,
+                             Path(tmp) / "out.pt", seed=0, device=device, cuda_graph=device.startswith("cuda"),
+                             decoder=Path(decoder_engine))
+    differing = (cpp.frames != python_frames).any(dim=-1)  # [N, H, W] pixels with any channel off
+    python_ms = [1e3 * r.seconds for r in results]
+    return {**provenance(), "config": manifest.spec.config.name, "precision": manifest.spec.precision,
+            "device": device, "blocks": blocks, "python_backend": backend, "python_decoder_backend": decoder_backend,
+            "cpp": "wan_stream" + (" --cuda-graph" if device.startswith("cuda") else ""),
+            "video_frames": int(cpp.frames.shape[0]),
+            "frames_identical": bool(torch.equal(cpp.frames, python_frames)),
+            "pixels_differing": int(differing.sum()), "pixels": int(differing.numel()),
+            "latents_max_abs_diff": float((cpp.latents.float() - python_latents.float()).abs().max()),
+            "block_ms_p50": {"python": statistics.median(python_ms[WARMUP:]),
+                             "cpp": statistics.median(cpp.block_ms[WARMUP:])},
+            "block_ms": {"python": python_ms, "cpp": cpp.block_ms},
+            "stage_ms": {"python": [r.stage_ms for r in results], "cpp": cpp.stage_ms}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("export")
+    parser.add_argument("engine")
+    parser.add_argument("decoder_engine")
+    parser.add_argument("--blocks", type=int, default=10)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--backend", default="aoti-plugins+cudagraph")
+    parser.add_argument("--decoder-backend", default="aoti+cudagraph")
+    parser.add_argument("--build-dir", help="build engines/cpp here (kept; default: a temporary folder)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if args.blocks <= WARMUP:
+        parser.error(f"--blocks: more than {WARMUP} (the first {WARMUP} are left out of the p50)")
+    report = compare(args.export, args.engine, args.decoder_engine, args.blocks, args.device, args.backend,
+                     args.decoder_backend, args.build_dir)
+    print(json.dumps({k: v for k, v in report.items() if k not in ("block_ms", "stage_ms")}, indent=1))
+    Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
