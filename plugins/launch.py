@@ -6,8 +6,6 @@ kernel exactly as the launcher does). Plain Python: importable without Triton.
                                                       4 warps up to 1024 elements, else 8; 1 stage
     window attention:                                 one of the tilings below (autotuned on a GPU,
                                                       TensorRT tactics in an engine)
-    few-key attention (all keys in one program):      up to 16 queries per program, the keys padded
-                                                      to a power of two; 4 warps, 1 stage
 """
 from __future__ import annotations
 
@@ -67,15 +65,3 @@ def tiling_launch(t: Tiling) -> Launch:
                           f">= 16, with tail <= block_n")
     return Launch({"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "TAIL_N": t.tail}, num_warps=t.warps,
                   num_stages=t.stages)
-
-
-MAX_FEW_KEYS = 64  # few-key attention holds every key of a (batch, head) in registers
-
-
-def few_key_launch(lq: int, keys: int, head_dim: int) -> Launch:
-    """Few-key attention: ``BLOCK_M`` queries x ``BLOCK_K`` keys x ``head_dim`` products in registers per
-    program; up to 16 queries (fewer when the queries are fewer, or the keys and head wider)."""
-    block_k = 1 << max(keys - 1, 0).bit_length()
-    block_m = 1 << max(lq - 1, 0).bit_length()
-    block_m = max(1, min(block_m, 16, 16384 // (block_k * head_dim)))
-    return Launch({"BLOCK_M": block_m, "BLOCK_K": block_k}, num_warps=4, num_stages=1)
