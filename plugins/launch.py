@@ -6,6 +6,8 @@ kernel exactly as the launcher does). Plain Python: importable without Triton.
                                                       4 warps up to 1024 elements, else 8; 1 stage
     window attention:                                 one of the tilings below (autotuned on a GPU,
                                                       TensorRT tactics in an engine)
+    few-key attention (a loop over the keys):         a block of queries x every head per program,
+                                                      about 4096 values a tile; 4 warps, 1 stage
 """
 from __future__ import annotations
 
@@ -65,3 +67,15 @@ def tiling_launch(t: Tiling) -> Launch:
                           f">= 16, with tail <= block_n")
     return Launch({"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "TAIL_N": t.tail}, num_warps=t.warps,
                   num_stages=t.stages)
+
+
+MAX_FEW_KEYS = 64  # few-key attention unrolls its loop over the keys
+
+
+def few_key_launch(lq: int, heads: int, head_dim: int) -> Launch:
+    """Few-key attention: ``BLOCK_M`` queries x all heads (``BLOCK_H``, padded to a power of two) x
+    ``head_dim`` per program, about 4096 fp32 values per running tile (32 per thread of 4 warps)."""
+    block_h = 1 << max(heads - 1, 0).bit_length()
+    block_m = 1 << max(lq - 1, 0).bit_length()
+    block_m = max(1, min(block_m, 16, 4096 // (block_h * head_dim)))
+    return Launch({"BLOCK_M": block_m, "BLOCK_H": block_h}, num_warps=4, num_stages=1)

@@ -50,6 +50,8 @@ def test_plugin_graph_passes_the_check_and_counts_its_plugins(tmp_path, name):
     counts = manifest.op_counts
     assert counts["wan_trt::WindowAttention"] == layers and counts["wan_trt::QkNormRope"] == layers
     assert counts["wan_trt::AddAdaln"] == layers and counts["wan_trt::Adaln"] == 2 * layers + 1  # + the head
+    actions = [m for m in build_model(cfg, seed=1).modules() if type(m).__name__ == "ActionModule"]
+    assert counts.get("wan_trt::FewKeyAttention", 0) == sum(m.enable_mouse + m.enable_keyboard for m in actions) > 0
     assert "Attention" not in counts or counts["Attention"] == layers  # only cross-attention stays native
     report = check_export(tmp_path / "plugins", CheckOptions(provider="cpu", blocks=8, seed=1))
     assert report.ok, report.table()

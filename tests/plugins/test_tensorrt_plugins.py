@@ -25,7 +25,9 @@ def plan_examples() -> dict:
     bf16 = torch.bfloat16
     qkv, x, w = TensorArg((1, 2640, 12, 128), bf16), TensorArg((1, 2640, 1536), bf16), TensorArg((1536,), bf16)
     table, mod = TensorArg((2640, 64), torch.float32), TensorArg((1, 3, 1, 1536), bf16)
+    few = TensorArg((880, 3, 16, 64), bf16)  # the mouse path's queries and keys: per token, 3 frames
     return {"window_attention": (qkv, qkv, qkv, qkv, qkv, TensorArg((1,), torch.int32), 3, 880),
+            "few_key_attention": (few, few, few, few, few, TensorArg((1,), torch.int32), 3, 1),
             "qk_norm_rope": (x, x, w, w, table, table, 1e-6),
             "adaln": (x, mod, mod, 3, 1e-6), "add_adaln": (x, x, mod, mod, mod, 3, 1e-6)}
 

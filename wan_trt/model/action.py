@@ -24,6 +24,8 @@ from wan_trt.model.rope import apply_rope
 
 
 class ActionModule(nn.Module):
+    plugins = False  # the fused few-key attention op instead of PyTorch's fp32 einsums
+
     def __init__(self, a: ActionConfig):
         super().__init__()
         self.enable_mouse = a.enable_mouse
@@ -72,8 +74,7 @@ class ActionModule(nn.Module):
         rope_cos, rope_sin = cos[:, None, :], sin[:, None, :]  # [F, 1, ca]
         q = apply_rope(self.img_attn_q_norm(q), rope_cos, rope_sin)
         k = apply_rope(self.img_attn_k_norm(k), rope_cos, rope_sin)
-        k_all, v_all, key_valid = caches.window("mouse", layer, k, v)
-        out = few_key_attention(q, k_all, v_all, key_valid)  # [B*S, F, Hh, Dh]
+        out = self._attend("mouse", q, k, v, caches, layer)  # [B*S, F, Hh, Dh]
         out = out.reshape(b, s, frames, -1).transpose(1, 2).reshape(b, frames * s, -1)
         return self.proj_mouse(out)
 
@@ -86,6 +87,16 @@ class ActionModule(nn.Module):
         q = self.key_attn_q_norm(q).unflatten(1, (frames, s))  # [B, F, S, Hh, Dh]
         q = apply_rope(q, cos[:, None, None, :], sin[:, None, None, :]).flatten(1, 2)
         k = apply_rope(self.key_attn_k_norm(k), cos[:, None, :], sin[:, None, :])
-        k_all, v_all, key_valid = caches.window("keyboard", layer, k, v)
-        out = few_key_attention(q, k_all, v_all, key_valid)  # [B, F*S, Hh, Dh]
+        out = self._attend("keyboard", q, k, v, caches, layer)  # [B, F*S, Hh, Dh]
         return self.proj_keyboard(out.flatten(2))
+
+    def _attend(self, kind, q, k, v, caches, layer):
+        """q over [the cached keys of ``kind`` ; k]: one fused kernel reading the cache where it is
+        (plugins, static caches with previous frames), else the concatenated window in fp32 einsums."""
+        segments = caches.segments(kind, layer) if self.plugins else None
+        if segments is None:
+            k_all, v_all, key_valid = caches.window(kind, layer, k, v)
+            return few_key_attention(q, k_all, v_all, key_valid)
+        caches.record(kind, k, v)
+        k_prev, v_prev, valid, prev_frames, units = segments
+        return torch.ops.wan_trt.few_key_attention(q, k_prev, v_prev, k, v, valid, prev_frames, units)
