@@ -49,6 +49,7 @@ def compare(export: str, engine: str, decoder_engine: str, blocks: int, device: 
                              Path(tmp) / "out.pt", seed=0, device=device, cuda_graph=device.startswith("cuda"),
                              decoder=Path(decoder_engine))
     differing = (cpp.frames != python_frames).any(dim=-1)  # [N, H, W] pixels with any channel off
+    diff = (cpp.frames.int() - python_frames.int()).abs()
     python_ms = [1e3 * r.seconds for r in results]
     return {**provenance(), "config": manifest.spec.config.name, "precision": manifest.spec.precision,
             "device": device, "blocks": blocks, "python_backend": backend, "python_decoder_backend": decoder_backend,
@@ -56,6 +57,8 @@ def compare(export: str, engine: str, decoder_engine: str, blocks: int, device: 
             "video_frames": int(cpp.frames.shape[0]),
             "frames_identical": bool(torch.equal(cpp.frames, python_frames)),
             "pixels_differing": int(differing.sum()), "pixels": int(differing.numel()),
+            "frames_max_abs_diff": int(diff.max()), "frames_mean_abs_diff": float(diff.float().mean()),
+            "frames_max_abs_diff_per_block": [int(d.max()) for d in diff.split([9] + [12] * (blocks - 1))],
             "latents_max_abs_diff": float((cpp.latents.float() - python_latents.float()).abs().max()),
             "block_ms_p50": {"python": statistics.median(python_ms[WARMUP:]),
                              "cpp": statistics.median(cpp.block_ms[WARMUP:])},
