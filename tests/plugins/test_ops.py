@@ -56,3 +56,20 @@ def test_plugin_graph_passes_the_check_and_counts_its_plugins(tmp_path, name):
     report = check_export(tmp_path / "plugins", CheckOptions(provider="cpu", blocks=8, seed=1))
     assert report.ok, report.table()
     assert Manifest.read(tmp_path / "plugins").ops == "plugins"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused FFN epilogue runs on CUDA only (cuBLASLt)")
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_ffn_with_gelu_in_the_gemm_epilogue_equals_the_ffn(dtype, atol):
+    """On CUDA the plugin path's FFN runs the up-projection's bias + tanh GELU inside the GEMM; it must be
+    the model's FFN (tanh GELU, not erf) within the precision's rounding."""
+    from wan_trt.model.transformer import CausalWanAttentionBlock
+    cfg = load_config("universal")
+    block = CausalWanAttentionBlock(cfg, layer=1).to("cuda", dtype)
+    h = torch.randn(1, 2640, cfg.model.dim, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        fused, native = block._ffn_fused(h), block.ffn(h)
+        exact_gelu = block.ffn[2](torch.nn.functional.gelu(block.ffn[0](h).float()).to(dtype))
+    assert (fused.float() - native.float()).abs().max() < atol
+    if dtype == torch.float32:  # the tanh GELU, not erf: nearer the model's FFN than erf's is
+        assert (native - exact_gelu).abs().max() > 4 * (fused - native).abs().max()

@@ -136,8 +136,18 @@ class CausalWanAttentionBlock(nn.Module):
         x = x + self.cross_attn(h, context_kv).to(x.dtype)
         if self.action_model is not None:
             x = self.action_model(x, frames, mouse_window, keyboard_window, *rope_action, caches, self.layer)
-        y = self.ffn(ops.adaln(x, 1 + scale_f, shift_f, frames, eps))
+        y = self._ffn_fused(ops.adaln(x, 1 + scale_f, shift_f, frames, eps))
         return x + gated(y.to(x.dtype), gate_f.to(x.dtype))
+
+    def _ffn_fused(self, h: torch.Tensor) -> torch.Tensor:
+        """The FFN with, on CUDA, the up-projection's bias and tanh GELU in the GEMM's epilogue (cuBLASLt
+        through aten._addmm_activation: one kernel instead of a GEMM and a pass over its [L, ffn_dim]
+        output). Not on CPU, where that op's GELU is the exact (erf) one, not the model's."""
+        if not h.is_cuda:
+            return self.ffn(h)
+        up, down = self.ffn[0], self.ffn[2]
+        y = torch._addmm_activation(up.bias, h.flatten(0, -2), up.weight.t(), use_gelu=True)
+        return down(y.unflatten(0, h.shape[:-1]))
 
 
 class CausalHead(nn.Module):
