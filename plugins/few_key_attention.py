@@ -29,7 +29,7 @@ from torch.library import wrap_triton
 from wan_trt.errors import WanTrtError
 from wan_trt.plugins.aot import Plan, TensorArg, compile_ptx
 from wan_trt.plugins.launch import MAX_FEW_KEYS, few_key_launch
-from wan_trt.plugins.window_attention import reference_window_attention
+from wan_trt.plugins.window_attention import check_attention_inputs, reference_window_attention
 
 
 def reference_few_key_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor, k_cur: torch.Tensor,
@@ -94,24 +94,12 @@ def _few_key_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sc
 
 def check_few_key_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames) -> None:
     """The launcher's limits, as clear errors."""
-    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise WanTrtError(f"few_key_attention: dtype {q.dtype} not supported (bf16, fp16, fp32)")
-    d = q.shape[-1]
-    if d & (d - 1) or not 1 <= d <= 256:
-        raise WanTrtError(f"few_key_attention: head_dim {d} must be a power of two up to 256")
-    for name, t in (("k_prev", k_prev), ("v_prev", v_prev), ("k_cur", k_cur), ("v_cur", v_cur)):
-        if t.dtype != q.dtype or t.shape[0] != q.shape[0] or t.shape[2:] != q.shape[2:] or t.stride(-1) != 1:
-            raise WanTrtError(f"few_key_attention: {name} {tuple(t.shape)} {t.dtype} does not match q "
-                              f"{tuple(q.shape)} {q.dtype} (or its last dim is strided)")
-    if k_cur.shape[1] != v_cur.shape[1] or k_prev.shape[1] != v_prev.shape[1] or q.stride(-1) != 1:
-        raise WanTrtError("few_key_attention: k/v lengths differ or q's last dim is strided")
+    check_attention_inputs("few_key_attention", q, k_prev, v_prev, k_cur, v_cur, valid_frames, min_head_dim=1)
     if k_cur.shape[1] < 1:
         raise WanTrtError("few_key_attention: no current keys (the block's own keys are always attended)")
     if k_prev.shape[1] + k_cur.shape[1] > MAX_FEW_KEYS:
         raise WanTrtError(f"few_key_attention: {k_prev.shape[1] + k_cur.shape[1]} keys, at most {MAX_FEW_KEYS}; "
                           "use window_attention for long key sequences")
-    if valid_frames.numel() != 1 or valid_frames.dtype != torch.int32:
-        raise WanTrtError("few_key_attention: valid_frames must be an int32 tensor of one element")
 
 
 def few_key_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor, k_cur: torch.Tensor,

@@ -131,25 +131,31 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames) -> None:
-    """The launcher's limits, as clear errors."""
+def check_attention_inputs(op: str, q, k_prev, v_prev, k_cur, v_cur, valid_frames, min_head_dim: int) -> None:
+    """What the attention kernels over [previous ; current] keys need, as clear errors: the dtype, a
+    power-of-two head dim, segments that match q, unit last strides, an int32 ``valid_frames``."""
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise WanTrtError(f"window_attention: dtype {q.dtype} not supported (bf16, fp16, fp32)")
+        raise WanTrtError(f"{op}: dtype {q.dtype} not supported (bf16, fp16, fp32)")
     d = q.shape[-1]
-    if d < 16 or d > 256 or d & (d - 1):
-        raise WanTrtError(f"window_attention: head_dim {d} must be a power of two in [16, 256]")
+    if d < min_head_dim or d > 256 or d & (d - 1):
+        raise WanTrtError(f"{op}: head_dim {d} must be a power of two in [{min_head_dim}, 256]")
     for name, t in (("k_prev", k_prev), ("v_prev", v_prev), ("k_cur", k_cur), ("v_cur", v_cur)):
         if t.dtype != q.dtype or t.shape[0] != q.shape[0] or t.shape[2:] != q.shape[2:] or t.stride(-1) != 1:
-            raise WanTrtError(f"window_attention: {name} {tuple(t.shape)} {t.dtype} does not match q "
+            raise WanTrtError(f"{op}: {name} {tuple(t.shape)} {t.dtype} does not match q "
                               f"{tuple(q.shape)} {q.dtype} (or its last dim is strided)")
     if k_cur.shape[1] != v_cur.shape[1] or k_prev.shape[1] != v_prev.shape[1] or q.stride(-1) != 1:
-        raise WanTrtError("window_attention: k/v lengths differ or q's last dim is strided")
+        raise WanTrtError(f"{op}: k/v lengths differ or q's last dim is strided")
+    if valid_frames.numel() != 1 or valid_frames.dtype != torch.int32:
+        raise WanTrtError(f"{op}: valid_frames must be an int32 tensor of one element")
+
+
+def check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames) -> None:
+    """The launcher's limits, as clear errors."""
+    check_attention_inputs("window_attention", q, k_prev, v_prev, k_cur, v_cur, valid_frames, min_head_dim=16)
     for name, k, v in (("prev", k_prev, v_prev), ("cur", k_cur, v_cur)):  # the kernel reads v with k's strides
         if v.numel() and any(n > 1 and sk != sv for n, sk, sv in zip(k.shape, k.stride(), v.stride())):
             raise WanTrtError(f"window_attention: v_{name} strides {v.stride()} differ from k_{name}'s {k.stride()}; "
                               f"give both the same layout (e.g. .contiguous() on each)")
-    if valid_frames.numel() != 1 or valid_frames.dtype != torch.int32:
-        raise WanTrtError("window_attention: valid_frames must be an int32 tensor of one element")
 
 
 def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor, k_cur: torch.Tensor,
