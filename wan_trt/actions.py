@@ -55,6 +55,8 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int) -> dict[str, tor
             entry = json.loads(line)
         except json.JSONDecodeError as exc:
             raise WanTrtError(f"{where}: not JSON ({exc.msg})") from None
+        except RecursionError:
+            raise WanTrtError(f"{where}: not JSON (nested too deeply)") from None
         if not isinstance(entry, dict) or set(entry) != set(dims):
             got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
             raise WanTrtError(f"{where}: expected an object with keys {sorted(dims)} ({cfg.name}), got {got}")

@@ -84,11 +84,15 @@ class DecoderStream:
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """The block's frames, uint8 [n, H, W, 3] on the device; the histories are carried to the next block."""
-        return to_uint8_frames(self.decode_rgb(latents))
+        return self._decode(latents, to_uint8_frames)
 
     def decode_rgb(self, latents: torch.Tensor) -> torch.Tensor:
         """The block's frames as the graph returns them, fp32 [1, 3, n, H, W] in [-1, 1] (valid until the
         next call: a runner may reuse its output buffers)."""
+        return self._decode(latents, lambda rgb: rgb)
+
+    def _decode(self, latents: torch.Tensor, frames_of) -> torch.Tensor:
+        """Run the call, make its frames, then carry the histories: a failure before that changes nothing."""
         t = self.spec.tensor(LATENTS)
         if tuple(latents.shape) != t.shape:
             raise WanTrtError(f"decoder latents: expected {list(t.shape)}, got {list(latents.shape)}")
@@ -96,10 +100,11 @@ class DecoderStream:
         self.feeds[LATENTS].copy_(latents)
         feeds = self.feeds if self.started else {LATENTS: self.feeds[LATENTS]}
         outputs = runner.infer(feeds)
+        frames = frames_of(outputs[RGB])
         for name, nxt in self.spec.histories:
             self.feeds[name].copy_(outputs[nxt])
         self.started = True
-        return outputs[RGB]
+        return frames
 
 
 def decoder_engines(engine: Path) -> dict[str, Path]:

@@ -1,10 +1,13 @@
 // Actions from a JSON-lines file, the format of wan_trt/actions.py: one line per block, a JSON object
 // with one key per action input ("mouse", "keyboard"), each one action held for the block (D numbers)
 // or one row per video frame (n rows of D). Blank lines are skipped; lines past the blocks asked for are
-// not read. The messages are those of the Python reader.
+// not read. A file is refused where the Python reader refuses it, with the same messages but for the
+// parser's own wording of a line that is not JSON.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -49,6 +52,13 @@ class Parser {
   }
 
   Json value() {
+    if (++depth_ > kMaxDepth) fail("Nested too deeply");
+    Json v = any();
+    --depth_;
+    return v;
+  }
+
+  Json any() {
     space();
     if (i_ >= s_.size()) fail("Expecting value");
     const char c = s_[i_];
@@ -81,7 +91,10 @@ class Parser {
       if (i_ >= s_.size() || s_[i_] != '"') fail("Expecting property name enclosed in double quotes");
       std::string key = string();
       if (!take(':')) fail("Expecting ':' delimiter");
-      v.fields.emplace_back(key, value());
+      Json item = value();
+      auto same = std::find_if(v.fields.begin(), v.fields.end(), [&](const auto& f) { return f.first == key; });
+      if (same != v.fields.end()) same->second = std::move(item);  // a repeated key: the last wins, as in Python
+      else v.fields.emplace_back(key, std::move(item));
     } while (take(','));
     if (!take('}')) fail("Expecting ',' delimiter");
     return v;
@@ -105,8 +118,14 @@ class Parser {
       if (s_[i_] == '\\') {
         if (++i_ >= s_.size()) break;
         const char e = s_[i_];
-        if (e == 'u') fail("Unsupported \\u escape");  // keys are plain ASCII names
-        out += e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == 'b' ? '\b' : e == 'f' ? '\f' : e;
+        if (e == 'u') {
+          unicode(out);
+          continue;
+        }
+        const std::string plain = "\"\\/bfnrt", meant = "\"\\/\b\f\n\r\t";
+        const size_t at = plain.find(e);
+        if (at == std::string::npos) fail("Invalid \\escape");
+        out += meant[at];
       } else {
         out += s_[i_];
       }
@@ -115,6 +134,28 @@ class Parser {
     if (i_ >= s_.size()) fail("Unterminated string");
     ++i_;
     return out;
+  }
+
+  // \uXXXX (i_ at the 'u'), appended as UTF-8; surrogate pairs are not needed for action names.
+  void unicode(std::string& out) {
+    if (i_ + 4 >= s_.size()) fail("Invalid \\uXXXX escape");
+    unsigned code = 0;
+    for (int n = 1; n <= 4; ++n) {
+      const char h = s_[i_ + n];
+      if (!std::isxdigit(static_cast<unsigned char>(h))) fail("Invalid \\uXXXX escape");
+      code = code * 16 + static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (h | 32) - 'a' + 10);
+    }
+    i_ += 5;
+    if (code < 0x80) {
+      out += static_cast<char>(code);
+    } else if (code < 0x800) {
+      out += static_cast<char>(0xC0 | (code >> 6));
+      out += static_cast<char>(0x80 | (code & 0x3F));
+    } else {
+      out += static_cast<char>(0xE0 | (code >> 12));
+      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (code & 0x3F));
+    }
   }
 
   Json number() {
@@ -140,8 +181,10 @@ class Parser {
     return v;
   }
 
+  static constexpr int kMaxDepth = 64;  // far deeper than the format's 3 levels, far shallower than the stack
   const std::string& s_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 // A finite number within fp32's range.
@@ -178,12 +221,12 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
   for (const std::string name : {"keyboard", "mouse"})
     if (spec.has_input(name + "_window")) dims[name] = spec.input(name + "_window").shape.back();
   std::ifstream file(path);
-  if (!file) throw Error("--actions " + path + ": no such file");
+  if (!std::filesystem::is_regular_file(path) || !file) throw Error("--actions " + path + ": no such file");
   std::vector<std::pair<int64_t, std::string>> lines;  // (line number, text) of the non-blank lines
   std::string line;
   for (int64_t number = 1; std::getline(file, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") != std::string::npos) lines.emplace_back(number, line);
+    if (line.find_first_not_of(" \t\f\v\r") != std::string::npos) lines.emplace_back(number, line);
   }
   if (static_cast<int64_t>(lines.size()) < blocks)
     throw Error("--actions " + path + ": " + std::to_string(lines.size()) + " block line(s), " +
@@ -206,8 +249,12 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
     for (const auto& [key, value] : entry.fields) keys.insert(key);
     std::set<std::string> want;
     for (const auto& [name, dim] : dims) want.insert(name);
-    if (entry.kind != Json::kObject || keys != want || keys.size() != entry.fields.size())
-      throw Error(where + ": expected an object with keys " + expected + " (" + spec.config + ")");
+    if (entry.kind != Json::kObject || keys != want) {
+      std::string got = entry.kind == Json::kObject ? "[" : entry.kind == Json::kArray ? "list" : "a JSON scalar";
+      for (const auto& key : keys) got += (got.size() > 1 ? ", '" : "'") + key + "'";
+      throw Error(where + ": expected an object with keys " + expected + " (" + spec.config + "), got " +
+                  (entry.kind == Json::kObject ? got + "]" : got));
+    }
     const int64_t n = first_raw_frame(spec, block + 1) - first_raw_frame(spec, block);
     for (const auto& [key, value] : entry.fields)
       frames[key].push_back(rows(value, n, dims.at(key), where + ", " + key));

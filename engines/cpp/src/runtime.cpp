@@ -117,9 +117,11 @@ DecoderSpec DecoderSpec::load(const std::string& path) {
       s.histories.push_back(pair);
     } else throw Error(path + ": unknown key '" + key + "'");
   }
-  if ((s.call != "first" && s.call != "steady") || !s.has_input("latents") || s.outputs.empty() ||
-      s.histories.empty())
-    throw Error(path + ": incomplete decoder runtime file");
+  bool complete = (s.call == "first" || s.call == "steady") && s.has_input("latents") && s.has_output("rgb") &&
+                  !s.histories.empty();
+  for (const auto& [input, output] : s.histories)
+    complete = complete && s.has_output(output) && (s.call == "first" || s.has_input(input));
+  if (!complete) throw Error(path + ": incomplete decoder runtime file (rebuild the engine with `wan-trt build`)");
   return s;
 }
 
@@ -133,7 +135,7 @@ DecoderEngines DecoderEngines::load(const std::string& engine) {
   namespace fs = std::filesystem;
   const fs::path path(engine);
   if (!fs::is_regular_file(path)) throw Error("decoder engine " + engine + ": no such file");
-  const fs::path root = fs::absolute(path).lexically_normal().parent_path().parent_path();
+  const fs::path root = fs::canonical(path).parent_path().parent_path();  // symlinks followed, as Python does
   DecoderEngines d;
   d.first = (root / "first" / path.filename()).string();
   d.steady = (root / "steady" / path.filename()).string();
@@ -159,6 +161,10 @@ const TensorSpec& GraphIO::input(const std::string& name) const {
 
 bool GraphIO::has_input(const std::string& name) const {
   return std::any_of(inputs.begin(), inputs.end(), [&](const TensorSpec& t) { return t.name == name; });
+}
+
+bool GraphIO::has_output(const std::string& name) const {
+  return std::any_of(outputs.begin(), outputs.end(), [&](const TensorSpec& t) { return t.name == name; });
 }
 
 at::ScalarType RuntimeSpec::dtype() const { return input("latents").dtype; }
@@ -286,12 +292,14 @@ void DecoderStream::check_attachable(const RuntimeSpec& spec) const {
 
 at::Tensor DecoderStream::decode(const at::Tensor& latents) {
   at::Tensor& slot = feeds_.at("latents");
-  if (latents.sizes() != slot.sizes()) throw Error("decoder latents: wrong shape");
+  if (latents.sizes() != slot.sizes())
+    throw Error("decoder latents: expected " + c10::str(slot.sizes()) + ", got " + c10::str(latents.sizes()));
   slot.copy_(latents);
   auto outputs = started_ ? steady_.infer(feeds_) : first_.infer({{"latents", slot}});
-  for (const auto& [input, output] : spec_.histories) feeds_.at(input).copy_(outputs.at(output));
+  at::Tensor frames = to_uint8_frames(outputs.at("rgb"));  // before the histories move on: a failure here
+  for (const auto& [input, output] : spec_.histories) feeds_.at(input).copy_(outputs.at(output));  // changes nothing
   started_ = true;
-  return to_uint8_frames(outputs.at("rgb"));
+  return frames;
 }
 
 // ---- stage clock ----------------------------------------------------------------------------
@@ -461,49 +469,47 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
   const auto kept_history = history_;  // tensor handles: feed_actions replaces, never writes in place
   const auto kept_base = base_;
   StageClock clock(device_);
-  for (size_t i = 1; i < given.size(); ++i) feed_actions(given[i].first, given[i].second);
-  cond_slot.copy_(cond);
-  feed_rotaries(start);
-  if (spec_.prev_frames > 0) feeds_.at("valid_frames").fill_(valid_frames_);
+  Block result;
+  std::map<std::string, at::Tensor> outputs;
+  try {  // until the commit, any failure (a bad block, a runner or decoder error) leaves the session as it was
+    for (size_t i = 1; i < given.size(); ++i) feed_actions(given[i].first, given[i].second);
+    cond_slot.copy_(cond);
+    feed_rotaries(start);
+    if (spec_.prev_frames > 0) feeds_.at("valid_frames").fill_(valid_frames_);
 
-  const auto& latents = spec_.input("latents");
-  const at::ScalarType dtype = latents.dtype;
-  at::Tensor x = noise(seed_, block_, 0, latents.shape, device_, dtype), x0;
-  const size_t steps = spec_.timesteps.size();
-  for (size_t i = 0; i < steps; ++i) {
-    at::Tensor flow = run(x, spec_.timesteps[i]).at("flow");
-    x0 = (x.to(at::kDouble) - spec_.sigmas[i] * flow.to(at::kDouble)).to(flow.scalar_type());
-    if (i + 1 < steps) {
-      at::Tensor fresh = noise(seed_, block_, static_cast<int64_t>(i + 1), latents.shape, device_, dtype);
-      const double s = spec_.sigmas[i + 1];
-      x = ((1 - s) * x0.to(at::kFloat) + s * fresh.to(at::kFloat)).to(dtype);
+    const auto& latents = spec_.input("latents");
+    const at::ScalarType dtype = latents.dtype;
+    at::Tensor x = noise(seed_, block_, 0, latents.shape, device_, dtype), x0;
+    const size_t steps = spec_.timesteps.size();
+    for (size_t i = 0; i < steps; ++i) {
+      at::Tensor flow = run(x, spec_.timesteps[i]).at("flow");
+      x0 = (x.to(at::kDouble) - spec_.sigmas[i] * flow.to(at::kDouble)).to(flow.scalar_type());
+      if (i + 1 < steps) {
+        at::Tensor fresh = noise(seed_, block_, static_cast<int64_t>(i + 1), latents.shape, device_, dtype);
+        const double s = spec_.sigmas[i + 1];
+        x = ((1 - s) * x0.to(at::kFloat) + s * fresh.to(at::kFloat)).to(dtype);
+      }
     }
-  }
-  clock.mark("passes");
-  auto outputs = run(x0, spec_.clean_timestep);
-  clock.mark("clean");
-  std::vector<std::pair<std::string, at::Tensor>> produced{{"latents", x0}};
-  if (spec_.prev_frames > 0)
-    for (const auto& c : spec_.caches)
-      for (const auto& cur : {c.cur_k, c.cur_v}) produced.emplace_back(cur, outputs.at(cur));
-  const std::string bad_output = first_non_finite(produced);
-  if (!bad_output.empty()) {
+    clock.mark("passes");
+    outputs = run(x0, spec_.clean_timestep);
+    clock.mark("clean");
+    std::vector<std::pair<std::string, at::Tensor>> produced{{"latents", x0}};
+    if (spec_.prev_frames > 0)
+      for (const auto& c : spec_.caches)
+        for (const auto& cur : {c.cur_k, c.cur_v}) produced.emplace_back(cur, outputs.at(cur));
+    const std::string bad_output = first_non_finite(produced);
+    if (!bad_output.empty())
+      throw Error(bad_output + of_block + " came out non-finite (NaN or Inf): the block was not committed");
+    clock.mark("checks");
+    result.latents = x0;
+    if (decoder_) {  // before the commit: a decode that fails leaves the caches as they were
+      result.frames = decoder_->decode(x0);
+      clock.mark("decode");
+    }
+  } catch (...) {
     history_ = kept_history;
     base_ = kept_base;
-    throw Error(bad_output + of_block + " came out non-finite (NaN or Inf): the block was not committed");
-  }
-  clock.mark("checks");
-  Block result;
-  result.latents = x0;
-  if (decoder_) {  // before the commit: a decode that fails leaves the caches as they were
-    try {
-      result.frames = decoder_->decode(x0);
-    } catch (...) {
-      history_ = kept_history;
-      base_ = kept_base;
-      throw;
-    }
-    clock.mark("decode");
+    throw;
   }
   commit(outputs);
   clock.mark("commit");

@@ -194,10 +194,10 @@ def test_cpp_runtime_reads_actions_from_a_json_lines_file_as_python_does(aoti, w
     manifest = Manifest.read(export_dir)
     cfg = manifest.spec.config
     keys = cfg.model.action_config.keyboard_dim_in
-    lines = [{"mouse": [0.3, -0.2], "keyboard": [1] + [0] * (keys - 1)},
+    lines = ['{"mouse": [9, 9], "keyboard": [1, 0, 0, 0], "mouse": [0.3, -0.2]}',  # a repeated key: the last wins
              "",  # blank lines are skipped
              {"mouse": [[0.05 * i, -0.01 * i] for i in range(12)], "keyboard": [0] * (keys - 1) + [1]},
-             {"mouse": [0, 0.5], "keyboard": [[i % 2] * keys for i in range(12)]}]
+             '{"\\u006douse": [0, 0.5], "keyboard": ' + str([[i % 2] * keys for i in range(12)]) + '}']  # \u escape
     path = _actions_file(tmp_path / "actions.jsonl", lines)
     synthetic = synthetic_stream(cfg, 3, seed=9)
     inputs = dataclasses.replace(synthetic, **read_actions(path, cfg, 3))
@@ -216,7 +216,11 @@ def test_cpp_runtime_reads_actions_from_a_json_lines_file_as_python_does(aoti, w
                                                     r"or pass --blocks 1"),
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, "{\"mouse\": [0, 0],"], r"line 2 \(block 1\): not JSON"),
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, {"mouse": [0, 0]}],
-     r"line 2 \(block 1\): expected an object with keys \['keyboard', 'mouse'\] \(universal-small\)"),
+     r"line 2 \(block 1\): expected an object with keys \['keyboard', 'mouse'\] \(universal-small\), got \['mouse'\]"),
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, [[0, 0]]], r"line 2 \(block 1\): expected an object .*, got list"),
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, '{"\\mouse": [0, 0], "keyboard": [0, 0, 0, 0]}'],
+     r"line 2 \(block 1\): not JSON"),  # an invalid escape
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, "[" * 100000], r"line 2 \(block 1\): not JSON"),  # too deep
     ([{"mouse": [[0, 0]] * 8, "keyboard": [0, 0, 0, 0]}, {"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}],
      r"line 1 \(block 0\), mouse: expected 2 finite numbers \(held for the block\) or 9 rows of 2"),
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, {"mouse": [0, 1e39], "keyboard": [0, 0, 0, 0]}],
@@ -250,3 +254,14 @@ def test_wan_stream_refuses_bad_numbers_with_a_message(aoti, wan_stream, tmp_pat
     args = {"--engine": str(engine), "--inputs": str(inputs), "--out": str(tmp_path / "out.pt"), flag: value}
     proc = subprocess.run([str(wan_stream), *[x for kv in args.items() for x in kv]], capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.strip() == "error: " + message, (proc.returncode, proc.stderr)
+
+
+def test_cpp_runtime_refuses_a_folder_as_actions_file(aoti, wan_stream, tmp_path):
+    from wan_trt.actions import read_actions
+    export_dir, engine = aoti
+    cfg = Manifest.read(export_dir).spec.config
+    with pytest.raises(WanTrtError, match="no such file"):
+        read_actions(tmp_path, cfg, 1)
+    with pytest.raises(WanTrtError, match=r"error: --actions .*: no such file"):
+        run_wan_stream(wan_stream, engine, write_stream_inputs(synthetic_stream(cfg, 1, seed=9), tmp_path / "in.pt"),
+                       1, tmp_path / "out.pt", actions=tmp_path)

@@ -48,6 +48,7 @@ struct GraphIO {
   std::vector<TensorSpec> inputs, outputs;
   const TensorSpec& input(const std::string& name) const;
   bool has_input(const std::string& name) const;
+  bool has_output(const std::string& name) const;
 };
 
 // A rotary input pair: per block, fp32 cos/sin [F, n] of (start_frame + f) * inv_freq[i], formed in double.
