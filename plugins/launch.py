@@ -33,10 +33,15 @@ class Launch:
         return {**self.blocks, "num_warps": self.num_warps, "num_stages": self.num_stages}
 
 
+def next_power_of_two(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), as triton.next_power_of_2."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def row_launch(block_name: str, n: int) -> Launch:
     """Settings of a kernel that reduces one row of ``n`` elements per program (Liger's
     ``calculate_settings``): the row padded to a power of two, more warps for long rows."""
-    block = 1 << max(n - 1, 0).bit_length()  # triton.next_power_of_2(n)
+    block = next_power_of_two(n)
     return Launch({block_name: block}, num_warps=4 if block <= 1024 else 8, num_stages=1)
 
 
@@ -75,7 +80,6 @@ MAX_FEW_KEYS = 64  # few-key attention unrolls its loop over the keys
 def few_key_launch(lq: int, heads: int, head_dim: int) -> Launch:
     """Few-key attention: ``BLOCK_M`` queries x all heads (``BLOCK_H``, padded to a power of two) x
     ``head_dim`` per program, about 4096 fp32 values per running tile (32 per thread of 4 warps)."""
-    block_h = 1 << max(heads - 1, 0).bit_length()
-    block_m = 1 << max(lq - 1, 0).bit_length()
-    block_m = max(1, min(block_m, 16, 4096 // (block_h * head_dim)))
+    block_h = next_power_of_two(heads)
+    block_m = max(1, min(next_power_of_two(lq), 16, 4096 // (block_h * head_dim)))
     return Launch({"BLOCK_M": block_m, "BLOCK_H": block_h}, num_warps=4, num_stages=1)
