@@ -4,7 +4,7 @@ Written next to every engine (``<engine>.runtime.txt``) from the same spec (and
 :class:`BlockSchedule`) the Python session uses, so the two runtimes cannot disagree. A DiT
 pass engine's file:
 
-    wan_trt_runtime 2
+    wan_trt_runtime 3
     config <name>            precision <bf16|fp16|fp32>
     block_frames 3           prev_frames 3          tokens_per_frame 880
     window_frames 12         ratio 4                max_stream_frames 268435456
@@ -14,7 +14,7 @@ pass engine's file:
     clean_timestep 0
     input <name> <dtype> <dims...>
     output <name> <dtype> <dims...>
-    cache <kind> <units> <prev_k> <cur_k> <prev_v> <cur_v>
+    cache <kind> <units> <prev_k> <cur_k> <prev_v> <cur_v>       (one line per layer of the cache)
     rotary <cos input> <sin input> <inverse frequencies...>
 
 A ``rotary`` line says how to fill a rotary input pair per block: cos/sin of
@@ -63,7 +63,7 @@ def decoder_text(spec: DecoderSpec) -> str:
 def pass_text(spec: PassSpec) -> str:
     cfg, a = spec.config, spec.config.model.action_config
     sched = BlockSchedule.from_config(cfg)
-    lines = ["wan_trt_runtime 2", f"config {cfg.name}", f"precision {spec.precision}",
+    lines = ["wan_trt_runtime 3", f"config {cfg.name}", f"precision {spec.precision}",
              f"block_frames {cfg.block_frames}", f"prev_frames {cfg.prev_frames}",
              f"tokens_per_frame {cfg.tokens_per_frame}", f"window_frames {a.window_frames}",
              f"ratio {a.vae_time_compression_ratio}", f"max_stream_frames {MAX_STREAM_FRAMES}",
@@ -72,7 +72,9 @@ def pass_text(spec: PassSpec) -> str:
              "sigmas " + " ".join(repr(s) for s in sched.sigmas),
              f"clean_timestep {sched.clean_timestep!r}"]
     lines += _io_lines(spec)
-    lines += [f"cache {c.kind} {c.units} {c.prev_k} {c.cur_k} {c.prev_v} {c.cur_v}" for c in spec.caches]
+    lines += [f"cache {c.kind} {c.units} {prev_k} {cur_k} {prev_v} {cur_v}"
+              for c in spec.caches for layer in c.layers
+              for (prev_k, prev_v), (cur_k, cur_v) in [(c.prev_names(layer), c.cur_names(layer))]]
     lines += [f"rotary {r.cos} {r.sin} " + " ".join(repr(f) for f in r.inv_freq) for r in spec.rotaries]
     return "\n".join(lines) + "\n"
 

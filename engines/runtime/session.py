@@ -28,8 +28,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, progress
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
-from wan_trt.spec import (ACTION_WINDOWS, COND_CONCAT, FLOW, LATENTS, TIMESTEP, VALID_FRAMES, VISUAL_CONTEXT,
-                          CacheSpec)
+from wan_trt.spec import ACTION_WINDOWS, COND_CONCAT, FLOW, LATENTS, TIMESTEP, VALID_FRAMES, VISUAL_CONTEXT
 from wan_trt.stream import ActionHistory, NoiseSource, first_raw_frame, max_stream_blocks, raw_frames_in_block
 
 
@@ -153,9 +152,8 @@ class StreamingSession:
             self.decoder.__enter__()
             self.decoder.reset()
         self.feeds[VISUAL_CONTEXT].copy_(visual_context)
-        for name in self.feeds:
-            if name.endswith("_prev"):
-                self.feeds[name].zero_()
+        for prev, _ in self._cache_pairs():
+            self.feeds[prev].zero_()
         self.histories = self._new_histories(start_block)
         self.block = self.stream_start = start_block
         self.valid_frames = 0
@@ -269,8 +267,7 @@ class StreamingSession:
 
     def _check_outputs(self, x0: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
         """Refuse a block whose latents or new cache entries are non-finite, before they are committed."""
-        committed = [cur for cache in self.spec.caches for _, cur in cache.pairs] if self.cfg.prev_frames else []
-        name = first_non_finite({LATENTS: x0, **{cur: outputs[cur] for cur in committed}})
+        name = first_non_finite({LATENTS: x0, **{cur: outputs[cur] for _, cur in self._cache_pairs()}})
         if name is not None:
             raise NonFiniteBlock(f"{name} of block {self.block} came out non-finite (NaN or Inf): the block was not "
                                  f"committed and the session is as before it; check the weights and the inputs "
@@ -320,27 +317,36 @@ class StreamingSession:
             seconds.append(time.perf_counter() - begin)
         return outputs
 
+    def _cache_pairs(self) -> list[tuple[str, str]]:
+        """(prev input, cur output) of every cache layer's K and V; none when there are no previous frames."""
+        return [pair for cache in self.spec.caches for pair in cache.pairs] if self.cfg.prev_frames else []
+
     def _commit(self, outputs: dict[str, torch.Tensor]) -> None:
-        """prev <- last P frames of [prev ; cur]; valid <- min(P, valid + F)."""
+        """prev <- last P frames of [prev ; cur]; valid <- min(P, valid + F). The copies of every
+        layer's K and V go in one multi-tensor copy (a launch per tensor left the GPU waiting)."""
         p, f = self.cfg.prev_frames, self.cfg.block_frames
         if p == 0:
             return
+        targets, sources = [], []
         for cache in self.spec.caches:
+            u = cache.units
             for prev, cur in cache.pairs:
-                self._commit_one(cache, prev, cur, outputs[cur], p, f)
+                new, buf = outputs[cur], self.feeds[prev]  # [batch', frames * units, heads, head_dim]
+                if p == f and self.runner.swap_inputs and new.is_contiguous():  # swap: the block's K/V becomes
+                    # the previous frames (a strided view would be read as dense by an engine: copied instead)
+                    self.feeds[prev] = new
+                    if self.runner.owns_outputs:
+                        self.runner.rebind_output(cur, buf)
+                elif p <= f:
+                    targets.append(buf)
+                    sources.append(new[:, (f - p) * u:])
+                else:
+                    buf[:, :(p - f) * u] = buf[:, f * u:].clone()
+                    targets.append(buf[:, (p - f) * u:])
+                    sources.append(new)
+        if targets:
+            torch._foreach_copy_(targets, sources)
         self.valid_frames = min(p, self.valid_frames + f)
-
-    def _commit_one(self, cache: CacheSpec, prev: str, cur: str, new: torch.Tensor, p: int, f: int) -> None:
-        u, buf = cache.units, self.feeds[prev]
-        if p == f and self.runner.swap_inputs:  # swap: the block's K/V becomes the previous frames
-            self.feeds[prev] = new
-            if self.runner.owns_outputs:
-                self.runner.rebind_output(cur, buf)
-        elif p <= f:
-            buf.copy_(new[:, :, (f - p) * u:])
-        else:
-            buf[:, :, :(p - f) * u] = buf[:, :, f * u:].clone()
-            buf[:, :, (p - f) * u:] = new
 
 
 def stream_blocks(session: StreamingSession, inputs, blocks: int, time_passes: bool = False, *,

@@ -14,10 +14,12 @@ def test_universal_bf16_contract():
     shapes = {t.name: (t.shape, t.dtype) for t in spec.inputs + spec.outputs}
     assert shapes["latents"] == ((1, 16, 3, 44, 80), "bfloat16")
     assert shapes["timestep"] == ((1, 3), "float32")
-    assert shapes["self_k_prev"] == ((30, 1, 2640, 12, 128), "bfloat16")
-    assert shapes["self_v_cur"] == ((30, 1, 2640, 12, 128), "bfloat16")
-    assert shapes["mouse_k_prev"] == ((15, 880, 3, 16, 64), "bfloat16")
-    assert shapes["keyboard_v_cur"] == ((15, 1, 3, 16, 64), "bfloat16")
+    assert shapes["self_k_prev_00"] == shapes["self_v_prev_29"] == ((1, 2640, 12, 128), "bfloat16")
+    assert shapes["self_v_cur_00"] == shapes["self_k_cur_29"] == ((1, 2640, 12, 128), "bfloat16")
+    assert shapes["mouse_k_prev_14"] == ((880, 3, 16, 64), "bfloat16") and "mouse_k_prev_15" not in shapes
+    assert shapes["keyboard_v_cur_00"] == ((1, 3, 16, 64), "bfloat16")
+    assert len(spec.outputs) == 1 + 2 * 30 + 2 * 2 * 15  # flow, then K and V of every cache layer
+    assert spec.cache("self").pairs[:2] == (("self_k_prev_00", "self_k_cur_00"), ("self_v_prev_00", "self_v_cur_00"))
     assert shapes["mouse_window"] == ((1, 3, 12, 2), "bfloat16")
     assert shapes["frame_rope_cos"] == ((3, 22), "float32") and shapes["action_rope_sin"] == ((3, 4), "float32")
     assert shapes["valid_frames"] == ((1,), "int32") and "rope_offset" not in shapes
@@ -26,10 +28,10 @@ def test_universal_bf16_contract():
 
 def test_templerun_and_gta_contracts():
     tr = PassSpec.from_config(load_config("templerun"), "fp16")
-    assert "mouse_window" not in tr.input_names and "mouse_k_cur" not in tr.output_names
+    assert "mouse_window" not in tr.input_names and not any(n.startswith("mouse_") for n in tr.output_names)
     assert tr.tensor("keyboard_window").shape == (1, 3, 12, 7)
     gta = PassSpec.from_config(load_config("gta_drive"), "bf16")
-    assert gta.tensor("self_k_prev").shape == (30, 1, 880, 12, 128)  # P = 1 frame
+    assert gta.tensor("self_k_prev_29").shape == (1, 880, 12, 128)  # P = 1 frame
 
 
 def test_manifest_round_trip_and_allocation_from_it(tmp_path):

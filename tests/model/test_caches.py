@@ -21,11 +21,10 @@ def test_rolling_window_is_last_prev_frames_plus_current(local, block):
 
 
 def test_static_window_masks_invalid_previous_frames():
-    prev = torch.arange(4 * 2, dtype=torch.float32).view(1, 1, 8, 1, 1)  # 1 layer, P = 4 frames of 2 units
-    caches = StaticCaches({"self": prev}, {"self": prev}, torch.tensor([1], dtype=torch.int32), 4, {"self": 2},
-                          {"self": {0: 0}})
+    prev = torch.arange(4 * 2, dtype=torch.float32).view(1, 8, 1, 1)  # P = 4 frames of 2 units
+    caches = StaticCaches({"self": {0: (prev, prev)}}, torch.tensor([1], dtype=torch.int32), 4, {"self": 2})
     cur = torch.full((1, 6, 1, 1), -1.0)
     k_all, _, valid = caches.window("self", 0, cur, cur)
     assert k_all.shape[1] == 14
     assert valid.tolist() == [False] * 6 + [True] * 2 + [True] * 6  # 1 valid frame = the last 2 slots
-    assert torch.equal(caches.stacked_current("self")[0][0], cur)
+    assert caches.current["self"][0][0] is cur

@@ -97,6 +97,6 @@ class ActionModule(nn.Module):
         if segments is None:
             k_all, v_all, key_valid = caches.window(kind, layer, k, v)
             return few_key_attention(q, k_all, v_all, key_valid)
-        caches.record(kind, k, v)
+        caches.record(kind, layer, k, v)
         k_prev, v_prev, valid, prev_frames, units = segments
         return torch.ops.wan_trt.few_key_attention(q, k_prev, v_prev, k, v, valid, prev_frames, units)

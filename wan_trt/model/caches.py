@@ -11,7 +11,7 @@ cache for the keys/values to attend over, given the current block's post-RoPE K/
 * :class:`StaticCaches` - the engine form (docs/DESIGN.md section 3): the previous
   ``P = local_attn_size - block`` frames come in as fixed-size tensors with a count of
   valid frames (right-aligned), the current K/V is appended, invalid keys are masked,
-  and the current K/V is collected as the pass's output. No state, no host sync.
+  and each layer's current K/V is collected as the pass's outputs. No state, no host sync.
 
 Frame units: ``units`` tokens per frame along the sequence axis (H*W for
 self-attention, 1 for the action attentions).
@@ -83,39 +83,33 @@ class RollingCaches:
 class StaticCaches:
     """Fixed-capacity previous-frame caches as explicit tensors (one pass, no state).
 
-    prev[kind]: [n_layers_of_kind, batch, P * units, H, D]; ``valid_frames``: int32 [1]
-    (how many of the P frames hold data; they sit at the end). ``layer_index`` maps a
-    model layer to its row in the stacked tensors. The current K/V of each layer is
-    collected in ``current[kind]`` in layer order.
+    prev[kind][layer]: (k, v), each [batch, P * units, H, D]; ``valid_frames``: int32 [1] (how
+    many of the P frames hold data; they sit at the end). The current K/V of each layer is
+    collected in ``current[kind][layer]``.
     """
 
-    prev_k: dict[str, torch.Tensor]
-    prev_v: dict[str, torch.Tensor]
+    prev: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]]
     valid_frames: torch.Tensor
     prev_frames: int
     units: dict[str, int]
-    layer_index: dict[str, dict[int, int]]
-    current: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    current: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     masks: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def segments(self, kind: Kind, layer: int):
         """(k_prev, v_prev, valid_frames, P, units) of ``layer`` for fused window attention; None when P = 0."""
         if self.prev_frames == 0:
             return None
-        row = self.layer_index[kind][layer]
-        return (self.prev_k[kind][row], self.prev_v[kind][row], self.valid_frames, self.prev_frames,
-                self.units[kind])
+        return (*self.prev[kind][layer], self.valid_frames, self.prev_frames, self.units[kind])
 
-    def record(self, kind: Kind, k: torch.Tensor, v: torch.Tensor) -> None:
+    def record(self, kind: Kind, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Collect a layer's current K/V (the pass's outputs) without building its window."""
-        self.current.setdefault(kind, []).append((k, v))
+        self.current.setdefault(kind, {})[layer] = (k, v)
 
     def window(self, kind: Kind, layer: int, k: torch.Tensor, v: torch.Tensor):
-        self.record(kind, k, v)
+        self.record(kind, layer, k, v)
         if self.prev_frames == 0:
             return k, v, None
-        row = self.layer_index[kind][layer]
-        prev_k, prev_v = self.prev_k[kind][row], self.prev_v[kind][row]
+        prev_k, prev_v = self.prev[kind][layer]
         return torch.cat([prev_k, k], dim=1), torch.cat([prev_v, v], dim=1), self.key_valid(kind, k)
 
     def key_valid(self, kind: str, k: torch.Tensor) -> torch.Tensor:
@@ -127,8 +121,3 @@ class StaticCaches:
             self.masks[kind] = torch.cat([slots >= first_valid.to(k.device),
                                           torch.ones(k.shape[1], dtype=torch.bool, device=k.device)])
         return self.masks[kind]
-
-    def stacked_current(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The collected current K and V of ``kind``: [n_layers_of_kind, batch, F * units, H, D] each."""
-        pairs = self.current[kind]
-        return torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs])

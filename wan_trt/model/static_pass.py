@@ -31,20 +31,20 @@ class StaticPass(nn.Module):
         feeds = dict(zip(self.input_names, args))
         spec, model = self.spec, self.model
         caches = StaticCaches(
-            prev_k={c.kind: feeds.get(c.prev_k) for c in spec.caches},
-            prev_v={c.kind: feeds.get(c.prev_v) for c in spec.caches},
+            prev={c.kind: {layer: tuple(feeds.get(name) for name in c.prev_names(layer)) for layer in c.layers}
+                  for c in spec.caches},
             valid_frames=feeds.get(VALID_FRAMES),
             prev_frames=spec.config.prev_frames,
             units={c.kind: c.units for c in spec.caches},
-            layer_index={c.kind: {layer: i for i, layer in enumerate(c.layers)} for c in spec.caches},
         )
         rope = BlockRope.of({r.kind: (feeds[r.cos], feeds[r.sin]) for r in spec.rotaries})
         flow = model(feeds[LATENTS], feeds[TIMESTEP], feeds[COND_CONCAT],
                      model.encode_context(feeds[VISUAL_CONTEXT]), feeds.get(MOUSE_WINDOW),
                      feeds.get(KEYBOARD_WINDOW), rope, caches)
         outputs = {FLOW: flow}
-        for c in spec.caches:
-            outputs[c.cur_k], outputs[c.cur_v] = caches.stacked_current(c.kind)
+        for c in spec.caches:  # each layer's K/V as computed (a copy only where a view is strided)
+            for layer in c.layers:
+                outputs.update(zip(c.cur_names(layer), (t.contiguous() for t in caches.current[c.kind][layer])))
         return tuple(outputs[name] for name in self.output_names)
 
     def run(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -65,7 +65,7 @@ class CausalWanSelfAttention(WanAttention):
         q, k = ops.qk_norm_rope(self.q(x), self.k(x), self.norm_q.weight, self.norm_k.weight, cos, sin, self.eps)
         q, k = (t.unflatten(-1, (self.num_heads, -1)) for t in (q, k))
         v = self.v(x).unflatten(-1, (self.num_heads, -1))
-        caches.record("self", k, v)
+        caches.record("self", layer, k, v)
         k_prev, v_prev, valid, prev_frames, units = segments
         return self.o(ops.window_attention(q, k_prev, v_prev, k, v, valid, prev_frames, units).flatten(2))
 

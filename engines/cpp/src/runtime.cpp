@@ -49,6 +49,8 @@ static std::vector<std::string> read_runtime_file(const std::string& path, const
   std::getline(file, line);
   if (line == "wan_trt_runtime 1")
     throw Error(path + " is from an older wan-trt (a RoPE table with a frame offset input): re-export and rebuild");
+  if (line == "wan_trt_runtime 2")
+    throw Error(path + " is from an older wan-trt (one stacked tensor per cache): re-export and rebuild");
   if (line != header) {
     const bool other = line.rfind("wan_trt_", 0) == 0;
     throw Error(path + (other ? " is the runtime file of another kind of engine (" + line + "), not " + header
@@ -70,7 +72,7 @@ static bool parse_io(GraphIO& io, const std::string& key, std::istringstream& in
 RuntimeSpec RuntimeSpec::load(const std::string& path) {
   RuntimeSpec s;
   std::string key;
-  for (const auto& line : read_runtime_file(path, "wan_trt_runtime 2")) {
+  for (const auto& line : read_runtime_file(path, "wan_trt_runtime 3")) {
     std::istringstream in(line);
     if (!(in >> key) || parse_io(s, key, in)) continue;
     if (key == "config") in >> s.config;
@@ -355,14 +357,23 @@ StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int6
   }
 }
 
-// The name of the first tensor holding NaN or Inf, or "" (one reduction per tensor, one device sync).
+// The name of the first tensor holding NaN or Inf, or "": one multi-tensor reduction of each tensor's
+// largest magnitude (NaN propagates into it, +-Inf becomes it) and one device sync, as in Python.
 static std::string first_non_finite(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-  std::vector<at::Tensor> flags;
-  const at::Device device = tensors.front().second.device();  // inputs may sit on the host, the rest on the GPU
-  for (const auto& [name, t] : tensors) flags.push_back(at::isfinite(t).all().to(device));
-  const at::Tensor finite = at::stack(flags).to(at::kCPU);
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (!finite[static_cast<int64_t>(i)].item<bool>()) return tensors[i].first;
+  std::vector<at::Tensor> read;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : tensors)
+    if (t.numel() > 0) {  // an empty tensor holds nothing non-finite
+      read.push_back(t);
+      names.push_back(name);
+    }
+  if (read.empty()) return "";
+  std::vector<at::Tensor> largest = at::_foreach_norm(read, INFINITY, at::kFloat);
+  const at::Device device = largest.front().device();  // inputs may sit on the host, the rest on the GPU
+  for (auto& m : largest) m = m.to(device);
+  const at::Tensor finite = at::isfinite(at::stack(largest)).to(at::kCPU);
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!finite[static_cast<int64_t>(i)].item<bool>()) return names[i];
   return "";
 }
 
@@ -532,21 +543,25 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
 void StreamingSession::commit(std::map<std::string, at::Tensor>& outputs) {
   const int64_t p = spec_.prev_frames, f = spec_.block_frames;
   if (p == 0) return;
+  std::vector<at::Tensor> targets, sources;  // one multi-tensor copy for every layer's K and V
   for (const auto& c : spec_.caches) {
     for (const auto& [prev, cur] : {std::make_pair(c.prev_k, c.cur_k), std::make_pair(c.prev_v, c.cur_v)}) {
       at::Tensor& buf = feeds_.at(prev);
       const at::Tensor& fresh = outputs.at(cur);
       const int64_t u = c.units;
-      if (p == f && runner_.swap_inputs()) {
-        buf = fresh;  // swap: AOTInductor returns fresh tensors each run
+      if (p == f && runner_.swap_inputs() && fresh.is_contiguous()) {
+        buf = fresh;  // swap: AOTInductor returns fresh tensors each run (a strided view is copied instead)
       } else if (p <= f) {
-        buf.copy_(fresh.narrow(2, (f - p) * u, p * u));
+        targets.push_back(buf);
+        sources.push_back(fresh.narrow(1, (f - p) * u, p * u));
       } else {
-        buf.narrow(2, 0, (p - f) * u).copy_(buf.narrow(2, f * u, (p - f) * u).clone());
-        buf.narrow(2, (p - f) * u, f * u).copy_(fresh);
+        buf.narrow(1, 0, (p - f) * u).copy_(buf.narrow(1, f * u, (p - f) * u).clone());
+        targets.push_back(buf.narrow(1, (p - f) * u, f * u));
+        sources.push_back(fresh);
       }
     }
   }
+  if (!targets.empty()) at::_foreach_copy_(targets, sources);
   valid_frames_ = std::min(p, valid_frames_ + f);
 }
 

@@ -73,16 +73,20 @@ def test_cpp_runtime_refuses_non_finite_input_and_blocks(aoti, wan_stream, tmp_p
         assert not out.exists()
 
 
-def test_cpp_runtime_refuses_a_runtime_file_of_the_rope_offset_contract(aoti, wan_stream, tmp_path):
-    """Engines built before the rotary inputs take an int32 rope_offset: re-export and rebuild."""
+@pytest.mark.parametrize("version, contract", [(1, "a RoPE table with a frame offset input"),
+                                               (2, "one stacked tensor per cache")])
+def test_cpp_runtime_refuses_a_runtime_file_of_an_older_contract(aoti, wan_stream, tmp_path, version, contract):
+    """Engines built before the rotary inputs (an int32 rope_offset) or before one cache tensor per
+    layer: re-export and rebuild."""
     import shutil
     export_dir, engine = aoti
     old = tmp_path / engine.name
     shutil.copy(engine, old)
-    text = (engine.parent / (engine.name + ".runtime.txt")).read_text().replace("wan_trt_runtime 2", "wan_trt_runtime 1")
-    (tmp_path / (engine.name + ".runtime.txt")).write_text(text)
+    text = (engine.parent / (engine.name + ".runtime.txt")).read_text()
+    assert text.startswith("wan_trt_runtime 3\n")
+    (tmp_path / (engine.name + ".runtime.txt")).write_text(text.replace("wan_trt_runtime 3", f"wan_trt_runtime {version}"))
     inputs = synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9)
-    with pytest.raises(WanTrtError, match="older wan-trt .*re-export and rebuild"):
+    with pytest.raises(WanTrtError, match=f"older wan-trt \\({contract}\\): re-export and rebuild"):
         run_wan_stream(wan_stream, old, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt")
 
 
@@ -175,7 +179,7 @@ def test_cpp_runtime_refuses_a_decoder_that_is_not_the_streams(aoti, decoder_aot
         for f in (engine, engine.with_name(engine.name + ".runtime.txt")):
             shutil.copy(f, tmp_path / "dit" / call / f.name)
     dit = tmp_path / "dit" / "steady" / engine.name
-    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 2\\), not wan_trt_decoder 1")
+    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 3\\), not wan_trt_decoder 1")
 
 
 def _actions_file(path, lines):

@@ -65,10 +65,10 @@ def test_commit_swaps_or_copies_without_reallocation():
         session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")))
         inputs = synthetic_stream(cfg, 2)
         session.start(inputs.visual_context)
-        before = session.feeds["self_k_prev"].data_ptr()
+        before = session.feeds["self_k_prev_00"].data_ptr()
         mouse, keyboard = inputs.block_actions(cfg, 0)
         session.step(inputs.block_cond(cfg, 0), mouse, keyboard)
-        after = session.feeds["self_k_prev"].data_ptr()
+        after = session.feeds["self_k_prev_00"].data_ptr()
         assert (after != before) if swap else (after == before)
         assert session.valid_frames == cfg.prev_frames
 
@@ -140,7 +140,7 @@ def test_other_window_sizes(local):
     validate(cfg)
     model = build_model(cfg, seed=1)
     spec = PassSpec.from_config(cfg, "fp32")
-    assert ("self_k_prev" in spec.input_names) == (local > 3)
+    assert ("self_k_prev_00" in spec.input_names) == (local > 3)
     report = compare_stream(model, TorchRunner(model, spec), 6, seed=2)
     assert max(s.rel_l2 for s in report.blocks) < 1e-5
 

@@ -38,6 +38,8 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 
+// One layer of a cache: its previous-frames K/V inputs and this block's K/V outputs,
+// each [batch', frames * units, heads, head_dim].
 struct CacheSpec {
   std::string kind, prev_k, cur_k, prev_v, cur_v;
   int64_t units;

@@ -1,0 +1,32 @@
+"""The session's non-finite check: which tensor first holds NaN or Inf, on every device at hand."""
+import pytest
+import torch
+
+from wan_trt.engines.runtime.finite import first_non_finite
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_first_non_finite_names_the_first_bad_tensor(device, dtype, bad):
+    gen = torch.Generator().manual_seed(0)
+    tensors = {f"t{i:03d}": torch.randn(3, 1000 + i, generator=gen).to(device, dtype) for i in range(130)}
+    assert first_non_finite(tensors) is None
+    tensors["t077"].view(-1)[1234] = bad  # one element past the first chunk of a multi-tensor launch
+    tensors["t101"][2, -1] = bad
+    assert first_non_finite(tensors) == "t077"
+    tensors["t003"][0, 0] = bad
+    assert first_non_finite(tensors) == "t003"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_first_non_finite_takes_empty_mixed_and_huge_finite_tensors(device):
+    big = torch.finfo(torch.float32).max
+    tensors = {"empty": torch.empty(0, device=device), "half": torch.ones(4, device=device, dtype=torch.float16),
+               "huge": torch.full((8,), big, device=device)}  # finite, however large
+    assert first_non_finite(tensors) is None
+    assert first_non_finite({}) is None
+    tensors["half"][1] = float("nan")
+    assert first_non_finite(tensors) == "half"
