@@ -180,8 +180,8 @@ def norm_cases() -> dict:
     gate, a, cc = r(1, frames, 1, c, scale=0.1), r(1, frames, 1, c, scale=0.1, shift=1), r(1, frames, 1, c, scale=0.1)
     up = (lambda *t: tuple(v.float() if isinstance(v, torch.Tensor) else v for v in t))
     return {
-        "qk_norm_rope": bench_op("qk_norm_rope", qk_norm_rope, reference_qk_norm_rope, (q, k, wq, wk, cos, sin, 1e-6),
-                                 up(q, k, wq, wk, cos, sin, 1e-6)),
+        "qk_norm_rope": bench_op("qk_norm_rope", qk_norm_rope, reference_qk_norm_rope,
+                                 (q, k, wq, wk, cos, sin, 1e-6, c), up(q, k, wq, wk, cos, sin, 1e-6, c)),
         "adaln": bench_op("adaln", adaln, reference_adaln, (x, a, cc, frames, 1e-6), up(x, a, cc, frames, 1e-6)),
         "add_adaln": bench_op("add_adaln", add_adaln, reference_add_adaln, (x, y, gate, a, cc, frames, 1e-6),
                               up(x, y, gate, a, cc, frames, 1e-6)),
@@ -226,7 +226,7 @@ def aot_ptx() -> dict:
         out[f"attention_tactic{tactic}"] = {"ptx_bytes": len(compiled.ptx), "grid": grid, "shared": compiled.shared}
     x, w, mod = TensorArg((1, 2640, 1536), BF16), TensorArg((1536,), BF16), TensorArg((1, 3, 1, 1536), BF16)
     table = TensorArg((2640, 64), torch.float32)
-    out["qk_norm_rope"] = {"ptx_bytes": len(fused_op("qk_norm_rope").plan(x, x, w, w, table, table, 1e-6)[0].ptx)}
+    out["qk_norm_rope"] = {"ptx_bytes": len(fused_op("qk_norm_rope").plan(x, x, w, w, table, table, 1e-6, 1536)[0].ptx)}
     out["add_adaln"] = {"ptx_bytes": len(fused_op("add_adaln").plan(x, x, mod, mod, mod, 3, 1e-6)[0].ptx)}
     return out
 

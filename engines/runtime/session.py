@@ -339,7 +339,7 @@ class StreamingSession:
                         self.runner.rebind_output(cur, buf)
                 elif p <= f:
                     targets.append(buf)
-                    sources.append(new[:, (f - p) * u:])
+                    sources.append(new if p == f else new[:, (f - p) * u:])
                 else:
                     buf[:, :(p - f) * u] = buf[:, f * u:].clone()
                     targets.append(buf[:, (p - f) * u:])

@@ -48,9 +48,10 @@ def test_plugin_graph_passes_the_check_and_counts_its_plugins(tmp_path, name):
     manifest = export_transformer(cfg, tmp_path / "plugins", "fp32", seed=1, ops="plugins")
     layers = cfg.model.num_layers
     counts = manifest.op_counts
-    assert counts["wan_trt::WindowAttention"] == layers and counts["wan_trt::QkNormRope"] == layers
-    assert counts["wan_trt::AddAdaln"] == layers and counts["wan_trt::Adaln"] == 2 * layers + 1  # + the head
     actions = [m for m in build_model(cfg, seed=1).modules() if type(m).__name__ == "ActionModule"]
+    mouse = sum(m.enable_mouse for m in actions)  # the mouse attentions' q/k norm + RoPE is fused too
+    assert counts["wan_trt::WindowAttention"] == layers and counts["wan_trt::QkNormRope"] == layers + mouse
+    assert counts["wan_trt::AddAdaln"] == layers and counts["wan_trt::Adaln"] == 2 * layers + 1  # + the head
     assert counts.get("wan_trt::FewKeyAttention", 0) == sum(m.enable_mouse + m.enable_keyboard for m in actions) > 0
     assert "Attention" not in counts or counts["Attention"] == layers  # only cross-attention stays native
     report = check_export(tmp_path / "plugins", CheckOptions(provider="cpu", blocks=8, seed=1))

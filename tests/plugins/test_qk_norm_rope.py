@@ -14,17 +14,37 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch, length, heads, head_dim", [(1, 18, 2, 32), (2, 7, 3, 16), (1, 30, 12, 128),
                                                             (1, 5, 5, 64)])
-def test_matches_reference(dtype, batch, length, heads, head_dim):
+@pytest.mark.parametrize("per_head", [False, True])
+def test_matches_reference(dtype, batch, length, heads, head_dim, per_head):
     gen = torch.Generator().manual_seed(length)
     c = heads * head_dim
+    group = head_dim if per_head else c
     q, k = (torch.randn(batch, length, c, generator=gen).to(DEVICE, dtype) for _ in range(2))
     wq, wk = ((1 + 0.1 * torch.randn(c, generator=gen)).to(DEVICE, dtype) for _ in range(2))
     ang = torch.randn(length, head_dim // 2, generator=gen).to(DEVICE) * 10
-    out = qk_norm_rope(q, k, wq, wk, ang.cos(), ang.sin(), 1e-6)
-    ref = reference_qk_norm_rope(q.float(), k.float(), wq.float(), wk.float(), ang.cos(), ang.sin(), 1e-6)
+    out = qk_norm_rope(q, k, wq, wk, ang.cos(), ang.sin(), 1e-6, group)
+    ref = reference_qk_norm_rope(q.float(), k.float(), wq.float(), wk.float(), ang.cos(), ang.sin(), 1e-6, group)
     for o, r, name in zip(out, ref, "qk"):
         assert o.dtype == dtype
         assert_close(o, r, atol=TOL[dtype], rtol=TOL[dtype], what=f"{name} {dtype}")
+
+
+@pytest.mark.parametrize("heads, head_dim, row_group", [(16, 64, 64), (3, 32, 16), (4, 16, 32)])
+def test_groups_and_views_of_one_qkv_output(heads, head_dim, row_group):
+    """Groups of a head, half a head or two heads; q and k read where they sit in one [.., 3C] output."""
+    gen = torch.Generator().manual_seed(heads)
+    c, rows, frames = heads * head_dim, 7, 3
+    qkv = torch.randn(rows, frames, 3 * c, generator=gen).to(DEVICE) * 4
+    q, k = qkv[..., :c], qkv[..., c:2 * c]
+    ones = torch.ones(c, device=DEVICE)
+    ang = torch.randn(frames, head_dim // 2, generator=gen).to(DEVICE) * 10
+    out = qk_norm_rope(q, k, ones, ones, ang.cos(), ang.sin(), 1e-6, row_group)
+    ref = reference_qk_norm_rope(q.contiguous(), k.contiguous(), ones, ones, ang.cos(), ang.sin(), 1e-6, row_group)
+    for o, r in zip(out, ref):
+        assert o.is_contiguous() and o.shape == (rows, frames, c)
+        assert_close(o, r, atol=1e-5, rtol=1e-5, what=f"group {row_group}")
+    whole = reference_qk_norm_rope(q, k, ones, ones, ang.cos(), ang.sin(), 1e-6, c)[0]
+    assert (out[0] - whole).abs().max() > 1e-2  # per-group statistics differ from the row's
 
 
 def test_matches_the_models_norm_and_rope():
@@ -36,14 +56,30 @@ def test_matches_the_models_norm_and_rope():
     x = torch.randn(1, 9, 64, device=DEVICE)
     ang = torch.randn(9, 16, device=DEVICE)
     unfused = apply_rope(norm(x).unflatten(-1, (2, 32)), ang.cos()[:, None], ang.sin()[:, None]).flatten(-2)
-    fused, _ = qk_norm_rope(x, x, norm.weight, norm.weight, ang.cos(), ang.sin(), 1e-6)
+    fused, _ = qk_norm_rope(x, x, norm.weight, norm.weight, ang.cos(), ang.sin(), 1e-6, 64)
     assert_close(fused, unfused, atol=1e-5, what="fused vs model")
+
+
+def test_matches_the_action_modules_norm_and_rope():
+    """Same numbers as ActionRMSNorm (per head, no weight) + apply_rope over frames, the mouse path's."""
+    from wan_trt.model.layers import ActionRMSNorm
+    from wan_trt.model.rope import apply_rope
+    norm = ActionRMSNorm(64, eps=1e-6)
+    x = torch.randn(10, 3, 4 * 64, device=DEVICE) * 3  # [tokens, frames, heads * head_dim]
+    ang = torch.randn(3, 32, device=DEVICE)
+    unfused = apply_rope(norm(x.unflatten(-1, (4, 64))), ang.cos()[:, None], ang.sin()[:, None]).flatten(-2)
+    ones = torch.ones(256, device=DEVICE)
+    fused, _ = qk_norm_rope(x, x, ones, ones, ang.cos(), ang.sin(), 1e-6, 64)
+    assert_close(fused, unfused, atol=1e-5, what="fused vs action module")
 
 
 def test_limits():
     x = torch.randn(1, 4, 64, device=DEVICE)
     ang = torch.randn(4, 16, device=DEVICE)
     with pytest.raises(WanTrtError, match="cos/sin"):
-        qk_norm_rope(x, x, x[0, 0], x[0, 0], ang.double(), ang.sin(), 1e-6)
+        qk_norm_rope(x, x, x[0, 0], x[0, 0], ang.double(), ang.sin(), 1e-6, 64)
     with pytest.raises(WanTrtError, match="weights"):
-        qk_norm_rope(x, x, x[0, 0, :10], x[0, 0], ang.cos(), ang.sin(), 1e-6)
+        qk_norm_rope(x, x, x[0, 0, :10], x[0, 0], ang.cos(), ang.sin(), 1e-6, 64)
+    for group in (24, 48, 0, 128):  # not a power of two of pairs, not dividing C, none, wider than C
+        with pytest.raises(WanTrtError, match="group"):
+            qk_norm_rope(x, x, x[0, 0], x[0, 0], ang.cos(), ang.sin(), 1e-6, group)

@@ -30,7 +30,7 @@ def example(op: FusedOp) -> tuple[list[torch.Tensor], list]:
     return {"window_attention": ([q, kv, kv.flip(1), q.flip(1), q * 2, torch.tensor([1], dtype=torch.int32)], [2, 6]),
             "few_key_attention": ([r(4, 3, 2, 16), r(4, 2, 2, 16), r(4, 2, 2, 16), r(4, 3, 2, 16), r(4, 3, 2, 16),
                                    torch.tensor([1], dtype=torch.int32)], [2, 1]),
-            "qk_norm_rope": ([r(1, 6, 32), r(1, 6, 32), r(32), r(32), angles.cos(), angles.sin()], [1e-6]),
+            "qk_norm_rope": ([r(1, 6, 32), r(1, 6, 32), r(32), r(32), angles.cos(), angles.sin()], [1e-6, 16]),
             "adaln": ([x, mod, r(1, 2, 1, 8)], [2, 1e-6]),
             "add_adaln": ([x, r(1, 6, 8), r(1, 2, 1, 8), mod, r(8)], [2, 1e-6])}[op.name]
 

@@ -28,7 +28,7 @@ def plan_examples() -> dict:
     few = TensorArg((880, 3, 16, 64), bf16)  # the mouse path's queries and keys: per token, 3 frames
     return {"window_attention": (qkv, qkv, qkv, qkv, qkv, TensorArg((1,), torch.int32), 3, 880),
             "few_key_attention": (few, few, few, few, few, TensorArg((1,), torch.int32), 3, 1),
-            "qk_norm_rope": (x, x, w, w, table, table, 1e-6),
+            "qk_norm_rope": (x, x, w, w, table, table, 1e-6, 1536),
             "adaln": (x, mod, mod, 3, 1e-6), "add_adaln": (x, x, mod, mod, mod, 3, 1e-6)}
 
 
@@ -69,14 +69,14 @@ def test_plans_refuse_arguments_out_of_kernel_order():
     parameters must fail at build time, not run with shuffled values."""
     from wan_trt.errors import WanTrtError
     from wan_trt.plugins.aot import compile_ptx
-    from wan_trt.plugins.launch import row_launch
-    scalars = {"C": 1536, "L": 2640, "HALF_D": 64, "stride_row": 1536, "stride_out_row": 1536}  # L and C swapped
+    from wan_trt.plugins.qk_norm_rope import group_launch
+    scalars = {"C": 1536, "L": 2640, "HALF_D": 64, "GROUP": 1536, "stride_row": 1536, "stride_out_row": 1536}  # L, C swapped
     with pytest.raises(WanTrtError, match="in order"):
         compile_ptx(fused_op("qk_norm_rope").kernel,
                     {"Q": torch.bfloat16, "K": torch.bfloat16, "WQ": torch.bfloat16, "WK": torch.bfloat16,
                      "COS": torch.float32, "SIN": torch.float32},
                     scalars, {"QO": torch.bfloat16, "KO": torch.bfloat16}, {"eps": 1e-6},
-                    row_launch("BLOCK_PAIRS", 768), arch=90)
+                    group_launch(1536, 1536), arch=90)
 
 
 @pytest.mark.tensorrt

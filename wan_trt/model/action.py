@@ -24,7 +24,7 @@ from wan_trt.model.rope import apply_rope
 
 
 class ActionModule(nn.Module):
-    plugins = False  # the fused few-key attention op instead of PyTorch's fp32 einsums
+    plugins = False  # the fused ops (few-key attention, qk norm + RoPE) where the caches allow them
 
     def __init__(self, a: ActionConfig):
         super().__init__()
@@ -69,11 +69,19 @@ class ActionModule(nn.Module):
         tokens = x.unflatten(1, (frames, s)).transpose(1, 2).reshape(b * s, frames, -1)  # [B*S, F, C]
         feats = window.to(x.dtype).flatten(2)  # [B, F, 12*mouse_dim]
         feats = feats[:, None].expand(b, s, frames, feats.shape[-1]).reshape(b * s, frames, -1)
-        h = self.mouse_mlp(torch.cat([tokens, feats], dim=-1))
-        q, k, v = self.t_qkv(h).unflatten(-1, (3, self.heads, -1)).unbind(2)  # each [B*S, F, Hh, Dh]
-        rope_cos, rope_sin = cos[:, None, :], sin[:, None, :]  # [F, 1, ca]
-        q = apply_rope(self.img_attn_q_norm(q), rope_cos, rope_sin)
-        k = apply_rope(self.img_attn_k_norm(k), rope_cos, rope_sin)
+        qkv = self.t_qkv(self.mouse_mlp(torch.cat([tokens, feats], dim=-1)))  # [B*S, F, 3c]
+        if self.plugins and caches.segments("mouse", layer) is not None:
+            # per-head norm + RoPE of q and k in one kernel that reads them inside qkv
+            c = qkv.shape[-1] // 3
+            unit = qkv.new_ones(c)  # ActionRMSNorm has no weight in effect
+            q, k = torch.ops.wan_trt.qk_norm_rope(qkv[..., :c], qkv[..., c:2 * c], unit, unit, cos, sin,
+                                                  self.img_attn_q_norm.eps, c // self.heads)
+            q, k, v = (t.unflatten(-1, (self.heads, -1)) for t in (q, k, qkv[..., 2 * c:]))  # [B*S, F, Hh, Dh]
+        else:
+            q, k, v = qkv.unflatten(-1, (3, self.heads, -1)).unbind(2)  # each [B*S, F, Hh, Dh]
+            rope_cos, rope_sin = cos[:, None, :], sin[:, None, :]  # [F, 1, ca]
+            q = apply_rope(self.img_attn_q_norm(q), rope_cos, rope_sin)
+            k = apply_rope(self.img_attn_k_norm(k), rope_cos, rope_sin)
         out = self._attend("mouse", q, k, v, caches, layer)  # [B*S, F, Hh, Dh]
         out = out.reshape(b, s, frames, -1).transpose(1, 2).reshape(b, frames * s, -1)
         return self.proj_mouse(out)

@@ -62,7 +62,8 @@ class CausalWanSelfAttention(WanAttention):
 
     def _fused(self, x, cos, sin, caches, layer, segments):
         ops = torch.ops.wan_trt
-        q, k = ops.qk_norm_rope(self.q(x), self.k(x), self.norm_q.weight, self.norm_k.weight, cos, sin, self.eps)
+        q, k = ops.qk_norm_rope(self.q(x), self.k(x), self.norm_q.weight, self.norm_k.weight, cos, sin, self.eps,
+                                x.shape[-1])
         q, k = (t.unflatten(-1, (self.num_heads, -1)) for t in (q, k))
         v = self.v(x).unflatten(-1, (self.num_heads, -1))
         caches.record("self", layer, k, v)
