@@ -172,3 +172,34 @@ def test_cuda_packages_and_their_cuda_graphs_bench(aoti, tmp_path):
     assert res.exit_code == 0, res.output
     assert set(json.loads(out.read_text())["backends"]) == {"aoti", "aoti+cudagraph", "aoti-plugins",
                                                              "aoti-plugins+cudagraph"}
+
+
+class _StridedOutputs(AotiRunner):
+    """The engine's outputs with the same values in another layout (every cache output
+    transposed in memory): what a runner may legally return, e.g. a view into a wider buffer."""
+
+    def infer(self, feeds):
+        outputs = super().infer(feeds)
+        return {name: t if name == "flow" else t.transpose(0, 1).contiguous().transpose(0, 1)
+                for name, t in outputs.items()}
+
+
+def test_a_strided_cache_output_is_copied_not_swapped_into_the_next_pass(aoti):
+    """An engine reads its inputs as dense: swapping a strided output in as the next block's cache
+    would feed it scrambled keys. The session copies such an output into its buffer instead."""
+    export_dir, engine = aoti
+    manifest = Manifest.read(export_dir)
+    cfg = manifest.spec.config
+    assert cfg.prev_frames == cfg.block_frames  # universal: the commit is a swap when it can be
+    inputs = synthetic_stream(cfg, 3, seed=4)
+    latents = {}
+    for runner_type in (AotiRunner, _StridedOutputs):
+        with runner_type(engine, manifest) as runner:
+            session = StreamingSession(runner, seed=4)
+            session.start(inputs.visual_context)
+            latents[runner_type] = [session.step(inputs.block_cond(cfg, b), *inputs.block_actions(cfg, b)).latents
+                                    for b in range(3)]
+            dense_feeds = all(t.is_contiguous() for t in session.feeds.values())
+    for dense, strided in zip(latents[AotiRunner], latents[_StridedOutputs]):
+        torch.testing.assert_close(strided, dense, atol=1e-6, rtol=1e-6)
+    assert dense_feeds
