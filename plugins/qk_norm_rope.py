@@ -68,13 +68,16 @@ def _qk_norm_rope_kernel(Q, K, WQ, WK, COS, SIN,  # inputs, then int32 scalars, 
     tl.store(out + 2 * pairs + 1, (a * s + b * c).to(dst.dtype.element_ty), mask=mask)
 
 
-def group_launch(c: int, group: int) -> Launch:
+def group_launch(c: int, half_d: int, group: int) -> Launch:
     """The row launch over C/2 pairs with GROUP_PAIRS, the pairs of one statistic (the whole block
-    when one statistic covers the row); ``group`` must be C, or divide C with group/2 a power of two."""
+    when one statistic covers the row). ``group`` must be C, or an even divisor of C whose pairs are
+    a power of two; either way whole heads of 2 * ``half_d`` channels or an even split of one."""
     launch = row_launch("BLOCK_PAIRS", c // 2)
     pairs = launch.blocks["BLOCK_PAIRS"]
-    if group != c and (group < 2 or c % group or next_power_of_two(group // 2) != group // 2):
+    if group != c and (group < 2 or group % 2 or c % group or next_power_of_two(group // 2) != group // 2):
         raise WanTrtError(f"qk_norm_rope: group {group} must be C = {c}, or divide it with a power of two of pairs")
+    if group % (2 * half_d) and (2 * half_d) % group:
+        raise WanTrtError(f"qk_norm_rope: group {group} must hold whole heads of {2 * half_d} or split one evenly")
     return Launch({"BLOCK_PAIRS": pairs, "GROUP_PAIRS": pairs if group == c else group // 2}, launch.num_warps,
                   launch.num_stages)
 
@@ -84,7 +87,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch
     """Launch the kernel; q, k [B, L, C] rows with unit last stride, cos/sin fp32 [L, D/2]."""
     b, length, c = q.shape
     half = cos.shape[-1]
-    launch = group_launch(c, group)
+    launch = group_launch(c, half, group)
     if k.shape != q.shape or k.dtype != q.dtype or q.stride(-1) != 1 or k.stride() != q.stride():
         raise WanTrtError(f"qk_norm_rope: q {tuple(q.shape)} and k {tuple(k.shape)} must match with unit last stride")
     if cos.shape != (length, half) or sin.shape != cos.shape or cos.dtype != torch.float32 or c % (2 * half):
@@ -94,8 +97,6 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch
         raise WanTrtError(f"qk_norm_rope: weights must be [{c}]")
     if q.stride(0) != length * q.stride(1):
         raise WanTrtError("qk_norm_rope: q/k rows must be evenly strided across the batch")
-    if group % (2 * half) and (2 * half) % group:
-        raise WanTrtError(f"qk_norm_rope: group {group} must hold whole heads of {2 * half} or split one evenly")
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty_like(q_out)
     wrap_triton(_qk_norm_rope_kernel)[(b * length, 2)](
@@ -112,5 +113,5 @@ def qk_norm_rope_plan(q: TensorArg, k: TensorArg, w_q: TensorArg, w_k: TensorArg
     compiled = compile_ptx(_qk_norm_rope_kernel,
                            {"Q": q.dtype, "K": k.dtype, "WQ": w_q.dtype, "WK": w_k.dtype, "COS": cos.dtype,
                             "SIN": sin.dtype}, scalars, {"QO": q.dtype, "KO": k.dtype}, {"eps": eps},
-                           group_launch(c, group), arch)
+                           group_launch(c, cos.shape[1], group), arch)
     return Plan(compiled, (b * length, 2), list(scalars.values()))

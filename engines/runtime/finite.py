@@ -26,7 +26,8 @@ def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     a few launches for any number of tensors: a DiT pass has a K and a V output per cache layer,
     121 tensors with the latents (bench/results/session_checks_universal_bf16_h100.json).
     """
-    names = [name for name, t in tensors.items() if t.numel()]  # an empty tensor holds nothing non-finite
+    # an empty or integer tensor holds nothing non-finite
+    names = [name for name, t in tensors.items() if t.numel() and (t.is_floating_point() or t.is_complex())]
     if not names:
         return None
     largest = torch._foreach_norm([tensors[n] for n in names], float("inf"), dtype=torch.float32)

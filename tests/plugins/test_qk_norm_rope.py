@@ -80,6 +80,13 @@ def test_limits():
         qk_norm_rope(x, x, x[0, 0], x[0, 0], ang.double(), ang.sin(), 1e-6, 64)
     with pytest.raises(WanTrtError, match="weights"):
         qk_norm_rope(x, x, x[0, 0, :10], x[0, 0], ang.cos(), ang.sin(), 1e-6, 64)
-    for group in (24, 48, 0, 128):  # not a power of two of pairs, not dividing C, none, wider than C
+    for group in (24, 48, 0, 128):  # not dividing C = 64, none, wider than C
         with pytest.raises(WanTrtError, match="group"):
             qk_norm_rope(x, x, x[0, 0], x[0, 0], ang.cos(), ang.sin(), 1e-6, group)
+    wide = torch.randn(1, 4, 96, device=DEVICE)  # 96 channels, heads of 32 (16 pairs)
+    for group in (24, 6, 9, 48):  # 12, 3 or 24 pairs (not a power of two), odd
+        with pytest.raises(WanTrtError, match="group"):
+            qk_norm_rope(wide, wide, wide[0, 0], wide[0, 0], ang.cos(), ang.sin(), 1e-6, group)
+    heads_of_24 = torch.randn(4, 12, device=DEVICE)
+    with pytest.raises(WanTrtError, match="whole heads of 24"):  # 16 pairs, but 1 1/3 heads
+        qk_norm_rope(wide, wide, wide[0, 0], wide[0, 0], heads_of_24.cos(), heads_of_24.sin(), 1e-6, 32)

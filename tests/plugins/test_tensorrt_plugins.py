@@ -76,7 +76,7 @@ def test_plans_refuse_arguments_out_of_kernel_order():
                     {"Q": torch.bfloat16, "K": torch.bfloat16, "WQ": torch.bfloat16, "WK": torch.bfloat16,
                      "COS": torch.float32, "SIN": torch.float32},
                     scalars, {"QO": torch.bfloat16, "KO": torch.bfloat16}, {"eps": 1e-6},
-                    group_launch(1536, 1536), arch=90)
+                    group_launch(1536, 64, 1536), arch=90)
 
 
 @pytest.mark.tensorrt

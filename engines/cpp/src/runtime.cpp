@@ -363,7 +363,7 @@ static std::string first_non_finite(const std::vector<std::pair<std::string, at:
   std::vector<at::Tensor> read;
   std::vector<std::string> names;
   for (const auto& [name, t] : tensors)
-    if (t.numel() > 0) {  // an empty tensor holds nothing non-finite
+    if (t.numel() > 0 && at::isFloatingType(t.scalar_type())) {  // an empty or integer tensor holds nothing non-finite
       read.push_back(t);
       names.push_back(name);
     }

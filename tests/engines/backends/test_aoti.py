@@ -175,8 +175,9 @@ def test_cuda_packages_and_their_cuda_graphs_bench(aoti, tmp_path):
 
 
 class _StridedOutputs(AotiRunner):
-    """The engine's outputs with the same values in another layout (every cache output
-    transposed in memory): what a runner may legally return, e.g. a view into a wider buffer."""
+    """The engine's outputs with the same values in another layout (each cache output re-laid out
+    with its first two dims swapped in memory: strided wherever both exceed 1, as in the mouse
+    caches): what a runner may legally return, e.g. a view into a wider buffer."""
 
     def infer(self, feeds):
         outputs = super().infer(feeds)

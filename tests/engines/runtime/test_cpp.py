@@ -40,6 +40,26 @@ def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream,
         assert stats.rel_l2 < 1e-3 and stats.non_finite == 0, (b, stats)
 
 
+def test_cpp_runtime_commits_a_window_shorter_than_the_block(tmp_path, wan_stream):
+    """gta_drive keeps P = 1 previous frame of a 3-frame block: the commit copies the last frame of
+    each layer's K/V (not a swap). The C++ stream must follow upstream's rolling caches."""
+    from wan_trt.config_load import load_config
+    from wan_trt.engines.backends.aoti import build_aoti
+    from wan_trt.export.transformer import export_transformer
+    cfg = load_config("gta_drive-small")
+    assert 0 < cfg.prev_frames < cfg.block_frames
+    export_transformer(cfg, tmp_path / "export", "fp32", seed=3, onnx=False)
+    engine = build_aoti(tmp_path / "export", device="cpu")
+    manifest, blocks = Manifest.read(tmp_path / "export"), 4
+    inputs = synthetic_stream(cfg, blocks, seed=5)
+    cpp = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), blocks,
+                         tmp_path / "out.pt", seed=4).latents
+    expected = torch.cat(reference_stream(reference_model(manifest, torch.float32, "cpu"), inputs, blocks, 4), dim=2)
+    for b in range(blocks):
+        stats = error_stats(cpp[:, :, 3 * b:3 * b + 3], expected[:, :, 3 * b:3 * b + 3])
+        assert stats.rel_l2 < 1e-5 and stats.non_finite == 0, (b, stats)
+
+
 @pytest.mark.parametrize("start_block", [339, 2498])
 def test_cpp_runtime_equals_python_across_upstreams_table_ends(aoti, wan_stream, tmp_path, start_block):
     """Started just before frame 1024 / 7500: both runtimes form the rotary factors from the same

@@ -13,8 +13,11 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def test_first_non_finite_names_the_first_bad_tensor(device, dtype, bad):
     gen = torch.Generator().manual_seed(0)
     tensors = {f"t{i:03d}": torch.randn(3, 1000 + i, generator=gen).to(device, dtype) for i in range(130)}
+    tensors["t120"] = torch.randn(3, 100_000, generator=gen).to(device, dtype)  # several chunks of 65536
     assert first_non_finite(tensors) is None
-    tensors["t077"].view(-1)[1234] = bad  # one element past the first chunk of a multi-tensor launch
+    tensors["t120"][2, -1] = bad  # in its last chunk, in a tensor past the first launch's
+    assert first_non_finite(tensors) == "t120"
+    tensors["t077"].view(-1)[1234] = bad
     tensors["t101"][2, -1] = bad
     assert first_non_finite(tensors) == "t077"
     tensors["t003"][0, 0] = bad
@@ -25,7 +28,8 @@ def test_first_non_finite_names_the_first_bad_tensor(device, dtype, bad):
 def test_first_non_finite_takes_empty_mixed_and_huge_finite_tensors(device):
     big = torch.finfo(torch.float32).max
     tensors = {"empty": torch.empty(0, device=device), "half": torch.ones(4, device=device, dtype=torch.float16),
-               "huge": torch.full((8,), big, device=device)}  # finite, however large
+               "huge": torch.full((8,), big, device=device),  # finite, however large
+               "ints": torch.arange(5, device=device), "flags": torch.ones(3, dtype=torch.bool, device=device)}
     assert first_non_finite(tensors) is None
     assert first_non_finite({}) is None
     tensors["half"][1] = float("nan")

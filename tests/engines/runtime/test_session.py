@@ -246,7 +246,8 @@ def test_non_finite_visual_context_is_refused(universal_small):
 
 def _persistent(state):
     """The part of a session's state that outlives a step: caches, visual context, counters, histories."""
-    feeds = {k: v for k, v in state["feeds"].items() if k.endswith("_prev") or k == "visual_context"}
+    feeds = {k: v for k, v in state["feeds"].items() if "_prev_" in k or k == "visual_context"}
+    assert any("_prev_" in k for k in feeds)  # the caches are part of it
     return {**state, "feeds": feeds}
 
 
