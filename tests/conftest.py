@@ -46,6 +46,17 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol
             f"(atol {atol:g}, rtol {rtol:g}); first at {idx}: {float(actual[idx]):.6g} vs {float(expected[idx]):.6g}")
 
 
+def attention_segments(gen: torch.Generator, batch: int, lq: int, n_cur: int, n_prev: int, heads: int,
+                       head_dim: int, valid: int, dtype: torch.dtype, device: str):
+    """Random inputs of the attentions over [previous ; current] keys: q [B, lq, H, D], k/v_prev
+    [B, n_prev, H, D], k/v_cur [B, n_cur, H, D] (drawn q, k_cur, v_cur, k_prev, v_prev) and
+    ``valid_frames``, in the kernels' argument order."""
+    def rand(n):
+        return torch.randn(batch, n, heads, head_dim, generator=gen).to(device, dtype)
+    q, k_cur, v_cur, k_prev, v_prev = rand(lq), rand(n_cur), rand(n_cur), rand(n_prev), rand(n_prev)
+    return q, k_prev, v_prev, k_cur, v_cur, torch.tensor([valid], dtype=torch.int32, device=device)
+
+
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory):
     """fp32 exports of the three small shapes (opset 23) and one opset-18 export, shared by the test modules

@@ -4,7 +4,7 @@ import torch
 from wan_trt.errors import WanTrtError
 from wan_trt.plugins.few_key_attention import few_key_attention, reference_few_key_attention
 from wan_trt.plugins.window_attention import INTERPRET
-from tests.conftest import assert_close
+from tests.conftest import assert_close, attention_segments
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([] if INTERPRET else [torch.bfloat16])
@@ -21,12 +21,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
     (2, 19, 3, 1, 3, 2, 128, 2),  # head_dim 128: fewer queries per program
 ])
 def test_matches_reference(dtype, batch, lq, prev_frames, units, n_cur, heads, head_dim, valid):
-    gen = torch.Generator().manual_seed(lq + valid)
-    def rand(n):
-        return torch.randn(batch, n, heads, head_dim, generator=gen).to(DEVICE, dtype)
-    q, kc, vc = rand(lq), rand(n_cur), rand(n_cur)
-    kp, vp = rand(prev_frames * units), rand(prev_frames * units)
-    valid_t = torch.tensor([valid], dtype=torch.int32, device=DEVICE)
+    q, kp, vp, kc, vc, valid_t = attention_segments(torch.Generator().manual_seed(lq + valid), batch, lq, n_cur,
+                                                    prev_frames * units, heads, head_dim, valid, dtype, DEVICE)
     out = few_key_attention(q, kp, vp, kc, vc, valid_t, prev_frames, units)
     ref = reference_few_key_attention(q.float(), kp.float(), vp.float(), kc.float(), vc.float(), valid_t,
                                       prev_frames, units)

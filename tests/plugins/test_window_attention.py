@@ -4,7 +4,7 @@ import torch
 from wan_trt.errors import WanTrtError
 from wan_trt.plugins.window_attention import (GPU_TILINGS, INTERPRET, Tiling, autotune_configs,
                                               reference_window_attention, tiling_config, window_attention)
-from tests.conftest import assert_close
+from tests.conftest import assert_close, attention_segments
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([] if INTERPRET else [torch.bfloat16])
@@ -24,12 +24,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
     (5, 2, 6, 1, 32, 2),     # current segment shorter than one key block
 ])
 def test_matches_reference(dtype, lq, prev_frames, units, heads, head_dim, valid):
-    gen = torch.Generator().manual_seed(lq + valid)
-    def rand(n):
-        return torch.randn(1, n, heads, head_dim, generator=gen).to(DEVICE, dtype)
-    q, kc, vc = rand(lq), rand(lq), rand(lq)
-    kp, vp = rand(prev_frames * units), rand(prev_frames * units)
-    valid_t = torch.tensor([valid], dtype=torch.int32, device=DEVICE)
+    q, kp, vp, kc, vc, valid_t = attention_segments(torch.Generator().manual_seed(lq + valid), 1, lq, lq,
+                                                    prev_frames * units, heads, head_dim, valid, dtype, DEVICE)
     out = window_attention(q, kp, vp, kc, vc, valid_t, prev_frames, units)
     ref = reference_window_attention(q.float(), kp.float(), vp.float(), kc.float(), vc.float(), valid_t,
                                      prev_frames, units)
@@ -41,11 +37,8 @@ def test_matches_reference(dtype, lq, prev_frames, units, heads, head_dim, valid
 def test_every_tiling_matches_reference(dtype, config):
     """Each autotuned tiling (on a GPU also a TensorRT tactic that an engine may pick), not only the
     autotuner's winner: whole blocks, a previous segment starting mid-block and tail blocks."""
-    gen = torch.Generator().manual_seed(7)
-    def rand(n):
-        return torch.randn(1, n, 2, 64, generator=gen).to(DEVICE, dtype)
-    q, kc, vc, kp, vp = rand(300), rand(300), rand(300), rand(3 * 100), rand(3 * 100)
-    valid = torch.tensor([2], dtype=torch.int32, device=DEVICE)
+    q, kp, vp, kc, vc, valid = attention_segments(torch.Generator().manual_seed(7), 1, 300, 300, 3 * 100, 2, 64, 2,
+                                                  dtype, DEVICE)
     out = window_attention(q, kp, vp, kc, vc, valid, 3, 100, config=config)
     ref = reference_window_attention(q.float(), kp.float(), vp.float(), kc.float(), vc.float(), valid, 3, 100)
     assert_close(out, ref, atol=TOL[dtype], what=f"window attention {config}")
