@@ -91,9 +91,11 @@ class Bench:
         self._models: dict[str, Any] = {}
 
     def model(self, ops: str = "native"):
-        """The export's PyTorch model in its precision (``ops='plugins'``: with the fused kernels), built once."""
+        """The export's PyTorch model in its precision (``ops='plugins'``: with the fused kernels; fp8: with its
+        FP8 GEMMs), built once."""
         if ops not in self._models:
             model = reference_model(self.manifest, self.spec.dtype, self.device)
+            model = model.use_fp8() if self.spec.precision == "fp8" else model
             self._models[ops] = model.use_plugins() if ops == "plugins" else model
         return self._models[ops]
 

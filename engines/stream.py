@@ -23,6 +23,7 @@ from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
 from wan_trt.model import build_decoder, build_model
+from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.spec import PassSpec, precision_dtype
 from wan_trt.stream import NoiseSource, max_stream_blocks, synthetic_stream
@@ -48,6 +49,10 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
         raise WanTrtError(f"--blocks {blocks}: this command holds every block's inputs, latents and frames in "
                           f"memory, about {held / 2**30:.1f} GiB, and this machine has {have / 2**30:.1f} GiB; "
                           f"pass fewer blocks (an embedded session streams without end: see the README)")
+    if precision in ENGINE_ONLY:
+        raise WanTrtError(f"--precision {precision}: streams from the PyTorch model run in "
+                          f"{', '.join(PIPELINE_TOLERANCE)}; for {precision}, export and build an engine "
+                          f"(`wan-trt build --precision {precision}`) and stream it from the runtime")
     if precision not in PIPELINE_TOLERANCE:
         raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PIPELINE_TOLERANCE)}")
     check_device(device)

@@ -15,6 +15,8 @@ import torch
 
 from wan_trt.digest import file_digest
 from wan_trt.errors import WanTrtError
+from wan_trt.export.fp8 import MIN_OPSET as FP8_MIN_OPSET
+from wan_trt.export.fp8 import translation_table as fp8_translation_table
 from wan_trt.export.graph import check_graph
 from wan_trt.export.manifest import GRAPH, SAMPLE_INPUTS, Manifest, owned_export_files
 from wan_trt.export.plugin_ops import plugin_node_counts, translation_table
@@ -48,6 +50,9 @@ def export_graph(spec: GraphSpec, out: str | Path, *, weights: str | None = None
     if opset not in OPSETS:
         raise WanTrtError(f"--opset {opset}: expected one of {OPSETS} (23: fused Attention/RMSNormalization, "
                           "18: decomposed, for TensorRT 10.x parsers)")
+    if spec.precision == "fp8" and opset < FP8_MIN_OPSET:
+        raise WanTrtError(f"--opset {opset}: an fp8 graph needs opset {FP8_MIN_OPSET} or later (one FP8 scale per "
+                          f"row is QuantizeLinear's block_size); export it with --opset 23")
     if weights is not None and not Path(weights).is_file():
         raise WanTrtError(f"{kind.weights_flag} {weights}: no such file")
     protect = [Path(weights)] if weights else []
@@ -66,18 +71,21 @@ def _export_into(staging: Path, spec: GraphSpec, *, weights: str | None, seed: i
     begin = time.perf_counter()
     kind = graph_kind(spec)
     with stage(f"build {spec.config.name} {kind.name} ({spec.precision})"):
-        module = kind.prepare(kind.build(spec.config, spec.dtype, "cpu", weights, seed), ops)
-    table = translation_table() if ops == "plugins" and onnx else None
+        module = kind.build(spec.config, spec.dtype, "cpu", weights, seed)
+    with stage("hash weights"):  # as the PyTorch references hold them (before FP8 quantization)
+        fingerprint = weights_fingerprint(module)
+    module = kind.prepare(module, ops, spec.precision)
+    table = {**(translation_table() if ops == "plugins" else {}),
+             **(fp8_translation_table() if spec.precision == "fp8" else {})} if onnx else None
     static = kind.static(module, spec).eval()
     feeds = kind.sample_inputs(module, spec, seed)
     graph, external, counts = (write_graph(static, feeds, spec, staging, opset, table) if onnx else (None, False, {}))
     from safetensors.torch import save
     (staging / SAMPLE_INPUTS).write_bytes(save({k: v.contiguous() for k, v in feeds.items()}))  # OSError if full
-    with stage("hash weights"):
-        provenance = {"source": "random", "seed": seed, "sha256": weights_fingerprint(module)}
-        if weights:
-            provenance.update(source="checkpoint", path=str(Path(weights).resolve()),
-                              file_sha256=file_digest(weights)["sha256"])
+    provenance = {"source": "random", "seed": seed, "sha256": fingerprint}
+    if weights:
+        provenance.update(source="checkpoint", path=str(Path(weights).resolve()),
+                          file_sha256=file_digest(weights)["sha256"])
     manifest = Manifest(spec=spec, ops=ops, opset=opset, weights=provenance, graph=graph,
                         external_data=GRAPH + ".data" if external else None, op_counts=counts,
                         export_seconds=time.perf_counter() - begin)
@@ -93,7 +101,7 @@ def write_graph(static: torch.nn.Module, feeds: dict, spec: GraphSpec, staging: 
                                     opset_version=opset, input_names=spec.input_names,
                                     output_names=spec.output_names, custom_translation_table=table,
                                     verbose=False)
-    weight_bytes = sum(t.numel() * t.element_size() for t in static.parameters())
+    weight_bytes = sum(t.numel() * t.element_size() for t in (*static.parameters(), *static.buffers()))
     external = weight_bytes > PROTOBUF_LIMIT
     with stage(f"save graph ({weight_bytes / 2 ** 30:.2f} GiB of weights{', external data' if external else ''})"):
         program.save(str(staging / GRAPH), external_data=external)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-REL_L2_FLOORS = {"fp32": 1e-5, "fp16": 1e-3, "bf16": 1e-3}
+REL_L2_FLOORS = {"fp32": 1e-5, "fp16": 1e-3, "bf16": 1e-3, "fp8": 1e-3}
 FACTOR = 2.0
 
 

@@ -10,6 +10,7 @@ from typing import Callable
 import click
 
 from wan_trt.errors import WanTrtError
+from wan_trt.precisions import PRECISIONS as PRECISION_DTYPES
 
 
 def config_option(fn: Callable) -> Callable:
@@ -24,7 +25,7 @@ def weights_option(fn: Callable) -> Callable:
                         help="Checkpoint (.safetensors/.pt) with upstream keys; seeded random weights if omitted.")(fn)
 
 
-PRECISIONS = ("bf16", "fp16", "fp32")
+PRECISIONS = tuple(PRECISION_DTYPES)
 
 
 def precision_option(default: str | None = "bf16") -> Callable:

@@ -26,6 +26,7 @@ from wan_trt.config import WanConfig
 from wan_trt.errors import WanTrtError
 from wan_trt.model import decoder_config
 from wan_trt.model.vae import VideoDecoder
+from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.spec import DTYPE_NAMES, LATENTS, SPEC_VERSION, GraphSpec, TensorSpec, precision_dtype
 
 CALLS = ("first", "steady")
@@ -50,6 +51,9 @@ class DecoderSpec(GraphSpec):
     def from_config(cls, cfg: WanConfig, precision: str = "bf16", call: str = "steady") -> "DecoderSpec":
         if call not in CALLS:
             raise WanTrtError(f"decoder call {call!r}: expected one of {', '.join(CALLS)}")
+        if precision in ENGINE_ONLY:
+            raise WanTrtError(f"--precision {precision}: the video decoder has no {precision} graph; export it with "
+                              "--precision bf16 (the latents of an fp8 DiT engine are bf16)")
         dt = DTYPE_NAMES[precision_dtype(precision)]
         dcfg = decoder_config(cfg)
         f, h, w = cfg.block_frames, cfg.inference.latent_height, cfg.inference.latent_width

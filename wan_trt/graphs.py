@@ -31,8 +31,8 @@ class GraphKind:
         build: ``build(cfg, dtype, device, weights, seed)`` -> the PyTorch module (eval, no grad).
         static: ``static(module, spec)`` -> the module as ``forward(*inputs) -> outputs`` in spec order.
         sample_inputs: ``sample_inputs(module, spec, seed)`` -> plausible feeds of one call.
-        prepare: ``prepare(module, ops)`` -> the module as graphs hold it (fp32 islands, fused kernels
-            for ``ops == 'plugins'``); the PyTorch references stay unprepared.
+        prepare: ``prepare(module, ops, precision)`` -> the module as graphs hold it (fp32 islands, fused
+            kernels for ``ops == 'plugins'``, FP8 GEMMs for 'fp8'); the PyTorch references stay unprepared.
         weights_flag: the flag that names its checkpoint.
     """
 
@@ -45,14 +45,16 @@ class GraphKind:
     weights_flag: str
 
 
-def _prepare_pass(model: nn.Module, ops: str) -> nn.Module:
+def _prepare_pass(model: nn.Module, ops: str, precision: str) -> nn.Module:
     model.sinusoid_dtype = torch.float32  # graphs keep fp32 islands; TensorRT has no float64
     if ops == "plugins":
         model.use_plugins()
+    if precision == "fp8":
+        model.use_fp8()
     return model
 
 
-def _prepare_decoder(decoder: nn.Module, ops: str) -> nn.Module:
+def _prepare_decoder(decoder: nn.Module, ops: str, precision: str) -> nn.Module:
     if ops != "native":
         raise WanTrtError(f"--ops {ops}: the video decoder has no fused kernels; export and build it with --ops native")
     return decoder.use_channels_last()  # H100, bf16, torch.compile: 87 -> 70 ms per block

@@ -51,10 +51,11 @@ import torch
 from wan_trt.config import WanConfig
 from wan_trt.config_load import config_from_dict
 from wan_trt.errors import WanTrtError
+from wan_trt.precisions import PRECISIONS as PRECISION_DTYPES
 from wan_trt.rotary import block_frequencies, rotary_factors
 from wan_trt.scheduler import BlockSchedule
 
-PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+PRECISIONS = {name: getattr(torch, dtype) for name, dtype in PRECISION_DTYPES.items()}
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
                torch.int32: "int32", torch.int64: "int64"}
 DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
@@ -71,7 +72,7 @@ FLOW = "flow"
 
 
 def precision_dtype(precision: str) -> torch.dtype:
-    """'bf16' | 'fp16' | 'fp32' -> torch dtype."""
+    """A precision name (:mod:`wan_trt.precisions`) -> the torch dtype of its graph I/O."""
     if precision not in PRECISIONS:
         raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     return PRECISIONS[precision]

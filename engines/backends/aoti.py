@@ -25,6 +25,20 @@ from wan_trt.log import stage
 from wan_trt.graphs import graph_kind
 from wan_trt.outputs import output_lock
 
+FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada and Hopper onwards
+
+
+def check_fp8_device(device: str) -> None:
+    """Refuse an fp8 engine where its FP8 GEMMs (cuBLASLt, row-wise scales) cannot run."""
+    if device != "cuda":
+        raise WanTrtError("an fp8 graph's engine runs its GEMMs on FP8 tensor cores: build it with --device cuda")
+    have = torch.cuda.get_device_capability()
+    if have < FP8_CAPABILITY:
+        raise WanTrtError(f"an fp8 engine needs FP8 tensor cores (compute capability {FP8_CAPABILITY[0]}."
+                          f"{FP8_CAPABILITY[1]} or later); {torch.cuda.get_device_name()} has {have[0]}.{have[1]}: "
+                          "build a bf16 engine instead")
+
+
 def build_aoti(directory: str | Path, out: str | Path | None = None, device: str = "cuda",
                force: bool = False, ops: str | None = None) -> Path:
     """Compile the export in ``directory`` into an AOTInductor package for ``device`` ('cuda' or 'cpu').
@@ -39,6 +53,8 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
         raise WanTrtError("--device cuda: no CUDA device here; build with --device cpu")
     if ops == "plugins" and device != "cuda":
         raise WanTrtError("--ops plugins: the fused Triton kernels compile for CUDA; build with --device cuda")
+    if manifest.spec.precision == "fp8":
+        check_fp8_device(device)
     engine = Path(out) if out else default_engine_path(directory, "aoti" if ops == "native" else f"aoti_{ops}", device)
     key = engine_key(manifest, "aoti", device, {"ops": ops})
     check_engine_out(engine)
@@ -60,7 +76,7 @@ def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device
     with stage(f"rebuild {spec.config.name} {kind.name} ({spec.precision}) on {device}"):
         module = reference_model(manifest, spec.dtype, device)
         verify_weights(manifest, module)
-        module = kind.prepare(module, ops)  # the same fp32 islands as the ONNX graph
+        module = kind.prepare(module, ops, spec.precision)  # the same fp32 islands (and FP8 GEMMs) as the ONNX graph
     static = kind.static(module, spec).eval()
     feeds = {k: v.to(device) for k, v in load_file(str(directory / manifest.sample_inputs)).items()}
     with stage("torch.export"), torch.no_grad():

@@ -49,8 +49,9 @@ class OnnxRuntimeRunner(Runner):
     def __init__(self, graph: str | Path, spec: PassSpec, provider: str = "cpu"):
         if provider not in PROVIDERS:
             raise WanTrtError(f"--provider {provider!r}: expected one of {', '.join(PROVIDERS)}")
-        if provider == "cpu" and spec.precision == "bf16":
-            raise WanTrtError(f"{graph} is a bf16 graph, and ONNX Runtime's CPU provider has no bf16 kernels: "
+        if provider == "cpu" and spec.dtype == torch.bfloat16:
+            raise WanTrtError(f"{graph} is a {spec.precision} graph with bf16 I/O, and ONNX Runtime's CPU provider "
+                              "has no bf16 kernels: "
                               "check it with --provider cuda on a machine with a GPU (onnxruntime-gpu), or "
                               "export with --precision fp32 to check the same graph structure on this CPU")
         super().__init__(spec, "cuda" if provider == "cuda" else "cpu")

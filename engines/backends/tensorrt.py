@@ -30,6 +30,9 @@ from wan_trt.log import stage
 from wan_trt.outputs import output_lock
 
 MIN_VERSION = (10, 9)
+# TensorRT 10.x untyped networks (--weak-typing): the builder flags each precision needs. fp8: the
+# FP8 GEMMs come from the graph's Q/DQ; everything else runs in bf16.
+WEAK_TYPING_FLAGS = {"bf16": ("BF16",), "fp16": ("FP16",), "fp32": (), "fp8": ("BF16", "FP8")}
 
 
 def import_tensorrt():
@@ -99,7 +102,8 @@ def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, 
     config = builder.create_builder_config()
     config.builder_optimization_level = opt_level
     if weak_typing:
-        config.set_flag(trt.BuilderFlag.BF16 if manifest.spec.precision == "bf16" else trt.BuilderFlag.FP16)
+        for flag in WEAK_TYPING_FLAGS[manifest.spec.precision]:
+            config.set_flag(getattr(trt.BuilderFlag, flag))
         config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
     cache = config.create_timing_cache(cache_path.read_bytes() if cache_path and cache_path.is_file() else b"")
     config.set_timing_cache(cache, ignore_mismatch=False)

@@ -29,10 +29,10 @@ def _backend(export_dir, scale_row: float | None):
 
 
 def test_floors_by_precision():
-    assert rel_l2_floor("fp32") == 1e-5 and rel_l2_floor("bf16") == 1e-3
+    assert rel_l2_floor("fp32") == 1e-5 and rel_l2_floor("bf16") == 1e-3 and rel_l2_floor("fp8") == 1e-3
     assert tolerance(0.0, "fp32") == 1e-5 and tolerance(0.02, "bf16") == 0.04
-    with pytest.raises(ValueError, match="fp8"):
-        rel_l2_floor("fp8")
+    with pytest.raises(ValueError, match="int4"):
+        rel_l2_floor("int4")
 
 
 def test_an_exact_fp32_backend_passes(export_dir):
@@ -77,3 +77,9 @@ def test_a_non_finite_block_is_a_failing_row_not_a_crash(export_dir):
     assert not report.ok and report.stream[0]["non_finite"] and "non-finite" in report.stream[0]["error"]
     assert any(p.startswith("stream block 0: ") for p in report.problems())
     assert "block 0" in report.table()
+
+
+def test_every_registered_precision_has_a_policy():
+    from wan_trt.precisions import PRECISIONS
+    from wan_trt.validate.metrics import REL_L2_FLOORS
+    assert set(REL_L2_FLOORS) == set(PRECISIONS)

@@ -33,3 +33,35 @@ def random_init(model: nn.Module, seed: int = 0) -> nn.Module:
         if target is not param:
             param.copy_(target)
     return model
+
+
+STRESS_FACTORS = (30.0, 50.0, 80.0, 100.0)
+# adaLN chunks of the modulation / time projection (shift_a, scale_a, gate_a, shift_f, scale_f, gate_f)
+# -> the linears of each layer that read the modulated input
+_MODULATED = {(0, 1): ("self_attn.q", "self_attn.k", "self_attn.v"), (3, 4): ("ffn.0",)}
+
+
+@torch.no_grad()
+def stress_weights(model: nn.Module, factors: tuple[float, ...] = STRESS_FACTORS, seed: int = 1) -> nn.Module:
+    """Give a few channels of every layer's self-attention and FFN inputs ``factors`` times their size
+    (the same channels in every layer, as trained transformers' outlier channels are) without changing
+    what the model computes: the weights a quantization scheme must survive. In place; returns model.
+
+    Those inputs are LN(x) * (1 + scale) + shift with scale, shift = modulation + e0 (e0 from the shared
+    time projection). For channel c and factor d: e0's scale and shift rows of c times d, each layer's
+    modulation 1 + scale -> d (1 + scale) and shift -> d shift, and the reading linears' column c / d.
+    """
+    dim = model.blocks[0].modulation.shape[-1]
+    channels = torch.randperm(dim, generator=torch.Generator().manual_seed(seed))[:len(factors)]
+    projection = model.time_projection[1]
+    for c, d in zip(channels.tolist(), factors):
+        for (shift, scale), readers in _MODULATED.items():
+            for chunk in (shift, scale):
+                projection.weight[chunk * dim + c] *= d
+                projection.bias[chunk * dim + c] *= d
+            for block in model.blocks:
+                block.modulation[0, shift, c] *= d
+                block.modulation[0, scale, c] = d * (1 + block.modulation[0, scale, c]) - 1
+                for path in readers:
+                    block.get_submodule(path).weight[:, c] /= d
+    return model

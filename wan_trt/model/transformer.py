@@ -23,6 +23,7 @@ from torch import nn
 
 from wan_trt.config import WanConfig
 from wan_trt.model.action import ActionModule
+from wan_trt.model.fp8 import Fp8Linear, quantize_rows, use_fp8
 from wan_trt.model.layers import MLPProj, WanLayerNorm, WanRMSNorm, attention, sinusoidal_embedding_1d
 from wan_trt.model.rope import BlockRope, RopeTables, apply_rope
 
@@ -147,6 +148,8 @@ class CausalWanAttentionBlock(nn.Module):
         if not h.is_cuda:
             return self.ffn(h)
         up, down = self.ffn[0], self.ffn[2]
+        if isinstance(up, Fp8Linear):  # FP8: the GELU goes into the down-projection's quantization kernel
+            return down(quantize_rows(up(h), gelu=True))
         y = torch._addmm_activation(up.bias, h.flatten(0, -2), up.weight.t(), use_gelu=True)
         return down(y.unflatten(0, h.shape[:-1]))
 
@@ -207,6 +210,10 @@ class CausalWanModel(nn.Module):
             if hasattr(type(module), "plugins"):
                 module.plugins = enabled
         return self
+
+    def use_fp8(self) -> "CausalWanModel":
+        """Run the layers' FP8 linears (:data:`wan_trt.model.fp8.FP8_LINEARS`) as FP8 GEMMs."""
+        return use_fp8(self)
 
     @property
     def residual_dtype(self) -> torch.dtype:

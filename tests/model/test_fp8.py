@@ -1,0 +1,123 @@
+"""The fp8 precision: per-row e4m3 quantization, the FP8 linears, the model's accuracy under the policy."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import SMALL, assert_close
+from wan_trt.config_load import load_config
+from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.model import build_model
+from wan_trt.model.fp8 import (E4M3_MAX, FP8_LINEARS, Fp8Linear, quantize_rows, reference_fp8_linear,
+                               reference_quantize_rows)
+from wan_trt.model.init import stress_weights
+from wan_trt.spec import PassSpec
+from wan_trt.validate.metrics import FACTOR, error_stats, rel_l2_floor
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device with FP8 tensor cores")
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 5), (1, 13), (2, 1, 96)])
+def test_quantize_rows_scales_each_row_to_the_e4m3_range(shape):
+    x = torch.randn(shape) * torch.logspace(-3, 3, shape[-1])  # six decades inside each row
+    x[..., 0] = 0.0
+    data, scale = reference_quantize_rows(x)
+    assert data.dtype == torch.float8_e4m3fn and scale.shape == (*shape[:-1], 1)
+    assert_close(data.float().abs().amax(-1), torch.full(shape[:-1], E4M3_MAX), atol=0, what="row max")
+    back = data.float() * scale
+    # round to nearest with 3 mantissa bits: relative error <= 2^-4; below e4m3's smallest normal
+    # (2^-6 of the unit scale) the absolute step is 2^-9, half of it the error
+    bound = torch.maximum(x.abs() * 2.0 ** -4, scale * 2.0 ** -10)
+    assert bool(((back - x).abs() <= bound * 1.0001).all()), float(((back - x).abs() / bound).max())
+
+
+def test_quantize_rows_of_zeros_are_zeros_not_nan():
+    data, scale = reference_quantize_rows(torch.zeros(2, 8))
+    assert torch.equal(data.float(), torch.zeros(2, 8)) and bool(torch.isfinite(scale).all())
+
+
+def test_fp8_linear_is_within_e4m3_rounding_of_the_linear():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 40)
+    x = torch.randn(2, 9, 96)
+    with torch.no_grad():
+        got, want = Fp8Linear(linear)(x), linear(x)
+    rel = float((got - want).norm() / want.norm())
+    assert 1e-3 < rel < 0.06, rel  # quantized (not the float GEMM), by about e4m3's rounding (~2-4 %)
+
+
+def test_fp8_linear_shares_a_quantized_input():
+    torch.manual_seed(0)
+    linear = Fp8Linear(torch.nn.Linear(32, 16))
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        assert torch.equal(linear(x), linear(quantize_rows(x)))
+
+
+def test_use_fp8_replaces_exactly_the_fp8_linears():
+    cfg = load_config("universal-small")
+    model = build_model(cfg, torch.bfloat16).use_fp8()
+    fp8 = {name for name, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    assert fp8 == {f"blocks.{i}.{path}" for i in range(len(model.blocks)) for path in FP8_LINEARS}
+    block = model.blocks[0]
+    assert not isinstance(block.cross_attn.q, Fp8Linear) and not isinstance(block.self_attn.k, Fp8Linear)
+
+
+def _pass_errors(cfg, stress: bool) -> dict[str, dict[str, float]]:
+    """rel-L2 of each output of one pass (flow, new cache entries) from the fp32 model: bf16, and bf16
+    with the FP8 GEMMs."""
+    spec = PassSpec.from_config(cfg, "bf16")
+    feeds = spec.sample_inputs(0)
+    models = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp8", torch.bfloat16)):
+        model = build_model(cfg, torch.float32)
+        model = stress_weights(model) if stress else model
+        models[name] = model.to(dtype)
+    models["fp8"].use_fp8()
+    fp32 = TorchRunner(models["fp32"], PassSpec.from_config(cfg, "fp32")).infer(
+        {k: v.float() if v.is_floating_point() else v for k, v in feeds.items()})
+    errors = {}
+    for name in ("bf16", "fp8"):
+        outputs = TorchRunner(models[name], spec).infer(feeds)
+        errors[name] = {k: error_stats(outputs[k].float(), fp32[k]).rel_l2 for k in spec.output_names}
+    return errors
+
+
+@pytest.mark.parametrize("name", SMALL)
+@pytest.mark.parametrize("stress", [False, True], ids=["seeded", "stress"])
+def test_fp8_model_meets_the_accuracy_policy(name, stress):
+    """The policy an fp8 engine is checked by: every output's error at most 2x the bf16 model's (both vs
+    fp32); the flow's error is larger than bf16's (the FP8 GEMMs did run)."""
+    errors = _pass_errors(load_config(name), stress)
+    failing = {k: (e, errors["bf16"][k]) for k, e in errors["fp8"].items()
+               if e > max(FACTOR * errors["bf16"][k], rel_l2_floor("fp8"))}
+    assert not failing, failing
+    assert errors["fp8"]["flow"] > errors["bf16"]["flow"] * 1.001, errors
+
+
+def test_stress_weights_keep_the_function_and_make_outlier_channels():
+    cfg = load_config("universal-small")
+    spec = PassSpec.from_config(cfg, "fp32")
+    feeds = {k: v.float() if v.is_floating_point() else v for k, v in spec.sample_inputs(0).items()}
+    plain, stressed = build_model(cfg), stress_weights(build_model(cfg))
+    seen = {}
+    block = stressed.blocks[0]
+    block.ffn[0].register_forward_hook(lambda m, args, out: seen.update(ffn_in=args[0]))
+    a, b = (TorchRunner(m, spec).infer(feeds)["flow"] for m in (plain, stressed))
+    assert_close(b, a, atol=1e-4 * float(a.abs().max()), what="flow")
+    per_channel = seen["ffn_in"].abs().flatten(0, -2).amax(0)
+    assert float(per_channel.max() / per_channel.median()) > 20  # a few channels far larger than the rest
+
+
+@CUDA
+def test_fp8_linear_on_cuda_equals_the_reference_gemm():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 192).cuda().bfloat16()
+    fp8 = Fp8Linear(linear)
+    x = torch.randn(3, 70, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        got = fp8(x)  # torch._scaled_mm (cuBLASLt)
+        data, scale = reference_quantize_rows(x)
+        want = reference_fp8_linear(data, scale, fp8.weight, fp8.weight_scale, fp8.bias, torch.float32)
+    assert got.dtype == torch.bfloat16
+    assert_close(got.float(), want, atol=2 ** -8 * float(want.abs().max()), rtol=2 ** -8, what="scaled_mm vs fp32")
