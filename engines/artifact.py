@@ -21,6 +21,7 @@ from wan_trt.digest import check_digest_record, file_digest, verify_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, tool_versions
 from wan_trt.log import logger
+from wan_trt.model.fp8 import FP8_SCHEME
 from wan_trt.outputs import check_parent_chain, written_by_build
 
 REBUILD = "rebuild it with `wan-trt build`"
@@ -37,6 +38,8 @@ def engine_key(manifest: Manifest, backend: str, device: str, extra: dict[str, A
     versions = {k: v for k, v in tool_versions().items() if k != "wan_trt"}
     payload = {"spec": manifest.spec.fingerprint(), "weights": manifest.weights["sha256"], "backend": backend,
                "device": device, "ops": manifest.ops, "versions": versions, "extra": extra or {}}
+    if manifest.spec.precision == "fp8":  # which GEMMs and how: not in the weights' hash (taken before quantizing)
+        payload["fp8"] = FP8_SCHEME
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
 

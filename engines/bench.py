@@ -26,6 +26,7 @@ import torch
 
 from wan_trt.engines.backends import (ALL_BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
                                      parse_backends)
+from wan_trt.engines.backends.aoti import check_fp8_device
 from wan_trt.engines.bench_decoder import bench_decoder, engine_variants
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable, paired_engines
 from wan_trt.engines.runtime.runner import Runner, check_device
@@ -95,6 +96,8 @@ class Bench:
         FP8 GEMMs), built once."""
         if ops not in self._models:
             model = reference_model(self.manifest, self.spec.dtype, self.device)
+            if self.spec.precision == "fp8" and str(self.device).startswith("cuda"):
+                check_fp8_device("cuda")
             model = model.use_fp8() if self.spec.precision == "fp8" else model
             self._models[ops] = model.use_plugins() if ops == "plugins" else model
         return self._models[ops]

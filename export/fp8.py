@@ -6,8 +6,9 @@
     x8    = QuantizeLinear(x, scale, axis=-1, block_size=K, output_dtype=e4m3)  one scale per row
 
 and ``wan_trt::fp8_linear`` becomes DequantizeLinear(x8) @ DequantizeLinear(W8^T, per output channel)
-+ bias, cast to the activation dtype. A strongly typed TensorRT build fuses each DQ -> MatMul <- DQ
-into an FP8 GEMM; ONNX Runtime runs the same arithmetic in fp32.
++ bias, cast to the activation dtype. ONNX Runtime runs the same arithmetic in fp32. Not verified:
+a TensorRT build (its Quantize takes build-time-constant FP8 scales; per-row dynamic scales may be
+refused).
 """
 from __future__ import annotations
 

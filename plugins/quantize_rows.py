@@ -5,8 +5,9 @@
 An engine-only kernel of the fp8 precision (:mod:`wan_trt.model.fp8`): AOTInductor compiles it into the
 package (``torch.ops.wan_trt.quantize_rows_fp8``, a ``triton_op``). With ``gelu`` it reads the FFN
 up-projection's output once and writes the down-projection's FP8 input: the graph compiler's own
-kernel for the same work read the row twice and took 0.088 ms per layer on an H100 ([2640, 8960]).
-It is no TensorRT plugin: the ONNX graph holds Gelu and QuantizeLinear, which TensorRT fuses itself.
+kernel for the same work took 0.083 ms on an H100 ([2640, 8960], alone; 0.088 in the engine), this
+one 0.055.
+It is no TensorRT plugin: the ONNX graph holds plain Gelu and QuantizeLinear nodes instead.
 """
 from __future__ import annotations
 
@@ -48,9 +49,9 @@ def _round_e4m3(v):
 @triton.jit
 def _load(X, row, cols, mask, GELU: tl.constexpr):
     y = tl.load(X + row + cols, mask=mask, other=0.0).to(tl.float32)
-    if GELU:  # 0.5 y (1 + tanh(u)), tanh(u) = 1 - 2 / (exp(2u) + 1)
+    if GELU:  # 0.5 y (1 + tanh(u)) = y / (1 + exp(-2u)): no cancellation for negative y
         u = SQRT_2_OVER_PI * (y + 0.044715 * y * y * y)
-        y = 0.5 * y * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+        y = y / (1.0 + tl.exp(-2.0 * u))
     return y
 
 
@@ -67,13 +68,16 @@ def _quantize_rows_fp8_kernel(X, Q, S, K, GELU: tl.constexpr, CHUNK: tl.constexp
     amax = tl.zeros([CHUNK], dtype=tl.float32)
     for k in range(0, K, CHUNK):
         cols = k + tl.arange(0, CHUNK)
-        amax = tl.maximum(amax, tl.abs(_load(X, row, cols, cols < K, GELU)))
-    amax = tl.maximum(tl.max(amax, 0), MIN_AMAX_)
+        amax = tl.maximum(amax, tl.abs(_load(X, row, cols, cols < K, GELU)), propagate_nan=tl.PropagateNan.ALL)
+    nan = tl.sum((amax != amax).to(tl.int32), 0) > 0  # tl.max drops NaN: a row with one has no scale
+    amax = tl.where(nan, float("nan"), tl.maximum(tl.max(amax, 0), MIN_AMAX_))
     inverse = tl.math.div_rn(E4M3_MAX_, amax)  # as the reference: IEEE division, then one product each
     for k in range(0, K, CHUNK):
         cols = k + tl.arange(0, CHUNK)
         mask = cols < K
-        q = tl.minimum(tl.maximum(_load(X, row, cols, mask, GELU) * inverse, -E4M3_MAX_), E4M3_MAX_)
+        q = _load(X, row, cols, mask, GELU) * inverse  # NaN where the row has a NaN or an Inf, as the reference
+        q = tl.minimum(tl.maximum(q, -E4M3_MAX_, propagate_nan=tl.PropagateNan.ALL), E4M3_MAX_,
+                       propagate_nan=tl.PropagateNan.ALL)
         tl.store(Q + row + cols, _round_e4m3(q).to(tl.float8e4nv), mask=mask)
     tl.store(S + tl.program_id(0), tl.math.div_rn(amax, E4M3_MAX_))
 

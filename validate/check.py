@@ -248,7 +248,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))
     reference.name = "torch-fp32"
     yardstick = TorchRunner(low, spec)
-    yardstick.name = f"torch-{spec.precision}"
+    yardstick.name = f"torch-{'bf16' if spec.precision == 'fp8' else spec.precision}"  # fp8: against bf16
     with stage("single pass (Polygraphy Comparator)"):
         report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
                                            _sample_feeds(directory, manifest), spec,

@@ -50,10 +50,11 @@ class OnnxRuntimeRunner(Runner):
         if provider not in PROVIDERS:
             raise WanTrtError(f"--provider {provider!r}: expected one of {', '.join(PROVIDERS)}")
         if provider == "cpu" and spec.dtype == torch.bfloat16:
+            same = ("" if spec.precision == "fp8" else
+                    ", or export with --precision fp32 to check the same graph structure on this CPU")
             raise WanTrtError(f"{graph} is a {spec.precision} graph with bf16 I/O, and ONNX Runtime's CPU provider "
-                              "has no bf16 kernels: "
-                              "check it with --provider cuda on a machine with a GPU (onnxruntime-gpu), or "
-                              "export with --precision fp32 to check the same graph structure on this CPU")
+                              "has no bf16 kernels: check it with --provider cuda on a machine with a GPU "
+                              f"(onnxruntime-gpu){same}")
         super().__init__(spec, "cuda" if provider == "cuda" else "cpu")
         self.name = f"onnxruntime-{provider}"
         self.graph = Path(graph)
@@ -123,8 +124,8 @@ def make_runner(backend, sources) -> Runner:
     spec, manifest = sources.spec, sources.manifest
     provider = "cuda" if str(sources.device).startswith("cuda") else "cpu"
     if spec.precision != "fp32" and provider == "cpu":
-        raise Unavailable(f"ONNX Runtime's CPU provider has no {spec.precision} kernels (a --device cuda "
-                          "bench runs the CUDA provider; or export --precision fp32)")
+        raise Unavailable(f"ONNX Runtime's CPU provider has no {spec.dtype} kernels for this {spec.precision} graph's "
+                          "I/O (a --device cuda bench runs the CUDA provider; or export --precision fp32)")
     if manifest.graph is None:
         raise Unavailable(f"{sources.directory} was exported with --no-onnx: it has no ONNX graph")
     if provider == "cuda" and "CUDAExecutionProvider" not in available_providers():

@@ -146,4 +146,5 @@ def check_attachable(decoder: DecoderSpec, spec: PassSpec) -> None:
     if (want.shape, want.dtype) != (have.shape, have.dtype):
         raise WanTrtError(f"the decoder takes latents {list(have.shape)} {have.dtype}, the DiT "
                           f"({spec.config.name}, {spec.precision}) makes {list(want.shape)} {want.dtype}: "
-                          "export and build the decoder from the same config and precision")
+                          "export and build the decoder from the same config, in the DiT's latent dtype "
+                          "(the same precision; bf16 for an fp8 DiT)")

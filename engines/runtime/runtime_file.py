@@ -5,7 +5,7 @@ Written next to every engine (``<engine>.runtime.txt``) from the same spec (and
 pass engine's file:
 
     wan_trt_runtime 3
-    config <name>            precision <bf16|fp16|fp32>
+    config <name>            precision <bf16|fp16|fp32|fp8>
     block_frames 3           prev_frames 3          tokens_per_frame 880
     window_frames 12         ratio 4                max_stream_frames 268435456
     latent 16 44 80

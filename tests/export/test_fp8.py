@@ -47,6 +47,15 @@ def test_fp8_export_records_the_weights_the_references_hold(fp8_export):
     verify_weights(manifest, reference_model(manifest, manifest.spec.dtype, "cpu"))
 
 
+def test_an_fp8_engine_key_records_which_gemms_take_fp8(fp8_export, monkeypatch):
+    """The weights' hash is taken before quantization: the FP8 scheme must be in the key itself."""
+    import wan_trt.engines.artifact as artifact
+    manifest = Manifest.read(fp8_export)
+    before = artifact.engine_key(manifest, "aoti", "cuda")
+    monkeypatch.setattr(artifact, "FP8_SCHEME", {**artifact.FP8_SCHEME, "linears": ("ffn.0", "ffn.2")})
+    assert artifact.engine_key(manifest, "aoti", "cuda") != before
+
+
 def test_fp8_linear_graph_runs_on_onnxruntime_as_in_pytorch(tmp_path):
     """The Q/DQ translation computes what the PyTorch op does (fp32 I/O: ONNX Runtime's CPU runs it)."""
     ort = pytest.importorskip("onnxruntime")

@@ -8,8 +8,9 @@ from tests.conftest import SMALL, assert_close
 from wan_trt.config_load import load_config
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.model import build_model
+from wan_trt.errors import WanTrtError
 from wan_trt.model.fp8 import (E4M3_MAX, FP8_LINEARS, Fp8Linear, quantize_rows, reference_fp8_linear,
-                               reference_quantize_rows)
+                               reference_quantize_rows, use_fp8)
 from wan_trt.model.init import stress_weights
 from wan_trt.spec import PassSpec
 from wan_trt.validate.metrics import FACTOR, error_stats, rel_l2_floor
@@ -121,3 +122,14 @@ def test_fp8_linear_on_cuda_equals_the_reference_gemm():
         want = reference_fp8_linear(data, scale, fp8.weight, fp8.weight_scale, fp8.bias, torch.float32)
     assert got.dtype == torch.bfloat16
     assert_close(got.float(), want, atol=2 ** -8 * float(want.abs().max()), rtol=2 ** -8, what="scaled_mm vs fp32")
+
+
+def test_use_fp8_refuses_widths_the_fp8_gemm_cannot_take():
+    block = torch.nn.Module()
+    block.self_attn = torch.nn.Module()
+    block.self_attn.o = torch.nn.Linear(24, 24)
+    block.ffn = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 24))
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([block])
+    with pytest.raises(WanTrtError, match="multiples of 16"):
+        use_fp8(model)

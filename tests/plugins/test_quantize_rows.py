@@ -32,3 +32,30 @@ def test_quantize_rows_fp8_refuses_a_strided_input():
     x = torch.randn(8, 16, device=DEVICE).t()
     with pytest.raises(Exception, match="contiguous"):
         quantize_rows_fp8(x, False)
+
+
+def test_quantize_rows_fp8_rounds_ties_carries_and_subnormals_as_the_reference():
+    """A row whose amax is 448 (scale 1): every midpoint between e4m3 neighbours (ties to even, carries
+    into the next binade), one step either side, and e4m3's subnormals, of both signs."""
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[torch.isfinite(grid) & (grid >= 0)].unique()
+    mid = (grid[1:] + grid[:-1]) / 2
+    values = torch.cat([grid, mid, mid.nextafter(torch.tensor(0.0)), mid.nextafter(torch.tensor(1e9)),
+                        torch.tensor([2.0 ** -10, 3 * 2.0 ** -11])])
+    x = torch.cat([values, -values]).reshape(1, -1).to(DEVICE)
+    q, s = quantize_rows_fp8(x, False)
+    rq, rs = reference_quantize_rows_fp8(x, False)
+    assert float(s) == float(rs) == 1.0
+    assert torch.equal(q.float(), rq.float()), (x[q.float() != rq.float()], q.float()[q.float() != rq.float()])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_quantize_rows_fp8_keeps_a_non_finite_row_non_finite(bad):
+    x = torch.randn(3, 40, device=DEVICE)
+    x[1, 7] = bad
+    q, s = quantize_rows_fp8(x, False)
+    rq, rs = reference_quantize_rows_fp8(x, False)
+    assert not bool(torch.isfinite(s[1]).all()) and torch.equal(s[[0, 2]], rs[[0, 2]])
+    assert torch.equal(q[[0, 2]].float(), rq[[0, 2]].float())
+    if DEVICE == "cuda":  # Triton's interpreter casts NaN to a finite float8
+        assert not bool(torch.isfinite(q[1].float()).all())

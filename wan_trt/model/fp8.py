@@ -26,11 +26,15 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from wan_trt.errors import WanTrtError
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 MIN_AMAX = 1e-12  # an all-zero row quantizes to zeros, not NaN
 # Module paths, inside each transformer layer, of the linears that run in FP8 (module docstring).
 FP8_LINEARS = ("self_attn.o", "ffn.0", "ffn.2")
+# What an fp8 engine's cache key records beside the weights (version: of the quantization arithmetic)
+FP8_SCHEME = {"linears": FP8_LINEARS, "min_amax": MIN_AMAX, "version": 1}
 
 
 class Fp8Rows(NamedTuple):
@@ -121,5 +125,9 @@ def use_fp8(model: nn.Module) -> nn.Module:
         for path in FP8_LINEARS:
             parent_path, _, name = path.rpartition(".")
             parent = block.get_submodule(parent_path)
-            setattr(parent, name, Fp8Linear(getattr(parent, name)))
+            linear = getattr(parent, name)
+            if linear.in_features % 16 or linear.out_features % 16:
+                raise WanTrtError(f"fp8: {path} is {linear.in_features} -> {linear.out_features}; FP8 GEMMs need "
+                                  "both multiples of 16 (this config's dim / ffn_dim): use --precision bf16")
+            setattr(parent, name, Fp8Linear(linear))
     return model

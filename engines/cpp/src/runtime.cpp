@@ -288,8 +288,8 @@ void DecoderStream::check_attachable(const RuntimeSpec& spec) const {
   const TensorSpec &want = spec.input("latents"), &have = spec_.input("latents");
   if (want.shape != have.shape || want.dtype != have.dtype)
     throw Error("the decoder (" + spec_.config + ", " + spec_.precision + ") takes other latents than the DiT (" +
-                spec.config + ", " + spec.precision + ") makes: export and build the decoder from the same config " +
-                "and precision");
+                spec.config + ", " + spec.precision + ") makes: export and build the decoder from the same config, " +
+                "in the DiT's latent dtype (the same precision; bf16 for an fp8 DiT)");
 }
 
 at::Tensor DecoderStream::decode(const at::Tensor& latents) {

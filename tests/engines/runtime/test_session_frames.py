@@ -48,7 +48,7 @@ def test_a_decoder_that_does_not_fit_the_stream_is_refused():
     cfg = load_config(CFG)
     model = build_model(cfg, torch.float32, "cpu", seed=1)
     runner = TorchRunner(model, PassSpec.from_config(cfg, "fp32"))
-    with pytest.raises(WanTrtError, match="from the same config and precision"):
+    with pytest.raises(WanTrtError, match="from the same config, in the DiT.s latent dtype"):
         StreamingSession(runner, decoder=_decoder(cfg, "bf16")[1])
     wider = dataclasses.replace(cfg, inference=dataclasses.replace(cfg.inference, latent_width=8))
     with pytest.raises(WanTrtError, match=r"takes latents \[1, 16, 3, 4, 8\]"):  # another resolution
