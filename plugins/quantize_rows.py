@@ -1,13 +1,13 @@
 """Per-row FP8 (e4m3) quantization on the GPU, optionally of tanh-GELU of the input:
 
-    y = gelu_tanh(x) if gelu else x;   a = max(amax_row |y|, MIN_AMAX);   q = e4m3(y * (448 / a));   s = a / 448
+    y = gelu_tanh(x) if gelu else x;  a = max(amax_row |y|, MIN_AMAX);  q = e4m3(y * (448 / a));  s = a / 448
 
-An engine-only kernel of the fp8 precision (:mod:`wan_trt.model.fp8`): AOTInductor compiles it into the
-package (``torch.ops.wan_trt.quantize_rows_fp8``, a ``triton_op``). With ``gelu`` it reads the FFN
-up-projection's output once and writes the down-projection's FP8 input: the graph compiler's own
-kernel for the same work took 0.083 ms on an H100 ([2640, 8960], alone; 0.088 in the engine), this
-one 0.055.
-It is no TensorRT plugin: the ONNX graph holds plain Gelu and QuantizeLinear nodes instead.
+An engine-only kernel of the fp8 precision (:mod:`wan_trt.model.fp8`): AOTInductor compiles it into
+the package (``torch.ops.wan_trt.quantize_rows_fp8``, a ``triton_op``). One program per row, two
+passes (the row's amax, then the quantization; the second read comes from L2). With ``gelu`` it
+turns the FFN up-projection's output into the down-projection's FP8 input: 0.055 ms on an H100 for
+[2640, 8960], where the graph compiler's own kernel for the same work took 0.083 (alone; 0.088 in
+the engine). It is no TensorRT plugin: the ONNX graph holds plain Gelu and QuantizeLinear nodes.
 """
 from __future__ import annotations
 

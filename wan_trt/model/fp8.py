@@ -13,11 +13,11 @@ bf16 model's error from fp32). Measured on an H100 with the universal config's s
   new K/V cache entries, which leave the graph straight from the k and v GEMMs, 3.7-4.0 % where
   2x bf16 allows 1.0-3.1 %.
 
-On CUDA the GEMM is ``torch._scaled_mm`` (cuBLASLt, row-wise scales) and the quantization one Triton
-kernel per input (with the FFN's GELU in it, where the down-projection's input is made). Elsewhere (and in the ONNX
-graph) the two steps are the custom ops ``wan_trt::fp8_quantize_rows`` and ``wan_trt::fp8_linear``:
-the same arithmetic in fp32, exported as QuantizeLinear / DequantizeLinear + MatMul
-(``export/fp8.py``).
+On CUDA the GEMM is ``torch._scaled_mm`` (cuBLASLt, row-wise scales) and the quantization one
+Triton kernel per input (``plugins/quantize_rows.py``; the FFN's GELU inside the one that makes the
+down-projection's input). Elsewhere, and in the ONNX graph, the two steps are the custom ops
+``wan_trt::fp8_quantize_rows`` and ``wan_trt::fp8_linear``: the same arithmetic in fp32, exported
+as QuantizeLinear / DequantizeLinear + MatMul (``export/fp8.py``).
 """
 from __future__ import annotations
 
