@@ -48,8 +48,10 @@ def reference_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     """x [.., K] -> (e4m3 [.., K], fp32 scale [.., 1]): each row scaled so its largest |value| is 448
     (times 448 / amax, one multiplication per element, as the GPU kernel does)."""
     amax = x.abs().amax(-1, keepdim=True).float().clamp_min(MIN_AMAX)
-    inverse = torch.full_like(amax, E4M3_MAX) / amax  # one IEEE division (a float / tensor would take 1/amax first)
-    return (x.float() * inverse).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), amax / E4M3_MAX
+    # Tensor-by-tensor divisions, IEEE on every device, as the kernel's: on CUDA a float divisor becomes a
+    # product by its reciprocal, and a float dividend (448 / amax) takes 1 / amax first.
+    e4m3_max = torch.full_like(amax, E4M3_MAX)
+    return (x.float() * (e4m3_max / amax)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), amax / e4m3_max
 
 
 def reference_fp8_linear(data: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
