@@ -27,7 +27,7 @@ import torch
 from wan_trt.engines.backends import (ALL_BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
                                      parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
-from wan_trt.engines.bench_decoder import bench_decoder, engine_variants
+from wan_trt.engines.bench_decoder import DECODER_PROFILE, bench_decoder, engine_variants
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable, paired_engines
 from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
@@ -136,7 +136,8 @@ class BenchOptions:
         blocks: blocks streamed per backend.
         device: torch device of the run.
         engines: engine files by registry ``engine_key`` ('aoti', 'aoti-plugins', 'tensorrt').
-        profile: backends to profile by op class (each must be among the benched ones).
+        profile: backends to profile by op class (each must be among the benched ones), and
+            ``decoder`` (:data:`DECODER_PROFILE`) for the decoder engine's steady call.
         decoder: a decoder export (`wan-trt export --graph decoder`) to bench beside the DiT.
         decoder_engine: either engine file of that decoder (`wan-trt build DECODER`).
         end_to_end: DiT backends (each among the benched ones) to run again with the decoder engine
@@ -165,13 +166,19 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     check_device(o.device)  # before any model is built
     named = o.backends is not None
     backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))
-    not_benched = [p for p in o.profile if p not in backends]
+    not_benched = [p for p in o.profile if p not in backends and p != DECODER_PROFILE]
     if not_benched:
         raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends ({', '.join(backends)})")
-    pipelines = [p for p in o.profile if get_backend(p).reference_pipeline]
+    pipelines = [p for p in o.profile if p != DECODER_PROFILE and get_backend(p).reference_pipeline]
     if pipelines:
         raise WanTrtError(f"--profile {','.join(pipelines)}: the reference pipeline has no single pass to profile; "
                           "profile torch-eager instead")
+    if DECODER_PROFILE in o.profile and o.decoder_engine is None:
+        raise WanTrtError(f"--profile {DECODER_PROFILE}: give the decoder engine (--decoder-engine) and its export "
+                          "(--decoder)")
+    if o.profile and torch.device(o.device).type != "cuda":
+        raise WanTrtError(f"--profile {','.join(o.profile)}: a profile reads the GPU's kernel times; run it with "
+                          "--device cuda")
     not_benched = [b for b in o.end_to_end if b not in backends or get_backend(b).reference_pipeline]
     if not_benched or (o.end_to_end and o.decoder_engine is None):
         raise WanTrtError(f"--end-to-end {','.join(o.end_to_end)}: needs --decoder-engine and static-cache backends "
@@ -202,7 +209,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         save()
     if o.decoder is not None:
         with stage("bench the video decoder"):
-            report["decoder"] = bench_decoder(Path(o.decoder), o.decoder_engine, o.device, blocks)
+            report["decoder"] = bench_decoder(Path(o.decoder), o.decoder_engine, o.device, blocks,
+                                              profile=DECODER_PROFILE in profile)
         save()
     for backend in o.end_to_end:
         graphed = engine_variants(o.decoder_engine, o.device)[-1]
@@ -211,7 +219,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
                                                                                      o.device)))
         save()
     for backend in profile:
-        if backend in report["backends"]:
+        if backend in report["backends"]:  # the decoder's profile is in report["decoder"]
             with stage(f"profile {backend}"):
                 report["profiles"][backend] = bench.profile(backend)
             save()

@@ -24,7 +24,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from wan_trt.config import WanConfig
-from wan_trt.decoder_spec import CALLS
+from wan_trt.decoder_spec import CALLS, DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import BY_NAME
 from wan_trt.engines.runtime.decoder import DecoderStream
@@ -33,10 +33,11 @@ from wan_trt.export.manifest import reference_model
 from wan_trt.log import logger, stage
 from wan_trt.model import decoder_config
 from wan_trt.model.vae import VideoDecoder
-from wan_trt.profiling import peak_memory_gib, reset_peak_memory, summarize_ms, synchronize
+from wan_trt.profiling import op_class_profile, peak_memory_gib, reset_peak_memory, summarize_ms, synchronize
 from wan_trt.validate.check_decoder import stream_latents
 
 H100_DENSE_BF16_TFLOPS = 989.4  # H100 SXM data sheet, dense (no sparsity)
+DECODER_PROFILE = "decoder"  # the name `wan-trt bench --profile` gives the decoder engine
 
 
 def decoder_flops(cfg: WanConfig) -> dict[str, float]:
@@ -87,8 +88,10 @@ def engine_variants(engine: Path, device: str) -> list[str]:
     return [kind] + ([graphed] if str(device).startswith("cuda") and graphed in BY_NAME else [])
 
 
-def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int) -> dict[str, Any]:
-    """Every decoder row this machine can run, with FLOPs and the fraction of the dense bf16 peak."""
+def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int, profile: bool = False
+                  ) -> dict[str, Any]:
+    """Every decoder row this machine can run, with FLOPs and the fraction of the dense bf16 peak;
+    ``profile``: also the engine's steady call by op class (:func:`profile_decode`)."""
     manifests = read_decoder(directory)
     spec = manifests["steady"].spec
     cfg = spec.config
@@ -121,7 +124,23 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
             with stage(f"bench decoder {name}"), DecoderStream.from_engine(engine, name, device) as stream:
                 reset_peak_memory()
                 record(name, time_blocks(lambda b, z: stream.decode(z), latents.to(spec.dtype), cfg.block_frames))
-    return {"export": str(directory), "precision": spec.precision, "flops_per_block": flops,
-            "roofline_ms_dense_bf16_h100": 1e3 * flops["steady"] / (H100_DENSE_BF16_TFLOPS * 1e12),
-            "rows": rows}
+    report = {"export": str(directory), "precision": spec.precision, "flops_per_block": flops,
+              "roofline_ms_dense_bf16_h100": 1e3 * flops["steady"] / (H100_DENSE_BF16_TFLOPS * 1e12), "rows": rows}
+    if profile:
+        with stage("profile the decoder engine"):
+            report["profile"] = profile_decode(engine, device, spec)
+    return report
+
+
+def profile_decode(engine: Path, device: str, spec: DecoderSpec) -> dict[str, Any]:
+    """Op-class profile of one steady block decoded by the engine (its own backend, no CUDA graph:
+    kernels one by one; the third block, after the first call and a warm-up), the history copies
+    and the frames' uint8 conversion included."""
+    backend = engine_variants(engine, device)[0]
+    f = spec.config.block_frames
+    latents = stream_latents(spec, 3, seed=0).to(device, spec.dtype)
+    with DecoderStream.from_engine(engine, backend, device) as stream, torch.no_grad():
+        for i in range(2):
+            stream.decode(latents[:, :, i * f:(i + 1) * f])
+        return {"backend": backend, **op_class_profile(lambda: stream.decode(latents[:, :, 2 * f:]))}
 

@@ -16,7 +16,8 @@
 #   scripts/gpu_bench.sh decoder-bench RESULTS  one wan-trt bench: the DiT engine (CUDA graphs), the decoder rows
 #                                            (PyTorch fp16 decoder eager / compiled / compiled with cuDNN
 #                                            benchmark, the engine with and without CUDA graphs) and DiT +
-#                                            decoder end to end (needs `build` and `decoder` first)
+#                                            decoder end to end, the decoder engine's profile by op class
+#                                            (needs `build` and `decoder` first)
 #   scripts/gpu_bench.sh cpp RESULTS         the C++ runtime (wan_stream) beside the Python session on the DiT and
 #                                            decoder engines: identical frames?, ms per block (scripts/cpp_stream.py;
 #                                            needs `build` and `decoder` first)
@@ -76,7 +77,7 @@ case "$step" in
   decoder-bench)
     run_step bench_decoder wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
       --backends aoti-plugins+cudagraph --decoder "$DECODER" --decoder-engine "$DECODER_ENGINE" \
-      --end-to-end aoti-plugins+cudagraph --out "$results/bench_${tag}_decoder.json"
+      --end-to-end aoti-plugins+cudagraph --profile decoder --out "$results/bench_${tag}_decoder.json"
     ;;
   cpp)
     python3 scripts/cpp_stream.py "$EXPORT" "$ENGINE" "$DECODER_ENGINE" --blocks "${CPP_BLOCKS:-12}" \

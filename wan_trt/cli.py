@@ -257,7 +257,9 @@ def inspect(engine, as_json) -> None:
               default=None, help="AOTInductor package built with --ops plugins.")
 @click.option(ENGINE_FLAGS["tensorrt"], "trt_engine", type=click.Path(exists=True, dir_okay=False), default=None,
               help="TensorRT engine (`wan-trt build DIR`).")
-@click.option("--profile", "profile", default="", help="Comma-separated backends to profile by op class.")
+@click.option("--profile", "profile", default="",
+              help="Comma-separated benched backends to profile by op class (CUDA only), and 'decoder' for one "
+                   "steady block of the decoder engine.")
 @click.option("--decoder", type=click.Path(exists=True, file_okay=False), default=None,
               help="A decoder export (`wan-trt export --graph decoder`): bench the video decoder too, beside "
                    "PyTorch's fp16 decoder eager and compiled (on CUDA).")

@@ -9,6 +9,11 @@ from wan_trt.profiling import classify
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0",
      "attention"),
     ("nvjet_sm90_tst_128x240_64x4_2x1_v_bz_coopA_bias_TNT", "gemm"),
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x64x32_warpgroupsize1x1x1_g1_execute_"
+     "segment_k_off_kernel__5x_cudnn", "conv"),
+    ("sm80_xmma_fprop_implicit_gemm_indexed_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x32x32_stage4_warpsize4x1x", "conv"),
+    ("triton_red_fused_add_cat_clamp_min_convolution_div_expand_linalg_vector_norm_mul_silu_slice_49", "norm"),
+    ("triton_poi_fused_cat_silu_45", "copy/cat"),
     ("_qk_norm_rope_kernel", "norm"),
     ("_adaln_kernel", "norm"),
     ("_add_adaln_kernel", "norm"),

@@ -75,3 +75,16 @@ def test_profiling_the_reference_pipeline_is_refused_before_any_work(exports, tm
     assert res.exit_code == 1 and "error: --profile reference-eager: the reference pipeline has no single pass" \
         in res.output, res.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("profile, message", [
+    ("torch-eager", "error: --profile torch-eager: a profile reads the GPU's kernel times; run it with --device cuda"),
+    ("decoder", "error: --profile decoder: give the decoder engine (--decoder-engine) and its export (--decoder)"),
+])
+def test_profiles_that_cannot_run_are_refused_before_any_work(exports, tmp_path, profile, message):
+    """A CPU run cannot profile kernels, and the decoder's profile needs its engine."""
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", str(exports["universal-small"]), "--device", "cpu",
+                                    "--backends", "torch-eager", "--profile", profile, "--out", str(out)])
+    assert res.exit_code == 1 and message in res.output, res.output
+    assert not out.exists()
