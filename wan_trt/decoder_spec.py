@@ -8,8 +8,9 @@ latent frame yields one video frame, not four), so the decoder has two graphs, o
     steady   latents [1, 16, F, h, w], history_00 .. _31    -> rgb [1, 3, 4F, 8h, 8w],         history_NN_next
 
 ``rgb`` is fp32 in [-1, 1] (upstream clamps there); latents and histories are in the graph's
-precision. ``history_NN`` [1, C, 2, h', w'] holds the last two input frames of the NN-th causal
-3-frame convolution in call order (its doc names the convolution's module path). The first graph
+precision. ``history_NN`` [1, 2, h', w', C] holds the last two input frames of the NN-th causal
+3-frame convolution in call order (its doc names the convolution's module path), channels last: the
+layout the engines' convolutions run in, so carrying a history is a plain copy. The first graph
 starts from empty histories (a stream's start) and so has no history inputs; after any call,
 ``history_NN <- history_NN_next`` feeds the next steady call. The unit is one block (a call per
 block): on an H100 one 3-frame call ran faster than three 1-frame calls (141 vs 157 ms eager bf16).
@@ -32,6 +33,7 @@ from wan_trt.spec import DTYPE_NAMES, LATENTS, SPEC_VERSION, GraphSpec, TensorSp
 CALLS = ("first", "steady")
 RGB = "rgb"
 PIXELS_PER_LATENT = 8  # the decoder's spatial upsampling
+HISTORY_IO_ORDER = (0, 2, 3, 4, 1)  # a history [B, C, 2, h, w] as graph I/O: [B, 2, h, w, C]
 
 
 def history_name(index: int, next_value: bool = False) -> str:
@@ -66,9 +68,11 @@ class DecoderSpec(GraphSpec):
         pairs = []
         for i, (path, shape) in enumerate(layout):
             pairs.append((history_name(i), history_name(i, True)))
+            shape = tuple(shape[d] for d in HISTORY_IO_ORDER)
             if call == "steady":
-                inputs.append(TensorSpec(history_name(i), shape, dt, f"last 2 input frames of {path}"))
-            outputs.append(TensorSpec(history_name(i, True), shape, dt, f"{path}'s history after this call"))
+                inputs.append(TensorSpec(history_name(i), shape, dt, f"last 2 input frames of {path}, channels last"))
+            outputs.append(TensorSpec(history_name(i, True), shape, dt,
+                                      f"{path}'s history after this call, channels last"))
         return cls(cfg, precision, tuple(inputs), tuple(outputs), call, tuple(pairs))
 
     @classmethod

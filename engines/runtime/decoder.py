@@ -101,8 +101,8 @@ class DecoderStream:
         feeds = self.feeds if self.started else {LATENTS: self.feeds[LATENTS]}
         outputs = runner.infer(feeds)
         frames = frames_of(outputs[RGB])
-        for name, nxt in self.spec.histories:
-            self.feeds[name].copy_(outputs[nxt])
+        pairs = self.spec.histories  # one multi-tensor copy (channels last both: a plain copy)
+        torch._foreach_copy_([self.feeds[name] for name, _ in pairs], [outputs[nxt] for _, nxt in pairs])
         self.started = True
         return frames
 

@@ -40,9 +40,10 @@ def test_spec_describes_both_calls_and_round_trips():
     assert first.output_names == steady.output_names  # the first call leaves what the steady call takes
     with torch.device("meta"):
         layout = VideoDecoder(decoder_config(cfg)).history_shapes(1, 4, 6)
-    assert [steady.tensor(i).shape for i, _ in steady.histories] == layout  # in call order
-    assert [first.tensor(o).shape for _, o in first.histories] == layout
     assert layout[0] == (1, 16, 2, 4, 6) and layout[-1] == (1, 8, 2, 32, 48)  # conv1 ... the head at 8x
+    channels_last = [(b, t, h, w, c) for b, c, t, h, w in layout]  # as graph I/O: [B, 2, h, w, C]
+    assert [steady.tensor(i).shape for i, _ in steady.histories] == channels_last  # in call order
+    assert [first.tensor(o).shape for _, o in first.histories] == channels_last
     for spec in (first, steady):
         assert spec_from_dict(json.loads(json.dumps(spec.to_dict()))).fingerprint() == spec.fingerprint()
     edited = steady.to_dict() | {"graph": "vocoder"}

@@ -129,6 +129,30 @@ def test_histories_matter():
     assert (with_history - without).abs().max() > 1e-2
 
 
+@torch.no_grad()
+def test_the_engine_form_decodes_as_the_reference():
+    """The form graphs hold (channels-last convolutions padding their own borders, 96-channel ones
+    computing 128 outputs, the attention by explicit products) decodes a stream as the reference."""
+    torch.manual_seed(3)
+    reference = VideoDecoder(DecoderConfig(dim=24)).eval()  # stages of 96, 96, 96, 48, 24 channels
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine = VideoDecoder(DecoderConfig(dim=24)).eval()
+    engine.load_state_dict(reference.state_dict())
+    engine.use_engine_form().use_engine_form()  # preparing twice changes nothing
+    padded = [m for m in engine.modules() if isinstance(m, CausalConv3d) and m.weight.shape[0] != m.out_channels]
+    assert len(padded) > 10 and all(m.weight.shape[0] == 128 for m in padded)
+    z = torch.randn(1, 16, 5, 2, 3)
+    got, want = engine.empty_history(1, 2, 3), reference.empty_history(1, 2, 3)
+    for start, end in ((0, 2), (2, 5)):
+        frames, got = engine(z[:, :, start:end], got, first=start == 0)
+        expected, want = reference(z[:, :, start:end], want, first=start == 0)
+        torch.testing.assert_close(frames, expected, rtol=1e-5, atol=1e-5)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_upstream_parameter_names_and_shapes():
     """Spot checks of the Wan2.1 VAE decoder's state dict (dim 96) and its 32 cached convolutions."""
     with torch.device("meta"):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from wan_trt.decoder_spec import DecoderSpec
+from wan_trt.decoder_spec import HISTORY_IO_ORDER, DecoderSpec
 from wan_trt.model.vae import VideoDecoder
 from wan_trt.spec import LATENTS
+
+TO_MODULE = tuple(HISTORY_IO_ORDER.index(d) for d in range(5))  # a history as graph I/O -> as the module takes it
 
 
 class StaticDecode(nn.Module):
@@ -24,9 +26,10 @@ class StaticDecode(nn.Module):
         feeds = dict(zip(self.input_names, args))
         latents = feeds[LATENTS]
         if self.spec.first:  # a stream's start: every causal convolution starts from zeros
-            history = [torch.zeros(self.spec.tensor(out).shape, dtype=latents.dtype, device=latents.device)
-                       for _, out in self.spec.histories]
+            io = [torch.zeros(self.spec.tensor(out).shape, dtype=latents.dtype, device=latents.device)
+                  for _, out in self.spec.histories]
         else:
-            history = [feeds[name] for name, _ in self.spec.histories]
-        rgb, history = self.decoder(latents, history, first=self.spec.first)
-        return (rgb, *history)
+            io = [feeds[name] for name, _ in self.spec.histories]
+        # [B, 2, h, w, C] -> [B, C, 2, h, w] views, channels-last in memory, and back (no copy in an engine)
+        rgb, history = self.decoder(latents, [t.permute(TO_MODULE) for t in io], first=self.spec.first)
+        return (rgb, *(t.permute(HISTORY_IO_ORDER).contiguous() for t in history))

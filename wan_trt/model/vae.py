@@ -71,17 +71,34 @@ class CausalConv3d(nn.Conv3d):
         self.history_frames = 2 * pt
         self.spatial_pad = (pw, pw, ph, ph, 0, 0)
         self.padding = (0, 0, 0)
-        self.channels_last = False  # see VideoDecoder.use_channels_last
+        self.engine_form = False  # see VideoDecoder.use_engine_form
 
     def forward(self, x: torch.Tensor, history: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.history_frames:
-            x = torch.cat([history.to(x.dtype), x], dim=2)
+            history = history.to(x.dtype)
+            if self.engine_form:  # a concatenation of channels-last halves is channels-last: no copy after it
+                history, x = (t.contiguous(memory_format=torch.channels_last_3d) for t in (history, x))
+            x = torch.cat([history, x], dim=2)
             history = x[:, :, -self.history_frames:]
-        x = F.pad(x, self.spatial_pad)
-        if self.channels_last:
+        if self.engine_form:  # the same zeros, padded by the convolution instead of a padded copy
             x = x.contiguous(memory_format=torch.channels_last_3d)
-        return super().forward(x), history
+            pw, _, ph = self.spatial_pad[:3]
+            y = F.conv3d(x, self.weight, self.bias, self.stride, (0, ph, pw))
+            return y[:, :self.out_channels] if y.shape[1] != self.out_channels else y, history
+        return super().forward(F.pad(x, self.spatial_pad)), history
+
+    def use_engine_form(self) -> None:
+        """Channels-last weights; 65 to 127 output channels padded with zero filters to 128 (one tile
+        of cuDNN's kernels instead of a wide and a narrow one; the extra outputs are dropped). Once."""
+        if self.engine_form:
+            return
+        extra = 128 - self.out_channels if 64 < self.out_channels < 128 else 0
+        if extra:
+            self.weight.data = torch.cat([self.weight.data, self.weight.data.new_zeros(extra, *self.weight.shape[1:])])
+            self.bias.data = torch.cat([self.bias.data, self.bias.data.new_zeros(extra)])
+        self.weight.data = self.weight.data.contiguous(memory_format=torch.channels_last_3d)
+        self.engine_form = True
 
 
 class RMS_norm(nn.Module):  # noqa: N801  (upstream's name, kept for the checkpoint's module paths)
@@ -164,12 +181,19 @@ class AttentionBlock(nn.Module):
         self.norm = RMS_norm(dim)
         self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
         self.proj = nn.Conv2d(dim, dim, 1)
+        self.engine_form = False  # see VideoDecoder.use_engine_form
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, t, h, w = x.shape
         y = self.norm(x.transpose(1, 2).reshape(b * t, c, h, w))
         q, k, v = self.to_qkv(y).reshape(b * t, 1, 3 * c, h * w).transpose(2, 3).chunk(3, dim=-1)
-        y = F.scaled_dot_product_attention(q, k, v).squeeze(1).transpose(1, 2).reshape(b * t, c, h, w)
+        if self.engine_form:  # products in the weights' dtype, softmax in fp32 (a graph's generic attention
+            # computes all in fp32, for a head too wide for the flash kernels)
+            scores = torch.matmul(q, k.transpose(-1, -2)).float() * c ** -0.5
+            y = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)
+        y = y.squeeze(1).transpose(1, 2).reshape(b * t, c, h, w)
         y = self.proj(y)
         return x + y.reshape(b, t, c, h, w).transpose(1, 2)
 
@@ -235,15 +259,25 @@ class VideoDecoder(nn.Module):
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
 
-    def use_channels_last(self) -> "VideoDecoder":
-        """Run the 3D convolutions channels-last (NDHWC): cuDNN's fast kernels take that layout, and
-        without it every convolution transposes its input and output. The same arithmetic in another
-        layout (cuDNN may pick other kernels, so roundings can differ); weights are converted in
-        place. Returns self."""
+    def use_engine_form(self) -> "VideoDecoder":
+        """The decoder as its graphs hold it: the same arithmetic, arranged for speed. Weights are
+        converted in place (the PyTorch references stay unprepared). Returns self.
+
+        - the 3D convolutions run channels-last (NDHWC): cuDNN's fast kernels take that layout, and
+          without it every convolution transposes its input and output;
+        - each joins its history and its input channels-last, so the joined input needs no copy
+          into that layout;
+        - each pads its input's borders with zeros itself, instead of reading a padded copy;
+        - those with 65 to 127 output channels compute 128 (:meth:`CausalConv3d.use_engine_form`);
+        - the attention block multiplies in the weights' dtype, with its softmax in fp32.
+
+        cuDNN may pick other kernels for these forms, so roundings can differ from the reference.
+        """
         for module in self.modules():
             if isinstance(module, CausalConv3d):
-                module.channels_last = True
-                module.weight.data = module.weight.data.contiguous(memory_format=torch.channels_last_3d)
+                module.use_engine_form()
+            elif isinstance(module, AttentionBlock):
+                module.engine_form = True
         return self
 
     def history_layout(self, batch: int, height: int, width: int) -> list[tuple[str, tuple[int, ...]]]:
