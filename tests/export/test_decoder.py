@@ -105,6 +105,7 @@ def test_aoti_engines_build_check_stream_and_bench(decoder_export, decoder_aoti,
     assert list(report["decoder"]["rows"]) == ["aoti"] and report["decoder"]["flops_per_block"]["steady"] > 0
     e2e = report["end_to_end"]["torch-eager+decoder"]
     assert e2e["stage_ms"]["decode"] > 0 and len(e2e["block_ms_all"]) == 3
+    assert e2e["block_ms"]["n"] == 1  # steady: after the decoder's two graphs have run (blocks 0 and 1)
     with pytest.raises(WanTrtError, match="--decoder-engine"):
         run_bench(plain_export, dataclasses.replace(options, decoder_engine=None))
     with pytest.raises(WanTrtError, match="static-cache backends"):  # the reference pipeline has no session
