@@ -170,10 +170,11 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     check_device(o.device)  # before any model is built
     named = o.backends is not None
     backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))
-    not_benched = [p for p in o.profile if p not in backends and p != DECODER_PROFILE]
+    backend_profiles = [p for p in o.profile if p != DECODER_PROFILE]  # the decoder's is in report["decoder"]
+    not_benched = [p for p in backend_profiles if p not in backends]
     if not_benched:
         raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends ({', '.join(backends)})")
-    pipelines = [p for p in o.profile if p != DECODER_PROFILE and get_backend(p).reference_pipeline]
+    pipelines = [p for p in backend_profiles if get_backend(p).reference_pipeline]
     if pipelines:
         raise WanTrtError(f"--profile {','.join(pipelines)}: the reference pipeline has no single pass to profile; "
                           "profile torch-eager instead")
@@ -192,7 +193,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     decoder_spec = read_decoder(o.decoder)["steady"].spec if o.decoder is not None else None  # before any benching
     if o.decoder_engine is not None:
         paired_engines(o.decoder_engine)
-    blocks, out, chart, profile = o.blocks, o.out, o.chart, o.profile
+    blocks, out, chart = o.blocks, o.out, o.chart
     bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
     cfg = bench.spec.config
     if o.end_to_end:
@@ -214,7 +215,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if o.decoder is not None:
         with stage("bench the video decoder"):
             report["decoder"] = bench_decoder(Path(o.decoder), o.decoder_engine, o.device, blocks,
-                                              profile=DECODER_PROFILE in profile)
+                                              profile=DECODER_PROFILE in o.profile)
         save()
     for backend in o.end_to_end:
         graphed = engine_variants(o.decoder_engine, o.device)[-1]
@@ -222,8 +223,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
                    run=lambda: bench.run(backend, blocks, DecoderStream.from_engine(o.decoder_engine, graphed,
                                                                                      o.device)))
         save()
-    for backend in profile:
-        if backend in report["backends"]:  # the decoder's profile is in report["decoder"]
+    for backend in backend_profiles:
+        if backend in report["backends"]:
             with stage(f"profile {backend}"):
                 report["profiles"][backend] = bench.profile(backend)
             save()
