@@ -33,6 +33,7 @@ from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
+from wan_trt.precisions import pytorch_precision
 from wan_trt.spec import GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
 from wan_trt.validate.stream import compare_stream
@@ -248,7 +249,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))
     reference.name = "torch-fp32"
     yardstick = TorchRunner(low, spec)
-    yardstick.name = f"torch-{'bf16' if spec.precision == 'fp8' else spec.precision}"  # fp8: against bf16
+    yardstick.name = f"torch-{pytorch_precision(spec.precision)}"
     with stage("single pass (Polygraphy Comparator)"):
         report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
                                            _sample_feeds(directory, manifest), spec,

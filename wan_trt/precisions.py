@@ -7,3 +7,11 @@ PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "
 # The precisions that only a transformer graph has (the video decoder and the streaming command's
 # PyTorch model stay in the others).
 ENGINE_ONLY = ("fp8",)
+
+
+def pytorch_precision(name: str) -> str:
+    """The precision a PyTorch model of precision ``name`` runs in: ``name`` itself, or, for an engine-only
+    precision, the one of the same dtype (fp8 -> bf16: the yardstick an fp8 engine is judged against)."""
+    if name not in ENGINE_ONLY:
+        return name
+    return next(p for p, dtype in PRECISIONS.items() if dtype == PRECISIONS[name] and p not in ENGINE_ONLY)

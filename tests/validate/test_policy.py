@@ -83,3 +83,11 @@ def test_every_registered_precision_has_a_policy():
     from wan_trt.precisions import PRECISIONS
     from wan_trt.validate.metrics import REL_L2_FLOORS
     assert set(REL_L2_FLOORS) == set(PRECISIONS)
+
+
+def test_every_precision_has_a_pytorch_precision_of_its_dtype():
+    from wan_trt.precisions import ENGINE_ONLY, PRECISIONS, pytorch_precision
+    for name in PRECISIONS:
+        ours = pytorch_precision(name)
+        assert ours not in ENGINE_ONLY and PRECISIONS[ours] == PRECISIONS[name]
+    assert pytorch_precision("fp8") == "bf16" and pytorch_precision("fp16") == "fp16"
