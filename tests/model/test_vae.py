@@ -132,7 +132,8 @@ def test_histories_matter():
 @torch.no_grad()
 def test_the_engine_form_decodes_as_the_reference():
     """The form graphs hold (channels-last convolutions padding their own borders, 96-channel ones
-    computing 128 outputs, the attention by explicit products) decodes a stream as the reference."""
+    computing 128 outputs, the attention by explicit products, the head by one GEMM of its taps)
+    decodes a stream as the reference."""
     torch.manual_seed(3)
     reference = VideoDecoder(DecoderConfig(dim=24)).eval()  # stages of 96, 96, 96, 48, 24 channels
     with torch.no_grad():

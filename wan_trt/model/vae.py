@@ -88,6 +88,25 @@ class CausalConv3d(nn.Conv3d):
             return y[:, :self.out_channels] if y.shape[1] != self.out_channels else y, history
         return super().forward(F.pad(x, self.spatial_pad)), history
 
+    def forward_taps(self, joined: torch.Tensor) -> torch.Tensor:
+        """Engine form for a few output channels (the head's 3, which cuDNN computes as 64): one GEMM of
+        the input (its history included, channels last) with every tap's weights, then the sum of the
+        taps' shifted products in fp32, plus the bias. Returns the fp32 output."""
+        kt, kh, kw = self.kernel_size
+        pw, _, ph = self.spatial_pad[:3]
+        b, c, frames, h, w = joined.shape
+        co, t = self.out_channels, frames - kt + 1
+        taps = self.weight[:co].permute(2, 3, 4, 0, 1).reshape(-1, c)  # [(kt, kh, kw, co), c]
+        pixels = joined.permute(0, 2, 3, 4, 1).reshape(-1, c)  # channels last: a view
+        products = torch.mm(taps, pixels.t()).view(kt, kh, kw, co, b, frames, h, w)
+        products = F.pad(products, (pw, pw, ph, ph))
+        out = self.bias[:co].float().view(co, 1, 1, 1, 1)
+        for dt in range(kt):
+            for dh in range(kh):
+                for dw in range(kw):
+                    out = out + products[dt, dh, dw, :, :, dt:dt + t, dh:dh + h, dw:dw + w].float()
+        return out.transpose(0, 1)
+
     def use_engine_form(self) -> None:
         """Channels-last weights; 65 to 127 output channels padded with zero filters to 128 (one tile
         of cuDNN's kernels instead of a wide and a narrow one; the extra outputs are dropped). Once."""
@@ -231,6 +250,8 @@ class Decoder3d(nn.Module):
         self.upsamples = nn.Sequential(*upsamples)
         self.head = nn.Sequential(RMS_norm(dims[-1], images=False), nn.SiLU(), CausalConv3d(dims[-1], 3, 3, padding=1))
 
+    engine_form = False  # see VideoDecoder.use_engine_form
+
     def forward(self, x: torch.Tensor, histories: Histories, first: bool) -> torch.Tensor:
         x, new = self.conv1(x, histories.take())
         histories.give(new)
@@ -241,10 +262,16 @@ class Decoder3d(nn.Module):
                 x = layer(x, histories, first)
             else:
                 x = layer(x)
-        x = self.head[1](self.head[0](x))
-        x, new = self.head[2](x, histories.take())
-        histories.give(new)
-        return x
+        norm, silu, conv = self.head
+        x = silu(norm(x))
+        if not self.engine_form:
+            x, new = conv(x, histories.take())
+            histories.give(new)
+            return x
+        joined = torch.cat([t.contiguous(memory_format=torch.channels_last_3d)
+                            for t in (histories.take().to(x.dtype), x)], dim=2)
+        histories.give(joined[:, :, -conv.history_frames:])
+        return conv.forward_taps(joined)
 
 
 class VideoDecoder(nn.Module):
@@ -269,14 +296,16 @@ class VideoDecoder(nn.Module):
           into that layout;
         - each pads its input's borders with zeros itself, instead of reading a padded copy;
         - those with 65 to 127 output channels compute 128 (:meth:`CausalConv3d.use_engine_form`);
-        - the attention block multiplies in the weights' dtype, with its softmax in fp32.
+        - the attention block multiplies in the weights' dtype, with its softmax in fp32;
+        - the head's convolution (3 outputs) is one GEMM with all its taps and a sum of shifted slices
+          (:meth:`CausalConv3d.forward_taps`).
 
         cuDNN may pick other kernels for these forms, so roundings can differ from the reference.
         """
         for module in self.modules():
             if isinstance(module, CausalConv3d):
                 module.use_engine_form()
-            elif isinstance(module, AttentionBlock):
+            elif isinstance(module, (AttentionBlock, Decoder3d)):
                 module.engine_form = True
         return self
 
