@@ -10,6 +10,10 @@ raises is a failure with its traceback in the report.
 
 Per backend: ms per pass, ms per block (steady state: blocks after the first), P50/P95,
 video frames per second (12 per steady block) and peak device memory.
+
+Engines of other exports of the same config (``also_engines``: e.g. the fp16 and fp8 builds beside
+the bf16 export's rows) run in the same process, each on its own export's inputs, their rows named
+``<backend>@<precision>``; ``--profile`` takes those names too.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ from typing import Any
 
 import torch
 
-from wan_trt.engines.backends import (ALL_BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
+from wan_trt.engines.artifact import EngineMetadata
+from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
                                      parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
 from wan_trt.engines.bench_decoder import DECODER_PROFILE, bench_decoder, engine_variants
@@ -131,6 +136,33 @@ class Bench:
 
 
 @dataclass(frozen=True)
+class OtherEngine:
+    """An engine of another export of the same config, benched beside the run's own rows."""
+
+    bench: Bench
+    backends: tuple[str, ...]  # the registry backends that run it (its own, and with CUDA graphs)
+    precision: str
+
+    @classmethod
+    def of(cls, engine: Path, device: str, config_name: str) -> "OtherEngine":
+        """Checks ``engine`` before any work: a DiT engine of an export of ``config_name`` that still exists."""
+        meta = EngineMetadata.read(engine)
+        key = "tensorrt" if meta.backend == "tensorrt" else "aoti" if meta.ops == "native" else f"aoti-{meta.ops}"
+        export = Path(meta.export_dir)
+        if not (export / "manifest.json").exists():
+            raise WanTrtError(f"--also-engine {engine}: its export {export} is gone; rebuild the engine")
+        kind = Manifest.read(export).spec.KIND
+        if kind != "pass" or meta.config != config_name:
+            raise WanTrtError(f"--also-engine {engine}: a {meta.config} {kind} engine; this run benches "
+                              f"{config_name} denoising passes")
+        return cls(Bench(export, device, {key: engine}), tuple(b.name for b in BACKENDS if b.engine_key == key),
+                   meta.precision)
+
+    def row(self, backend: str) -> str:
+        return f"{backend}@{self.precision}"
+
+
+@dataclass(frozen=True)
 class BenchOptions:
     """What `wan-trt bench` was asked for, beside the export directory.
 
@@ -146,6 +178,8 @@ class BenchOptions:
         decoder_engine: either engine file of that decoder (`wan-trt build DECODER`).
         end_to_end: DiT backends (each among the benched ones) to run again with the decoder engine
             attached, every block decoded to frames: ``<backend>+decoder`` rows.
+        also_engines: engines of other exports of the same config (e.g. other precisions), benched in
+            this run too: ``<backend>@<precision>`` rows (their CUDA-graph variant skipped off CUDA).
         out: JSON results file. chart: PNG chart of ms per block.
     """
 
@@ -157,6 +191,7 @@ class BenchOptions:
     decoder: Path | None = None
     decoder_engine: Path | None = None
     end_to_end: tuple[str, ...] = ()
+    also_engines: tuple[Path, ...] = ()
     out: Path | None = None
     chart: Path | None = None
 
@@ -171,10 +206,18 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     named = o.backends is not None
     backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))
     backend_profiles = [p for p in o.profile if p != DECODER_PROFILE]  # the decoder's is in report["decoder"]
-    not_benched = [p for p in backend_profiles if p not in backends]
+    bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
+    cfg = bench.spec.config
+    others = [OtherEngine.of(Path(e), o.device, cfg.name) for e in o.also_engines]
+    other_rows = {other.row(b): (other, b) for other in others for b in other.backends}
+    clashes = [r for r in other_rows if r in backends] + ([] if len(other_rows) == sum(len(x.backends) for x in others)
+                                                          else ["two --also-engine files of one backend and precision"])
+    if clashes:
+        raise WanTrtError(f"--also-engine: rows named twice: {', '.join(clashes)}")
+    not_benched = [p for p in backend_profiles if p not in backends and p not in other_rows]
     if not_benched:
         raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends ({', '.join(backends)})")
-    pipelines = [p for p in backend_profiles if get_backend(p).reference_pipeline]
+    pipelines = [p for p in backend_profiles if p not in other_rows and get_backend(p).reference_pipeline]
     if pipelines:
         raise WanTrtError(f"--profile {','.join(pipelines)}: the reference pipeline has no single pass to profile; "
                           "profile torch-eager instead")
@@ -194,8 +237,6 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if o.decoder_engine is not None:
         paired_engines(o.decoder_engine)
     blocks, out, chart = o.blocks, o.out, o.chart
-    bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
-    cfg = bench.spec.config
     if o.end_to_end:
         check_attachable(decoder_spec, bench.spec)
     report: dict[str, Any] = {**provenance("wan-trt"),
@@ -212,6 +253,11 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     for backend in backends:
         _bench_one(report, "backends", backend, named, run=lambda: bench.run(backend, blocks))
         save()
+    for row, (other, backend) in other_rows.items():
+        _bench_one(report, "backends", row, False, run=lambda: {**other.bench.run(backend, blocks),
+                                                                 "precision": other.precision,
+                                                                 "export": str(other.bench.directory)})
+        save()
     if o.decoder is not None:
         with stage("bench the video decoder"):
             report["decoder"] = bench_decoder(Path(o.decoder), o.decoder_engine, o.device, blocks,
@@ -226,7 +272,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     for backend in backend_profiles:
         if backend in report["backends"]:
             with stage(f"profile {backend}"):
-                report["profiles"][backend] = bench.profile(backend)
+                other, name = other_rows.get(backend, (None, backend))
+                report["profiles"][backend] = (other.bench if other else bench).profile(name)
             save()
     if chart and report["backends"]:
         write_chart(report, Path(chart))

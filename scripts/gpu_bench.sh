@@ -21,6 +21,9 @@
 #   scripts/gpu_bench.sh cpp RESULTS         the C++ runtime (wan_stream) beside the Python session on the DiT and
 #                                            decoder engines: identical frames?, ms per block (scripts/cpp_stream.py;
 #                                            needs `build` and `decoder` first)
+#   scripts/gpu_bench.sh precisions RESULTS  one wan-trt bench of the PRECISION (bf16) engine beside the fp16 and fp8
+#                                            engines (--also-engine; built here if missing), torch.compile and
+#                                            eager, with the profile of each engine (needs `build` first)
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
@@ -35,7 +38,7 @@ EXPORT=out/${CONFIG}_${PRECISION}_aoti
 ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 DECODER=out/${CONFIG}_${PRECISION}_decoder
 DECODER_ENGINE=$DECODER/steady/engine_aoti_cuda.pt2
-step=${1:?"step: setup | build | bench | check | checks | long | decoder | decoder-bench | cpp | all"}
+step=${1:?"step: setup | build | bench | check | checks | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || mkdir -p "$results"
 tag=${CONFIG}_${PRECISION}
@@ -89,6 +92,17 @@ case "$step" in
   long)
     python3 scripts/long_stream.py "$EXPORT" "$ENGINE" --blocks "${LONG_BLOCKS:-1500}" \
       --out "$results/long_stream_${tag}.json" 2> "$results/long.log"
+    ;;
+  precisions)
+    also=()
+    for p in fp16 fp8; do
+      other=out/${CONFIG}_${p}_aoti
+      [ -f "$other/engine_aoti_plugins_cuda.pt2" ] || { CONFIG=$CONFIG PRECISION=$p "$0" build "$results/$p" || exit 1; }
+      also+=(--also-engine "$other/engine_aoti_plugins_cuda.pt2")
+    done
+    run_step bench_precisions wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
+      --backends aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager "${also[@]}" \
+      --profile aoti-plugins,aoti-plugins@fp16,aoti-plugins@fp8 --out "$results/bench_${CONFIG}_precisions.json"
     ;;
   all)
     for s in build bench check; do "$0" "$s" "$results"; done

@@ -267,11 +267,14 @@ def inspect(engine, as_json) -> None:
               help="Either engine file of that decoder (`wan-trt build DECODER`).")
 @click.option("--end-to-end", "end_to_end", default="",
               help="Comma-separated benched backends to run again with the decoder engine decoding every block.")
+@click.option("--also-engine", "also_engines", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="An engine of another export of the same config (e.g. its fp16 or fp8 build), benched in this "
+                   "run too: rows BACKEND@PRECISION (--profile takes those names). Repeatable.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="JSON results file.")
 @click.option("--chart", type=click.Path(dir_okay=False), default=None, help="PNG chart of ms per block.")
 @user_errors
 def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine, trt_engine, profile, decoder,
-          decoder_engine, end_to_end, out, chart) -> None:
+          decoder_engine, end_to_end, also_engines, out, chart) -> None:
     """ms per pass / block, FPS, P50/P95 and memory for every backend available, side by side."""
     from wan_trt.engines.bench import BenchOptions, run_bench
 
@@ -282,11 +285,12 @@ def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine,
                            profile=tuple(b for b in profile.split(",") if b),
                            decoder=Path(decoder) if decoder else None,
                            decoder_engine=Path(decoder_engine) if decoder_engine else None,
-                           end_to_end=tuple(b for b in end_to_end.split(",") if b), out=Path(out) if out else None,
+                           end_to_end=tuple(b for b in end_to_end.split(",") if b),
+                           also_engines=tuple(Path(e) for e in also_engines), out=Path(out) if out else None,
                            chart=Path(chart) if chart else None)
     report = run_bench(directory, options)
     for name, r in report["backends"].items():
-        click.echo(f"{name:16} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
+        click.echo(f"{name:24} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
                    f"p95 {r['block_ms']['p95']:8.1f}  {r['ms_per_pass']['mean']:7.1f} ms/pass  "
                    f"{r['video_fps']:6.1f} fps")
     for name, r in report.get("decoder", {}).get("rows", {}).items():

@@ -78,3 +78,29 @@ def test_a_bad_device_is_one_error_line_before_any_work(plain_export, tmp_path):
     res = _bench([str(plain_export), "--device", "gpu0", "--backends", "torch-eager", "--out", str(out)])
     assert res.exit_code == 1 and "--device 'gpu0' is not a torch device" in res.output, res.output
     assert "Traceback" not in res.output and not out.exists()
+
+
+def test_an_engine_of_another_export_is_benched_beside_the_runs_rows(plain_export, aoti, decoder_aoti, tmp_path):
+    """--also-engine: the engine's rows, named BACKEND@PRECISION, in the same run and file (its CUDA-graph
+    variant skipped off CUDA, with the reason); profiles take those names; engines that are not this
+    config's denoising passes are refused before any work."""
+    _, engine = aoti
+    out = tmp_path / "bench.json"
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager",
+                  "--also-engine", str(engine), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert set(report["backends"]) == {"torch-eager", "aoti@fp32"} and "aoti+cudagraph@fp32" in report["skipped"]
+    row = report["backends"]["aoti@fp32"]
+    assert row["precision"] == "fp32" and row["block_ms"]["n"] == 1 and row["export"] == str(aoti[0].resolve())
+    assert "aoti@fp32" in res.output
+    res = _bench([str(plain_export), "--device", "cpu", "--backends", "torch-eager", "--also-engine",
+                  str(decoder_aoti), "--out", str(tmp_path / "x.json")])
+    assert res.exit_code == 1 and "decoder engine" in res.output and not (tmp_path / "x.json").exists(), res.output
+    res = _bench([str(plain_export), "--device", "cpu", "--backends", "torch-eager", "--also-engine", str(engine),
+                  "--also-engine", str(engine)])
+    assert res.exit_code == 1 and "rows named twice" in res.output, res.output
+    for profile, message in (("aoti@fp32", "--device cuda"), ("aoti@fp16", "not among the benched backends")):
+        res = _bench([str(plain_export), "--device", "cpu", "--backends", "torch-eager", "--also-engine", str(engine),
+                      "--profile", profile])
+        assert res.exit_code == 1 and message in res.output, res.output
