@@ -209,11 +209,11 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
     cfg = bench.spec.config
     others = [OtherEngine.of(Path(e), o.device, cfg.name) for e in o.also_engines]
+    rows = [other.row(b) for other in others for b in other.backends]
+    twice = sorted({r for r in rows if rows.count(r) > 1})
+    if twice:
+        raise WanTrtError(f"--also-engine: rows named twice: {', '.join(twice)} (one engine per backend and precision)")
     other_rows = {other.row(b): (other, b) for other in others for b in other.backends}
-    clashes = [r for r in other_rows if r in backends] + ([] if len(other_rows) == sum(len(x.backends) for x in others)
-                                                          else ["two --also-engine files of one backend and precision"])
-    if clashes:
-        raise WanTrtError(f"--also-engine: rows named twice: {', '.join(clashes)}")
     not_benched = [p for p in backend_profiles if p not in backends and p not in other_rows]
     if not_benched:
         raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends ({', '.join(backends)})")
