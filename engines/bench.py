@@ -135,31 +135,49 @@ class Bench:
             return op_class_profile(lambda: runner.infer(feeds))
 
 
-@dataclass(frozen=True)
+@dataclass
 class OtherEngine:
     """An engine of another export of the same config, benched beside the run's own rows."""
 
-    bench: Bench
-    backends: tuple[str, ...]  # the registry backends that run it (its own, and with CUDA graphs)
+    engine: Path
+    export: Path
+    key: str  # its registry engine_key
     precision: str
+    device: str
+    _bench: Bench | None = None
 
     @classmethod
     def of(cls, engine: Path, device: str, config_name: str) -> "OtherEngine":
-        """Checks ``engine`` before any work: a DiT engine of an export of ``config_name`` that still exists."""
+        """Checks ``engine`` before any work (its export's files are verified when it is benched): a DiT
+        engine of an export of ``config_name`` that still exists."""
         meta = EngineMetadata.read(engine)
         key = "tensorrt" if meta.backend == "tensorrt" else "aoti" if meta.ops == "native" else f"aoti-{meta.ops}"
         export = Path(meta.export_dir)
         if not (export / "manifest.json").exists():
             raise WanTrtError(f"--also-engine {engine}: its export {export} is gone; rebuild the engine")
-        kind = Manifest.read(export).spec.KIND
+        kind = Manifest.read(export, verify=False).spec.KIND
         if kind != "pass" or meta.config != config_name:
             raise WanTrtError(f"--also-engine {engine}: a {meta.config} {kind} engine; this run benches "
                               f"{config_name} denoising passes")
-        return cls(Bench(export, device, {key: engine}), tuple(b.name for b in BACKENDS if b.engine_key == key),
-                   meta.precision)
+        return cls(engine, export, key, meta.precision, device)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The registry backends that run it: its own, and with CUDA graphs."""
+        return tuple(b.name for b in BACKENDS if b.engine_key == self.key)
+
+    @property
+    def bench(self) -> Bench:
+        if self._bench is None:
+            self._bench = Bench(self.export, self.device, {self.key: self.engine})
+        return self._bench
 
     def row(self, backend: str) -> str:
         return f"{backend}@{self.precision}"
+
+    def must_run(self, backend: str) -> bool:
+        """Its own backend must run; its CUDA-graph variant on a CUDA device (skipped, with why, elsewhere)."""
+        return not get_backend(backend).cuda_graph or torch.device(self.device).type == "cuda"
 
 
 @dataclass(frozen=True)
@@ -206,9 +224,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     named = o.backends is not None
     backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))
     backend_profiles = [p for p in o.profile if p != DECODER_PROFILE]  # the decoder's is in report["decoder"]
-    bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
-    cfg = bench.spec.config
-    others = [OtherEngine.of(Path(e), o.device, cfg.name) for e in o.also_engines]
+    config_name = Manifest.read(directory, verify=False).spec.config.name
+    others = [OtherEngine.of(Path(e), o.device, config_name) for e in o.also_engines]
     rows = [other.row(b) for other in others for b in other.backends]
     twice = sorted({r for r in rows if rows.count(r) > 1})
     if twice:
@@ -216,7 +233,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     other_rows = {other.row(b): (other, b) for other in others for b in other.backends}
     not_benched = [p for p in backend_profiles if p not in backends and p not in other_rows]
     if not_benched:
-        raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends ({', '.join(backends)})")
+        raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends "
+                          f"({', '.join([*backends, *other_rows])})")
     pipelines = [p for p in backend_profiles if p not in other_rows and get_backend(p).reference_pipeline]
     if pipelines:
         raise WanTrtError(f"--profile {','.join(pipelines)}: the reference pipeline has no single pass to profile; "
@@ -237,6 +255,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if o.decoder_engine is not None:
         paired_engines(o.decoder_engine)
     blocks, out, chart = o.blocks, o.out, o.chart
+    bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
+    cfg = bench.spec.config
     if o.end_to_end:
         check_attachable(decoder_spec, bench.spec)
     report: dict[str, Any] = {**provenance("wan-trt"),
@@ -254,9 +274,9 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         _bench_one(report, "backends", backend, named, run=lambda: bench.run(backend, blocks))
         save()
     for row, (other, backend) in other_rows.items():
-        _bench_one(report, "backends", row, False, run=lambda: {**other.bench.run(backend, blocks),
-                                                                 "precision": other.precision,
-                                                                 "export": str(other.bench.directory)})
+        _bench_one(report, "backends", row, other.must_run(backend),
+                   run=lambda: {**other.bench.run(backend, blocks), "precision": other.precision,
+                                "export": str(other.export)})
         save()
     if o.decoder is not None:
         with stage("bench the video decoder"):

@@ -290,7 +290,7 @@ def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine,
                            chart=Path(chart) if chart else None)
     report = run_bench(directory, options)
     for name, r in report["backends"].items():
-        click.echo(f"{name:24} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
+        click.echo(f"{name:28} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
                    f"p95 {r['block_ms']['p95']:8.1f}  {r['ms_per_pass']['mean']:7.1f} ms/pass  "
                    f"{r['video_fps']:6.1f} fps")
     for name, r in report.get("decoder", {}).get("rows", {}).items():
