@@ -74,6 +74,12 @@ class EngineMetadata:
                    weights_sha256=manifest.weights["sha256"], export_dir=str(Path(directory).resolve()),
                    manifest_sha256=manifest.sha256, build_seconds=build_seconds, extra=extra or {})
 
+    @property
+    def backend_name(self) -> str:
+        """The registry backend that runs this engine (without CUDA graphs), also its engine key:
+        'tensorrt', 'aoti', or 'aoti-<ops>' for a package built with fused ops."""
+        return self.backend if self.backend != "aoti" or self.ops == "native" else f"aoti-{self.ops}"
+
     @staticmethod
     def path_for(engine: Path) -> Path:
         return engine.with_name(engine.name + ".json")

@@ -23,6 +23,7 @@ import statistics
 import time
 import traceback
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -144,14 +145,12 @@ class OtherEngine:
     key: str  # its registry engine_key
     precision: str
     device: str
-    _bench: Bench | None = None
 
     @classmethod
     def of(cls, engine: Path, device: str, config_name: str) -> "OtherEngine":
         """Checks ``engine`` before any work (its export's files are verified when it is benched): a DiT
         engine of an export of ``config_name`` that still exists."""
         meta = EngineMetadata.read(engine)
-        key = "tensorrt" if meta.backend == "tensorrt" else "aoti" if meta.ops == "native" else f"aoti-{meta.ops}"
         export = Path(meta.export_dir)
         if not (export / "manifest.json").exists():
             raise WanTrtError(f"--also-engine {engine}: its export {export} is gone; rebuild the engine")
@@ -159,18 +158,16 @@ class OtherEngine:
         if kind != "pass" or meta.config != config_name:
             raise WanTrtError(f"--also-engine {engine}: a {meta.config} {kind} engine; this run benches "
                               f"{config_name} denoising passes")
-        return cls(engine, export, key, meta.precision, device)
+        return cls(engine, export, meta.backend_name, meta.precision, device)
 
     @property
     def backends(self) -> tuple[str, ...]:
         """The registry backends that run it: its own, and with CUDA graphs."""
         return tuple(b.name for b in BACKENDS if b.engine_key == self.key)
 
-    @property
+    @cached_property
     def bench(self) -> Bench:
-        if self._bench is None:
-            self._bench = Bench(self.export, self.device, {self.key: self.engine})
-        return self._bench
+        return Bench(self.export, self.device, {self.key: self.engine})
 
     def row(self, backend: str) -> str:
         return f"{backend}@{self.precision}"
@@ -226,11 +223,12 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     backend_profiles = [p for p in o.profile if p != DECODER_PROFILE]  # the decoder's is in report["decoder"]
     config_name = Manifest.read(directory, verify=False).spec.config.name
     others = [OtherEngine.of(Path(e), o.device, config_name) for e in o.also_engines]
-    rows = [other.row(b) for other in others for b in other.backends]
+    pairs = [(other.row(b), (other, b)) for other in others for b in other.backends]
+    rows = [row for row, _ in pairs]
     twice = sorted({r for r in rows if rows.count(r) > 1})
     if twice:
         raise WanTrtError(f"--also-engine: rows named twice: {', '.join(twice)} (one engine per backend and precision)")
-    other_rows = {other.row(b): (other, b) for other in others for b in other.backends}
+    other_rows = dict(pairs)
     not_benched = [p for p in backend_profiles if p not in backends and p not in other_rows]
     if not_benched:
         raise WanTrtError(f"--profile {','.join(not_benched)}: not among the benched backends "

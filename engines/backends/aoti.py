@@ -122,7 +122,7 @@ class AotiRunner(Runner):
         self.meta = EngineMetadata.read(self.engine)
         self.meta.check_against(manifest, self.engine)
         super().__init__(manifest.spec, self.meta.device)
-        self.name = "aoti" if self.meta.ops == "native" else f"aoti-{self.meta.ops}"
+        self.name = self.meta.backend_name
         self.compiled = None
 
     def activate(self) -> None:
