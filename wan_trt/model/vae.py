@@ -34,6 +34,7 @@ LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.55
 LATENT_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
               3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
 HISTORY_FRAMES = 2  # frames each 3-frame causal convolution keeps (upstream CACHE_T)
+TAPS_BELOW = 8  # engine form: convolutions with fewer outputs run as CausalConv3d.forward_taps
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class CausalConv3d(nn.Conv3d):
                 history, x = (t.contiguous(memory_format=torch.channels_last_3d) for t in (history, x))
             x = torch.cat([history, x], dim=2)
             history = x[:, :, -self.history_frames:]
+        if self.engine_form and self.out_channels < TAPS_BELOW:
+            return self.forward_taps(x.contiguous(memory_format=torch.channels_last_3d)), history
         if self.engine_form:  # the same zeros, padded by the convolution instead of a padded copy
             x = x.contiguous(memory_format=torch.channels_last_3d)
             pw, _, ph = self.spatial_pad[:3]
@@ -89,9 +92,10 @@ class CausalConv3d(nn.Conv3d):
         return super().forward(F.pad(x, self.spatial_pad)), history
 
     def forward_taps(self, joined: torch.Tensor) -> torch.Tensor:
-        """Engine form for a few output channels (the head's 3, which cuDNN computes as 64): one GEMM of
-        the input (its history included, channels last) with every tap's weights, then the sum of the
-        taps' shifted products in fp32, plus the bias. Returns the fp32 output."""
+        """Engine form for fewer than :data:`TAPS_BELOW` output channels (the head's 3, which cuDNN
+        computes as 64): one GEMM of the input (its history included, channels last) with every tap's
+        weights, then the sum of the taps' shifted products in fp32, plus the bias. Returns the fp32
+        output."""
         kt, kh, kw = self.kernel_size
         pw, _, ph = self.spatial_pad[:3]
         b, c, frames, h, w = joined.shape
@@ -250,8 +254,6 @@ class Decoder3d(nn.Module):
         self.upsamples = nn.Sequential(*upsamples)
         self.head = nn.Sequential(RMS_norm(dims[-1], images=False), nn.SiLU(), CausalConv3d(dims[-1], 3, 3, padding=1))
 
-    engine_form = False  # see VideoDecoder.use_engine_form
-
     def forward(self, x: torch.Tensor, histories: Histories, first: bool) -> torch.Tensor:
         x, new = self.conv1(x, histories.take())
         histories.give(new)
@@ -262,16 +264,10 @@ class Decoder3d(nn.Module):
                 x = layer(x, histories, first)
             else:
                 x = layer(x)
-        norm, silu, conv = self.head
-        x = silu(norm(x))
-        if not self.engine_form:
-            x, new = conv(x, histories.take())
-            histories.give(new)
-            return x
-        joined = torch.cat([t.contiguous(memory_format=torch.channels_last_3d)
-                            for t in (histories.take().to(x.dtype), x)], dim=2)
-        histories.give(joined[:, :, -conv.history_frames:])
-        return conv.forward_taps(joined)
+        x = self.head[1](self.head[0](x))
+        x, new = self.head[2](x, histories.take())
+        histories.give(new)
+        return x
 
 
 class VideoDecoder(nn.Module):
@@ -305,7 +301,7 @@ class VideoDecoder(nn.Module):
         for module in self.modules():
             if isinstance(module, CausalConv3d):
                 module.use_engine_form()
-            elif isinstance(module, (AttentionBlock, Decoder3d)):
+            elif isinstance(module, AttentionBlock):
                 module.engine_form = True
         return self
 
