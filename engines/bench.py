@@ -9,7 +9,9 @@ failure (the command exits non-zero; the others' results are still written). A b
 raises is a failure with its traceback in the report.
 
 Per backend: ms per pass, ms per block (steady state: blocks after the first), P50/P95,
-video frames per second (12 per steady block) and peak device memory.
+video frames per second (12 per steady block), TFLOP/s and the fraction of the dense bf16 peak
+(:mod:`wan_trt.engines.flops`; from the P50 block), and peak device memory (with what the process
+already held when the row began: ``start_torch_mem_gib``).
 
 Engines of other exports of the same config (``also_engines``: e.g. the fp16 and fp8 builds beside
 the bf16 export's rows) run in the same process, each on its own export's inputs, their rows named
@@ -34,6 +36,7 @@ from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, RunnerSources, Una
                                      parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
 from wan_trt.engines.bench_decoder import DECODER_PROFILE, bench_decoder, engine_variants
+from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable, paired_engines
 from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
@@ -42,8 +45,8 @@ from wan_trt.export.decoder import read_decoder
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
 from wan_trt.pipeline import ReferencePipeline
-from wan_trt.profiling import (op_class_profile, peak_memory_gib, provenance, reset_peak_memory, summarize_ms,
-                               synchronize)
+from wan_trt.profiling import (allocated_memory_gib, op_class_profile, peak_memory_gib, provenance,
+                               reset_peak_memory, summarize_ms, synchronize)
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 
@@ -116,14 +119,20 @@ class Bench:
         """The runner of ``backend``; :class:`Unavailable` says why this machine cannot run it."""
         return make_runner(backend, self.sources)
 
+    @cached_property
+    def flops_per_block(self) -> float:
+        return graph_flops(self.spec) * self.spec.config.passes_per_block
+
     def run(self, backend: str, blocks: int, decoder: DecoderStream | None = None) -> dict[str, Any]:
         inputs = synthetic_stream(self.spec.config, blocks, seed=0)
         reset_peak_memory()
+        start = allocated_memory_gib()
         if get_backend(backend).reference_pipeline:
             result = bench_upstream(self.model(), inputs, blocks)
         else:
             result = bench_session(self.runner(backend), inputs, blocks, decoder=decoder)
-        result["peak_torch_mem_gib"] = peak_memory_gib()
+        result.update(throughput(self.flops_per_block, result["block_ms"]["p50"]))
+        result.update(peak_torch_mem_gib=peak_memory_gib(), start_torch_mem_gib=start)
         return result
 
     def profile(self, backend: str) -> dict[str, Any]:
@@ -260,6 +269,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     report: dict[str, Any] = {**provenance("wan-trt"),
                               "config": cfg.name, "precision": bench.spec.precision, "blocks": blocks,
                               "passes_per_block": cfg.passes_per_block, "weights": bench.manifest.weights,
+                              "flops_per_block": bench.flops_per_block,
+                              "roofline_ms_dense_bf16_h100": roofline_ms(bench.flops_per_block),
                               "backends": {}, "skipped": {}, "failed": {}, "profiles": {}, "end_to_end": {}}
 
     def save() -> None:

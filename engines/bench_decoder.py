@@ -12,7 +12,7 @@ block; steady state = blocks after the first):
     <backend>                the decoder engine (its first and steady graphs) through the registry
     <backend>+cudagraph      the same replayed as CUDA graphs (CUDA only)
 
-Each row also gets achieved TFLOP/s from the decoder's FLOPs per block (:func:`decoder_flops`).
+Each row also gets achieved TFLOP/s from the decoder's FLOPs per block (:mod:`wan_trt.engines.flops`).
 """
 from __future__ import annotations
 
@@ -21,38 +21,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from wan_trt.config import WanConfig
-from wan_trt.decoder_spec import CALLS, DecoderSpec
+from wan_trt.decoder_spec import DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import BY_NAME
+from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.export.decoder import read_decoder
 from wan_trt.export.manifest import reference_model
 from wan_trt.log import logger, stage
-from wan_trt.model import decoder_config
 from wan_trt.model.vae import VideoDecoder
 from wan_trt.profiling import op_class_profile, peak_memory_gib, reset_peak_memory, summarize_ms, synchronize
 from wan_trt.validate.check_decoder import stream_latents
 
-H100_DENSE_BF16_TFLOPS = 989.4  # H100 SXM data sheet, dense (no sparsity)
 DECODER_PROFILE = "decoder"  # the name `wan-trt bench --profile` gives the decoder engine
-
-
-def decoder_flops(cfg: WanConfig) -> dict[str, float]:
-    """FLOPs of one decoder call per block (a multiply-add = 2), counted on the meta device: first, steady."""
-    f, h, w = cfg.block_frames, cfg.inference.latent_height, cfg.inference.latent_width
-    out = {}
-    with torch.device("meta"):
-        decoder = VideoDecoder(decoder_config(cfg))
-        decoder.mean, decoder.std = decoder.mean.to("meta"), decoder.std.to("meta")
-        for call in CALLS:
-            with FlopCounterMode(display=False) as counter:
-                decoder(torch.empty(1, decoder.cfg.z_dim, f, h, w), decoder.empty_history(1, h, w, device="meta"),
-                        first=call == "first")
-            out[call] = float(counter.get_total_flops())
-    return out
 
 
 def time_blocks(decode: Callable[[int, torch.Tensor], Any], latents: torch.Tensor, block_frames: int) -> list[float]:
@@ -95,7 +77,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
     manifests = read_decoder(directory)
     spec = manifests["steady"].spec
     cfg = spec.config
-    flops = decoder_flops(cfg)
+    flops = {call: graph_flops(manifest.spec) for call, manifest in manifests.items()}
     latents = stream_latents(spec, blocks, seed=0).to(device)
     rows: dict[str, Any] = {}
 
@@ -103,7 +85,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
         steady = summarize_ms([1e3 * s for s in seconds[1:]])
         per_second = 1e3 / steady["p50"]
         rows[name] = {"block_ms": steady, "block_ms_all": [1e3 * s for s in seconds],
-                      "video_fps": spec.video_frames * per_second, "tflops": flops["steady"] * per_second / 1e12,
+                      "video_fps": spec.video_frames * per_second, **throughput(flops["steady"], steady["p50"]),
                       "peak_torch_mem_gib": peak_memory_gib()}
         logger.info("decoder %s: %.1f ms/block p50", name, steady["p50"])
 
@@ -125,7 +107,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
                 reset_peak_memory()
                 record(name, time_blocks(lambda b, z: stream.decode(z), latents.to(spec.dtype), cfg.block_frames))
     report = {"export": str(directory), "precision": spec.precision, "flops_per_block": flops,
-              "roofline_ms_dense_bf16_h100": 1e3 * flops["steady"] / (H100_DENSE_BF16_TFLOPS * 1e12), "rows": rows}
+              "roofline_ms_dense_bf16_h100": roofline_ms(flops["steady"]), "rows": rows}
     if profile:
         with stage("profile the decoder engine"):
             report["profile"] = profile_decode(engine, device, spec)

@@ -119,6 +119,11 @@ def reset_peak_memory() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def allocated_memory_gib() -> float | None:
+    """Device memory allocated now (None without CUDA)."""
+    return torch.cuda.memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None
+
+
 def peak_memory_gib() -> float | None:
     """Peak allocated device memory since the last reset (None without CUDA)."""
     return torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None

@@ -23,6 +23,11 @@ def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str 
     """
     validate(cfg, f"config '{cfg.name}'")
 
+    if weights is None and torch.device(device).type == "meta":  # shapes only (counting FLOPs): nothing drawn
+        with torch.device("meta"):
+            model = CausalWanModel(cfg)
+            model.rope = RopeTables(cfg)
+        return model.to(dtype=dtype).eval().requires_grad_(False)
     if weights is not None:
         with torch.device("meta"):
             model = CausalWanModel(cfg)
