@@ -4,6 +4,8 @@ kernel exactly as the launcher does). Plain Python: importable without Triton.
 
     row kernels (one program per row of n elements):  block = next power of two >= n,
                                                       4 warps up to 1024 elements, else 8; 1 stage
+    multi-row kernels (the decoder's norm):           rows of n (padded to a power of two) x as many
+                                                      rows as make 4096 values a tile; 4 warps, 1 stage
     window attention:                                 one of the tilings below (autotuned on a GPU,
                                                       TensorRT tactics in an engine)
     few-key attention (a loop over the keys):         a block of queries x every head per program,
@@ -43,6 +45,14 @@ def row_launch(block_name: str, n: int) -> Launch:
     ``calculate_settings``): the row padded to a power of two, more warps for long rows."""
     block = next_power_of_two(n)
     return Launch({block_name: block}, num_warps=4 if block <= 1024 else 8, num_stages=1)
+
+
+def rows_launch(n: int) -> Launch:
+    """Settings of a kernel that normalises ``BLOCK_R`` rows of ``n`` elements per program: 4096 values
+    a tile, 4 warps (measured on an H100 at the decoder's full-resolution norm, 96 channels: 0.47 ms,
+    2.6 TB/s; 16 to 32 rows with 2 to 4 warps were within 3 % of each other, 64 rows slower)."""
+    block = next_power_of_two(n)
+    return Launch({"BLOCK_R": max(1, 4096 // block), "BLOCK_C": block}, num_warps=4, num_stages=1)
 
 
 class Tiling(NamedTuple):

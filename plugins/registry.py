@@ -44,6 +44,7 @@ class Output:
     name: str
     like: str  # the input whose shape (and, unless dtype_of is set, dtype) it has
     dtype_of: str | None = None  # the input whose dtype it has
+    grown: tuple[str, int] | None = None  # (input, dim): that dim is like's plus the input's (a join)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class FusedOp:
     outputs: tuple[Output, ...]
     attrs: tuple[Attr, ...]
     tactics: tuple[Tiling, ...] = ()  # TensorRT tactics (the plan's ``tactic`` indexes them); () = one plan
+    channels_last: bool = False  # 5-D tensors stored channels-last (TensorRT's DHWC format), others linear
 
     @property
     def op_type(self) -> str:
@@ -113,6 +115,7 @@ class FusedOp:
 
 # The residual stream x is T; the modulation a, c (and the branch output y, the gate g) are U.
 _NORM_ATTRS = (Attr("frames", int), Attr("eps", float))
+_JOINED = Output("joined", like="history", grown=("x", 2))  # [B, C, 2 + T, H, W]
 
 FUSED_OPS: tuple[FusedOp, ...] = (
     FusedOp("window_attention", "window_attention",
@@ -133,6 +136,14 @@ FUSED_OPS: tuple[FusedOp, ...] = (
     FusedOp("add_adaln", "adaln",
             inputs=(Input("x"), Input("y", "U"), Input("g", "U"), Input("a", "U"), Input("c", "U")),
             outputs=(Output("x_out", like="x"), Output("h", like="x", dtype_of="a")), attrs=_NORM_ATTRS),
+    # The video decoder's (channels-last): a convolution's bias [+ the residual], norm, SiLU, and the
+    # next convolution's input: its history, then these frames.
+    FusedOp("norm_silu_join", "decoder_norm",
+            inputs=(Input("x"), Input("bias"), Input("gamma"), Input("history")),
+            outputs=(_JOINED,), attrs=(), channels_last=True),
+    FusedOp("add_norm_silu_join", "decoder_norm",
+            inputs=(Input("x"), Input("bias"), Input("r"), Input("gamma"), Input("history")),
+            outputs=(Output("s", like="r"), _JOINED), attrs=(), channels_last=True),
 )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from wan_trt.errors import WanTrtError
 from wan_trt.plugins.aot import Plan, TensorArg  # also fails early here if triton is missing
 from wan_trt.plugins.registry import FUSED_OPS, NAMESPACE, FusedOp, with_signature
 
@@ -53,12 +54,16 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
     n_inputs, n_args = len(op.inputs), len(op.inputs) + len(op.attrs)
 
     def describe(args: dict):
-        """Output descriptors: each output like an input, with another input's dtype where declared."""
+        """Output descriptors: each output like an input, with another input's dtype and one dim grown
+        by another input's where declared."""
         descs = []
         for out in op.outputs:
             desc = args[out.like].like()
             if out.dtype_of is not None:
                 desc.dtype = args[out.dtype_of].dtype
+            if out.grown is not None:
+                source, dim = out.grown
+                desc.shape_expr[dim] = desc.shape_expr[dim] + args[source].shape_expr[dim]
             descs.append(desc)
         return descs[0] if len(descs) == 1 else tuple(descs)
 
@@ -68,16 +73,22 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
         return _aot_result(trtp, op.plan(*tensors, *values[n_inputs:n_args], tactic=args["tactic"]))
 
     def jit(args: dict):
+        if op.channels_last:  # TensorRT's buffers reach PyTorch as linear tensors
+            raise WanTrtError(f"{op.name}: its TensorRT plugin runs ahead of time only (aot=1)")
         _jit(op.launch, args["outputs"], args["stream"], *list(args.values())[:n_args])
 
     functions = {"register": with_signature(describe, op.signature(trtp.TensorDesc, returns=True), f"{op.name}_desc")}
-    if op.tactics:  # TensorRT times each tiling and keeps the fastest
+    if op.tactics or op.channels_last:  # TensorRT times each tiling and keeps the fastest; formats
         combination = ", ".join(TRT_TYPES[i.type] for i in op.inputs) + ", " + ", ".join(
             TRT_TYPES[op.output_type(o)] for o in op.outputs)
+        tactics = list(range(len(op.tactics))) or None
+
+        def tune(args: dict):
+            descs = [args[i.name] for i in op.inputs] + list(args["outputs"])
+            layouts = ", ".join("DHWC" if op.channels_last and d.ndim == 5 else "LINEAR" for d in descs)
+            return [trtp.AutoTuneCombination(combination, layouts, tactics)]
         tune_signature = inspect.Signature([p(i.name, kind) for i in op.inputs] + [outputs], return_annotation=list)
-        functions["autotune"] = with_signature(
-            lambda args: [trtp.AutoTuneCombination(combination, "LINEAR", list(range(len(op.tactics))))],
-            tune_signature, f"{op.name}_tune")
+        functions["autotune"] = with_signature(tune, tune_signature, f"{op.name}_tune")
     functions["aot_impl"] = with_signature(
         aot, op.signature(extra=[outputs, tactic]).replace(return_annotation=aot_returns), f"{op.name}_aot")
     stream, jit_tactic = p("stream", kind), p("tactic", kind, default=0, annotation=int)

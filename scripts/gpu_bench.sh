@@ -11,7 +11,8 @@
 #   scripts/gpu_bench.sh checks RESULTS      what the session's per-block checks cost (scripts/bench_session_checks.py)
 #   scripts/gpu_bench.sh long RESULTS        one stream of LONG_BLOCKS (1500) blocks: memory, time and finiteness
 #                                            over the whole stream (scripts/long_stream.py)
-#   scripts/gpu_bench.sh decoder RESULTS     the video decoder: export (no ONNX graph) + AOTInductor build of its
+#   scripts/gpu_bench.sh decoder RESULTS     the video decoder: export (no ONNX graph) + AOTInductor build (with
+#                                            its fused norms: --ops $DECODER_OPS, default plugins) of its
 #                                            two graphs + wan-trt check of the engines (--blocks 3) as JSON
 #   scripts/gpu_bench.sh decoder-bench RESULTS  one wan-trt bench: the DiT engine (CUDA graphs), the decoder rows
 #                                            (PyTorch fp16 decoder eager / compiled / compiled with cuDNN
@@ -37,7 +38,8 @@ BACKENDS=${BACKENDS:-aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eag
 EXPORT=out/${CONFIG}_${PRECISION}_aoti
 ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 DECODER=out/${CONFIG}_${PRECISION}_decoder
-DECODER_ENGINE=$DECODER/steady/engine_aoti_cuda.pt2
+DECODER_OPS=${DECODER_OPS:-plugins}
+DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
 step=${1:?"step: setup | build | bench | check | checks | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || mkdir -p "$results"
@@ -72,7 +74,8 @@ case "$step" in
   decoder)
     run_step export_decoder wan-trt export --config "$CONFIG" --graph decoder --precision "$PRECISION" --no-onnx \
       --out "$DECODER" --overwrite
-    run_step build_decoder wan-trt build "$DECODER" --backend aoti --precision "$PRECISION" --device cuda
+    run_step build_decoder wan-trt build "$DECODER" --backend aoti --ops "$DECODER_OPS" --precision "$PRECISION" \
+      --device cuda
     wan-trt check "$DECODER_ENGINE" --blocks 3 --json --no-save-results \
       > "$results/check_${tag}_decoder_aoti.json" 2> "$results/check_decoder.log" || { tail -20 "$results/check_decoder.log"; exit 1; }
     tail -1 "$results/check_decoder.log"

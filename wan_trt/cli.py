@@ -140,7 +140,8 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
         if weights is not None:
             raise WanTrtError("--graph decoder: the decoder's checkpoint is given with --vae-weights, not --weights")
         if ops != "native":
-            raise WanTrtError(f"--graph decoder: the video decoder has no fused kernels; drop --ops {ops}")
+            raise WanTrtError(f"--graph decoder: the decoder's ONNX graph has no fused ops (its AOTInductor engine "
+                              f"takes them at build: `wan-trt build DIR --ops plugins`); drop --ops {ops}")
         out = Path(out or f"out/{cfg.name}_{precision}_decoder")
         manifests = export_decoder(cfg, out, precision, vae_weights, seed, int(opset), overwrite, onnx=not no_onnx)
         for call, manifest in manifests.items():

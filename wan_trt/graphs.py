@@ -34,6 +34,9 @@ class GraphKind:
         prepare: ``prepare(module, ops, precision)`` -> the module as graphs hold it (fp32 islands, fused
             kernels for ``ops == 'plugins'``, FP8 GEMMs for 'fp8'); the PyTorch references stay unprepared.
         weights_flag: the flag that names its checkpoint.
+        channels_last_convolutions: its prepared module's 3-D convolutions run channels-last (their
+            weights are): a CUDA AOTInductor build keeps them so
+            (``inductor_fixes.channels_last_3d_convolutions``).
     """
 
     name: str
@@ -43,6 +46,7 @@ class GraphKind:
     sample_inputs: Callable[[nn.Module, Any, int], dict[str, torch.Tensor]]
     prepare: Callable[[nn.Module, str], nn.Module]
     weights_flag: str
+    channels_last_convolutions: bool = False
 
 
 def _prepare_pass(model: nn.Module, ops: str, precision: str) -> nn.Module:
@@ -55,9 +59,7 @@ def _prepare_pass(model: nn.Module, ops: str, precision: str) -> nn.Module:
 
 
 def _prepare_decoder(decoder: nn.Module, ops: str, precision: str) -> nn.Module:
-    if ops != "native":
-        raise WanTrtError(f"--ops {ops}: the video decoder has no fused kernels; export and build it with --ops native")
-    return decoder.use_engine_form()
+    return decoder.use_engine_form(fused=ops == "plugins")
 
 
 def _pass_samples(model: nn.Module, spec: PassSpec, seed: int) -> dict[str, torch.Tensor]:
@@ -82,7 +84,7 @@ def _decoder_samples(decoder: nn.Module, spec: DecoderSpec, seed: int) -> dict[s
 GRAPH_KINDS: dict[str, GraphKind] = {k.name: k for k in (
     GraphKind("pass", PassSpec, build_model, StaticPass, _pass_samples, _prepare_pass, "--weights"),
     GraphKind("decoder", DecoderSpec, build_decoder, StaticDecode, _decoder_samples, _prepare_decoder,
-              "--vae-weights"),
+              "--vae-weights", channels_last_convolutions=True),
 )}
 
 

@@ -6,6 +6,7 @@ export directory's manifest), loads in Python (:class:`AotiRunner`) and in C++
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import zipfile
 from pathlib import Path
@@ -15,7 +16,8 @@ from safetensors.torch import load_file
 
 from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_engine_path, engine_key,
                                      install_engine, staged_file, up_to_date)
-from wan_trt.engines.backends.inductor_fixes import apply_inductor_fixes, make_libstdcxx_global
+from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, channels_last_3d_convolutions,
+                                                    make_libstdcxx_global)
 from wan_trt.engines.runtime.cuda_graph import CudaGraphRunner
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.runtime_file import write_runtime_file
@@ -81,10 +83,13 @@ def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device
     feeds = {k: v.to(device) for k, v in load_file(str(directory / manifest.sample_inputs)).items()}
     with stage("torch.export"), torch.no_grad():
         program = torch.export.export(static, tuple(feeds[n] for n in spec.input_names), strict=False)
+    layouts = channels_last_3d_convolutions() if kind.channels_last_convolutions and device == "cuda" \
+        else contextlib.nullcontext()
     with stage("AOTInductor compile + package"), staged_file(engine) as partial:
         apply_inductor_fixes()
         try:
-            torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+            with layouts:
+                torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
         except Exception as exc:
             compile_error = _cpp_compile_error(exc)
             if compile_error is None:

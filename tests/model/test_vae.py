@@ -129,11 +129,13 @@ def test_histories_matter():
     assert (with_history - without).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["native", "fused"])
 @torch.no_grad()
-def test_the_engine_form_decodes_as_the_reference():
+def test_the_engine_form_decodes_as_the_reference(fused):
     """The form graphs hold (channels-last convolutions padding their own borders, 96-channel ones
-    computing 128 outputs, the attention by explicit products, the head by one GEMM of its taps)
-    decodes a stream as the reference."""
+    computing 128 outputs, the attention by explicit products, the head by one GEMM of its taps;
+    with ``fused``, the norms as the fused ops, in Triton's interpreter here) decodes a stream as the
+    reference."""
     torch.manual_seed(3)
     reference = VideoDecoder(DecoderConfig(dim=24)).eval()  # stages of 96, 96, 96, 48, 24 channels
     with torch.no_grad():
@@ -141,7 +143,7 @@ def test_the_engine_form_decodes_as_the_reference():
             p.add_(torch.randn_like(p) * 0.05)
     engine = VideoDecoder(DecoderConfig(dim=24)).eval()
     engine.load_state_dict(reference.state_dict())
-    engine.use_engine_form().use_engine_form()  # preparing twice changes nothing
+    engine.use_engine_form(fused).use_engine_form(fused)  # preparing twice changes nothing
     padded = [m for m in engine.modules() if isinstance(m, CausalConv3d) and m.weight.shape[0] != m.out_channels]
     assert len(padded) > 10 and all(m.weight.shape[0] == 128 for m in padded)
     z = torch.randn(1, 16, 5, 2, 3)

@@ -32,7 +32,14 @@ def example(op: FusedOp) -> tuple[list[torch.Tensor], list]:
                                    torch.tensor([1], dtype=torch.int32)], [2, 1]),
             "qk_norm_rope": ([r(1, 6, 32), r(1, 6, 32), r(32), r(32), angles.cos(), angles.sin()], [1e-6, 16]),
             "adaln": ([x, mod, r(1, 2, 1, 8)], [2, 1e-6]),
-            "add_adaln": ([x, r(1, 6, 8), r(1, 2, 1, 8), mod, r(8)], [2, 1e-6])}[op.name]
+            "add_adaln": ([x, r(1, 6, 8), r(1, 2, 1, 8), mod, r(8)], [2, 1e-6]),
+            "norm_silu_join": ([cl(r(1, 8, 2, 2, 3)), r(8), r(6), cl(r(1, 6, 2, 2, 3))], []),
+            "add_norm_silu_join": ([cl(r(1, 8, 2, 2, 3)), r(8), cl(r(1, 6, 2, 2, 3)), r(6), cl(r(1, 6, 2, 2, 3))], [])
+            }[op.name]
+
+
+def cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last_3d)
 
 
 def _parameters(fn) -> list[str]:

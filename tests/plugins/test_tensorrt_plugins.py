@@ -29,7 +29,17 @@ def plan_examples() -> dict:
     return {"window_attention": (qkv, qkv, qkv, qkv, qkv, TensorArg((1,), torch.int32), 3, 880),
             "few_key_attention": (few, few, few, few, few, TensorArg((1,), torch.int32), 3, 1),
             "qk_norm_rope": (x, x, w, w, table, table, 1e-6, 1536),
-            "adaln": (x, mod, mod, 3, 1e-6), "add_adaln": (x, x, mod, mod, mod, 3, 1e-6)}
+            "adaln": (x, mod, mod, 3, 1e-6), "add_adaln": (x, x, mod, mod, mod, 3, 1e-6),
+            **decoder_norm_examples()}
+
+
+def decoder_norm_examples() -> dict:
+    """The decoder's full-resolution norm (bf16): a 96-channel convolution computed as 128."""
+    from wan_trt.plugins.aot import TensorArg
+    bf16 = torch.bfloat16
+    x, bias, r = TensorArg((1, 128, 12, 352, 640), bf16), TensorArg((128,), bf16), TensorArg((1, 96, 12, 352, 640), bf16)
+    gamma, history = TensorArg((96,), bf16), TensorArg((1, 96, 2, 352, 640), bf16)
+    return {"norm_silu_join": (x, bias, gamma, history), "add_norm_silu_join": (x, bias, r, gamma, history)}
 
 
 def ptx_facts() -> None:
@@ -60,7 +70,7 @@ def test_aot_kernels_compile_to_ptx():
         fact = facts[f"window_attention{i}"]
         assert fact["grid"] == grid and fact["scalars"] == 18, f"tactic {i}: {fact}"
         assert fact["ptx"][".entry"] and fact["ptx"]["cp.async"] and fact["ptx"]["wgmma.mma_async"], f"tactic {i}"
-    for name in ("qk_norm_rope0", "adaln0", "add_adaln0"):
+    for name in ("qk_norm_rope0", "adaln0", "add_adaln0", "norm_silu_join0", "add_norm_silu_join0"):
         assert facts[name]["ptx"][".entry"] and facts[name]["ptx"]["ld.global.v4"], (name, facts[name])
 
 

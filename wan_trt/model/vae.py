@@ -21,6 +21,7 @@ histories stay zero after a ``first`` call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +91,13 @@ class CausalConv3d(nn.Conv3d):
             y = F.conv3d(x, self.weight, self.bias, self.stride, (0, ph, pw))
             return y[:, :self.out_channels] if y.shape[1] != self.out_channels else y, history
         return super().forward(F.pad(x, self.spatial_pad)), history
+
+    def forward_joined(self, joined: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Engine form, on an input that already starts with its history (``[history ; x]``, channels
+        last): (the output before its bias, with any padded channels, and the next history)."""
+        pw, _, ph = self.spatial_pad[:3]
+        y = F.conv3d(joined, self.weight, None, self.stride, (0, ph, pw))
+        return y, joined[:, :, -self.history_frames:]
 
     def forward_taps(self, joined: torch.Tensor) -> torch.Tensor:
         """Engine form for fewer than :data:`TAPS_BELOW` output channels (the head's 3, which cuDNN
@@ -177,7 +185,42 @@ class Resample(nn.Module):
         return torch.cat([head, y], dim=2)
 
 
+class Pending(NamedTuple):
+    """A residual block's output in the fused form, not yet summed: the last convolution's output
+    before its bias (with any padded channels), its bias, and the shortcut. The next norm sums it."""
+    y: torch.Tensor
+    bias: torch.Tensor
+    shortcut: torch.Tensor
+
+    def total(self) -> torch.Tensor:
+        c = self.shortcut.shape[1]
+        return self.y[:, :c] + self.bias[:c].view(-1, 1, 1, 1) + self.shortcut
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last_3d)
+
+
+def norm_silu_join(norm: "RMS_norm", x: torch.Tensor | Pending, bias: torch.Tensor | None, history: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused form of norm -> SiLU -> a causal convolution's join with its history: ``x`` (plus
+    ``bias``), or a pending residual sum. Returns (the convolution's input ``[history ; silu(norm(x))]``
+    [B, C, 2 + T, h, w] channels-last, and x or the sum)."""
+    ops, gamma, history = torch.ops.wan_trt, norm.gamma.view(-1), _channels_last(history)
+    if isinstance(x, Pending):
+        total, joined = ops.add_norm_silu_join(_channels_last(x.y), x.bias, _channels_last(x.shortcut), gamma, history)
+        return joined, total
+    bias = x.new_zeros(x.shape[1]) if bias is None else bias
+    return ops.norm_silu_join(_channels_last(x), bias, gamma, history), x
+
+
+def summed(x: torch.Tensor | Pending) -> torch.Tensor:
+    return x.total() if isinstance(x, Pending) else x
+
+
 class ResidualBlock(nn.Module):
+    fused = False  # see VideoDecoder.use_engine_form: returns a Pending sum
+
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
         self.residual = nn.Sequential(
@@ -185,7 +228,9 @@ class ResidualBlock(nn.Module):
             RMS_norm(out_dim, images=False), nn.SiLU(), nn.Dropout(0.0), CausalConv3d(out_dim, out_dim, 3, padding=1))
         self.shortcut = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else None
 
-    def forward(self, x: torch.Tensor, histories: "Histories") -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Pending, histories: "Histories") -> torch.Tensor | Pending:
+        if self.fused:
+            return self._forward_fused(x, histories)
         h = x if self.shortcut is None else self.shortcut(x)[0]
         for layer in self.residual:
             if isinstance(layer, CausalConv3d):
@@ -194,6 +239,17 @@ class ResidualBlock(nn.Module):
             else:
                 x = layer(x)
         return x + h
+
+    def _forward_fused(self, x: torch.Tensor | Pending, histories: "Histories") -> Pending:
+        norm1, _, conv1, norm2, _, _, conv2 = self.residual
+        joined, x = norm_silu_join(norm1, x, None, histories.take())
+        h = x if self.shortcut is None else self.shortcut(x)[0]
+        y, new = conv1.forward_joined(joined)
+        histories.give(new)
+        joined, _ = norm_silu_join(norm2, y, conv1.bias, histories.take())
+        y, new = conv2.forward_joined(joined)
+        histories.give(new)
+        return Pending(y, conv2.bias, h)
 
 
 class AttentionBlock(nn.Module):
@@ -254,18 +310,24 @@ class Decoder3d(nn.Module):
         self.upsamples = nn.Sequential(*upsamples)
         self.head = nn.Sequential(RMS_norm(dims[-1], images=False), nn.SiLU(), CausalConv3d(dims[-1], 3, 3, padding=1))
 
+    fused = False  # see VideoDecoder.use_engine_form: the residual blocks return Pending sums
+
     def forward(self, x: torch.Tensor, histories: Histories, first: bool) -> torch.Tensor:
         x, new = self.conv1(x, histories.take())
         histories.give(new)
         for layer in (*self.middle, *self.upsamples):
             if isinstance(layer, ResidualBlock):
-                x = layer(x, histories)
+                x = layer(x, histories)  # a Pending sum in the fused form
             elif isinstance(layer, Resample):
-                x = layer(x, histories, first)
+                x = layer(summed(x), histories, first)
             else:
-                x = layer(x)
-        x = self.head[1](self.head[0](x))
-        x, new = self.head[2](x, histories.take())
+                x = layer(summed(x))
+        norm, silu, conv = self.head
+        if self.fused:  # the head's 3 outputs: the taps form, as CausalConv3d.forward picks it
+            joined, _ = norm_silu_join(norm, x, None, histories.take())
+            histories.give(joined[:, :, -conv.history_frames:])
+            return conv.forward_taps(joined)
+        x, new = conv(silu(norm(x)), histories.take())
         histories.give(new)
         return x
 
@@ -282,7 +344,7 @@ class VideoDecoder(nn.Module):
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
 
-    def use_engine_form(self) -> "VideoDecoder":
+    def use_engine_form(self, fused: bool = False) -> "VideoDecoder":
         """The decoder as its graphs hold it: the same arithmetic, arranged for speed. Weights are
         converted in place (the PyTorch references stay unprepared). Returns self.
 
@@ -296,13 +358,21 @@ class VideoDecoder(nn.Module):
         - the head's convolution (3 outputs) is one GEMM with all its taps and a sum of shifted slices
           (:meth:`CausalConv3d.forward_taps`).
 
+        ``fused``: the residual blocks' and the head's norms run as the fused ops ``norm_silu_join`` and
+        ``add_norm_silu_join`` (``plugins/decoder_norm.py``): each adds the convolution's bias (and
+        the residual sum) and writes the next convolution's joined input in one pass.
+
         cuDNN may pick other kernels for these forms, so roundings can differ from the reference.
         """
+        if fused:
+            import wan_trt.plugins.ops  # noqa: F401  (registers torch.ops.wan_trt.*; deferred: it needs Triton)
         for module in self.modules():
             if isinstance(module, CausalConv3d):
                 module.use_engine_form()
             elif isinstance(module, AttentionBlock):
                 module.engine_form = True
+            if isinstance(module, (ResidualBlock, Decoder3d)):
+                module.fused = fused
         return self
 
     def history_layout(self, batch: int, height: int, width: int) -> list[tuple[str, tuple[int, ...]]]:

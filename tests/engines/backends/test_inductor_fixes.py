@@ -1,12 +1,19 @@
-"""The Inductor work-around for the int array cache (engines/inductor_fixes.py)."""
+"""The Inductor work-arounds (engines/backends/inductor_fixes.py): the int array cache, the layout of
+3-D convolutions."""
 import inspect
 from itertools import count
 
+import pytest
+import torch
+import torch._inductor.kernel.conv as inductor_conv
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.utils import IndentedBuffer
 
-from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, has_transient_int_array_key,
-                                            int_array_var_keyed_by_buffer)
+from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, channels_last_3d_convolutions,
+                                                    channels_last_3d_strides, has_transient_int_array_key,
+                                                    int_array_var_keyed_by_buffer)
+
+CL = torch.channels_last_3d
 
 
 class Wrapper:
@@ -57,3 +64,68 @@ def test_replacement_fits_the_installed_method_and_is_applied_only_where_needed(
     assert apply_inductor_fixes() == (["int_array_cache_key"] if needed else [])
     if needed:
         assert CppWrapperCpu.codegen_int_array_var is int_array_var_keyed_by_buffer
+
+
+class Conv(torch.nn.Module):
+    """A 3-D convolution as the decoder's engine form runs them, and a pointwise op after it."""
+
+    def __init__(self, weight_format=CL):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(8, 16, 3, padding=(0, 1, 1)).to(memory_format=weight_format)
+
+    def forward(self, x):
+        return self.conv(x) * 2
+
+
+def _compiled(module, x, fix: bool):
+    """(the compiled module, the output strides Inductor's lowering gave its convolution)."""
+    layouts = []
+    with channels_last_3d_convolutions() if fix else torch._inductor.config.patch(fx_graph_cache=False):
+        inner = inductor_conv.conv_layout
+
+        def recorded(*args, **kwargs):
+            layout = inner(*args, **kwargs)
+            layouts.append([int(s) for s in layout.stride])
+            return layout
+
+        inductor_conv.conv_layout = recorded
+        try:
+            with torch.no_grad():
+                compiled = torch._inductor.compile(torch.fx.symbolic_trace(module), [x])
+        finally:
+            inductor_conv.conv_layout = inner
+    return compiled, layouts
+
+
+def _input(device="cpu", dtype=torch.float32):
+    return torch.randn(1, 8, 5, 6, 7, device=device, dtype=dtype).contiguous(memory_format=CL)
+
+
+def test_inductor_alone_lays_a_channels_last_3d_convolution_out_contiguous():
+    """The choice the fix overrides (compiled only: the CPU's 3-D convolution computes contiguous outputs,
+    which is why the fix is applied to CUDA builds only)."""
+    _, layouts = _compiled(Conv().eval(), _input(), fix=False)
+    assert layouts == [[2016, 126, 42, 7, 1]]
+
+
+def test_the_fix_lays_it_out_channels_last_and_is_undone_after():
+    original = inductor_conv.conv_layout
+    _, layouts = _compiled(Conv().eval(), _input(), fix=True)
+    assert layouts == [channels_last_3d_strides([1, 16, 3, 6, 7])] == [[2016, 1, 672, 112, 16]]
+    assert inductor_conv.conv_layout is original
+
+
+def test_a_convolution_with_a_contiguous_weight_keeps_its_layout():
+    _, layouts = _compiled(Conv(torch.contiguous_format).eval(), _input().contiguous(), fix=True)
+    assert layouts == [[2016, 126, 42, 7, 1]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's channels-last 3-D convolutions need a CUDA device")
+def test_on_cuda_the_channels_last_engine_computes_what_eager_does():
+    module, x = Conv().to("cuda", torch.bfloat16).eval(), _input("cuda", torch.bfloat16)
+    compiled, layouts = _compiled(module, x, fix=True)
+    assert layouts == [channels_last_3d_strides([1, 16, 3, 6, 7])]
+    with torch.no_grad():
+        out, expected = compiled(x), module(x)
+    assert out.is_contiguous(memory_format=CL)
+    torch.testing.assert_close(out, expected)

@@ -1,0 +1,196 @@
+"""The video decoder's norm: a causal convolution's bias, RMS norm over channels, SiLU, and the join
+with the next convolution's history, in one pass over channels-last activations.
+
+    norm_silu_join:      y = x + bias;                    joined = [history ; silu(norm(y) * gamma)]
+    add_norm_silu_join:  y = x + bias + r (rounded: s);   returns (s, joined) with norm(s)
+
+Activations are ``[B, C, T, H, W]`` tensors stored channels-last (``torch.channels_last_3d``: in
+memory ``[B, T, H, W, C]``), as the engine's convolutions take and give them: x ``[B, Cx, T, H, W]``
+(a convolution's output before its bias; Cx >= C: an engine's convolution may compute extra zero
+channels, which are skipped), bias ``[Cx]``, r ``[B, C, T, H, W]``, gamma ``[C]``, history
+``[B, C, 2, H, W]``; joined ``[B, C, 2 + T, H, W]`` is the next convolution's input. The outputs
+are channels-last buffers of their own, not views: Inductor picks a convolution's layout from its
+input's strides, and through a view of a [B, T, H, W, C] buffer it assumed [B, C, T, H, W]
+contiguous (the engine then copied every convolution's input across layouts). In a TensorRT
+engine the plugin's 5-D tensors are in the channels-last format (``DHWC``).
+``norm(y) = y / max(|y|, 1e-12) * sqrt(C)`` (the decoder's ``RMS_norm``), in fp32. y stays fp32
+(one rounding fewer than a convolution that adds its bias itself); s is rounded to the
+activations' dtype, as it is stored.
+
+One program handles ``BLOCK_R`` rows of joined (a history row is copied, an activation row
+normalised). Every size is a compile-time constant: the decoder's shapes are static, and without
+them Inductor's launch of the kernel ran 4x slower (no vectorised loads).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from wan_trt.errors import WanTrtError
+from wan_trt.plugins.aot import Plan, TensorArg, compile_ptx
+from wan_trt.plugins.launch import rows_launch
+
+HISTORY = 2  # frames of history before the activations
+EPS = 1e-12  # F.normalize's
+
+
+CHANNELS_LAST = torch.channels_last_3d
+
+
+def _joined(history: torch.Tensor, y: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """[history ; silu(norm(y) * gamma)] along time, channels-last."""
+    c = gamma.shape[0]
+    h = torch.nn.functional.normalize(y.float(), dim=1) * c ** 0.5 * gamma.float().view(-1, 1, 1, 1)
+    h = torch.nn.functional.silu(h).to(history.dtype)
+    return torch.cat([history, h], dim=2).contiguous(memory_format=CHANNELS_LAST)
+
+
+def _biased(x: torch.Tensor, bias: torch.Tensor, c: int) -> torch.Tensor:
+    return x[:, :c].float() + bias[:c].float().view(-1, 1, 1, 1)
+
+
+def reference_norm_silu_join(x: torch.Tensor, bias: torch.Tensor, gamma: torch.Tensor, history: torch.Tensor
+                             ) -> torch.Tensor:
+    """Pure PyTorch: fp32 (x + bias), norm and SiLU, after the history."""
+    return _joined(history, _biased(x, bias, gamma.shape[0]), gamma)
+
+
+def reference_add_norm_silu_join(x: torch.Tensor, bias: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor,
+                                 history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure PyTorch: s = x + bias + r in x's dtype, then as :func:`reference_norm_silu_join` of s."""
+    s = (_biased(x, bias, gamma.shape[0]) + r.float()).to(history.dtype)
+    return s.contiguous(memory_format=CHANNELS_LAST), _joined(history, s, gamma)
+
+
+@triton.jit
+def _rows(T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, BLOCK_R: tl.constexpr):
+    """This program's rows of joined: (in range, a history row?, its history row, its activation row)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    frame = (rows // HW) % (T + 2)
+    b = rows // (HW * (T + 2))
+    pixel = rows % HW
+    return rows, rows < ROWS, frame < 2, (b * 2 + frame) * HW + pixel, (b * T + frame - 2) * HW + pixel
+
+
+@triton.jit
+def _finish(y, rows, valid, is_history, hrow, cols, cmask, G, H, J, C: tl.constexpr):
+    """joined's rows: the history's, or silu(norm(y) * gamma)."""
+    g = tl.load(G + cols, mask=cmask, other=0.0).to(tl.float32)
+    scale = tl.sqrt(C * 1.0) / tl.maximum(tl.sqrt(tl.sum(y * y, 1)), 1e-12)
+    h = y * scale[:, None] * g[None, :]
+    h = h * tl.sigmoid(h)
+    hm = (valid & is_history)[:, None] & cmask[None, :]
+    past = tl.load(H + hrow[:, None] * C + cols[None, :], mask=hm, other=0.0)
+    out = tl.where(is_history[:, None], past.to(tl.float32), h)
+    tl.store(J + rows[:, None] * C + cols[None, :], out.to(J.dtype.element_ty), mask=valid[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _norm_silu_join_kernel(X, XB, G, H,  # inputs, then the output
+                           J,
+                           T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
+                           CX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows, valid, is_history, hrow, xrow = _rows(T, HW, ROWS, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    xm = (valid & ~is_history)[:, None] & cmask[None, :]
+    y = tl.load(X + xrow[:, None] * CX + cols[None, :], mask=xm, other=0.0).to(tl.float32)
+    y += tl.load(XB + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    _finish(y, rows, valid, is_history, hrow, cols, cmask, G, H, J, C)
+
+
+@triton.jit
+def _add_norm_silu_join_kernel(X, XB, R, G, H,  # inputs, then the outputs
+                               S, J,
+                               T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
+                               CX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows, valid, is_history, hrow, xrow = _rows(T, HW, ROWS, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    xm = (valid & ~is_history)[:, None] & cmask[None, :]
+    y = tl.load(X + xrow[:, None] * CX + cols[None, :], mask=xm, other=0.0).to(tl.float32)
+    y += tl.load(XB + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y += tl.load(R + xrow[:, None] * C + cols[None, :], mask=xm, other=0.0).to(tl.float32)
+    s = y.to(S.dtype.element_ty)
+    tl.store(S + xrow[:, None] * C + cols[None, :], s, mask=xm)
+    _finish(s.to(tl.float32), rows, valid, is_history, hrow, cols, cmask, G, H, J, C)
+
+
+def _sizes(x, bias, r, gamma, history) -> dict[str, int]:
+    """The kernels' compile-time sizes; checks the shapes (tuples, so plans and launchers share it)."""
+    b, cx, t, h, w = x
+    c = gamma[0]
+    if len(gamma) != 1 or tuple(bias) != (cx,) or c > cx or tuple(history) != (b, c, HISTORY, h, w) \
+            or (r is not None and tuple(r) != (b, c, t, h, w)):
+        raise WanTrtError(f"norm_silu_join: expected x [B, Cx, T, H, W], bias [Cx], gamma [C <= Cx], history "
+                          f"[B, C, 2, H, W]{', r [B, C, T, H, W]' if r is not None else ''}; got x {tuple(x)}, "
+                          f"bias {tuple(bias)}, gamma {tuple(gamma)}, history {tuple(history)}"
+                          + (f", r {tuple(r)}" if r is not None else ""))
+    rows = b * (t + HISTORY) * h * w
+    if rows * max(cx, c) >= 2 ** 31:
+        raise WanTrtError(f"norm_silu_join: {tuple(x)} is too large for 32-bit offsets")
+    return {"T": t, "HW": h * w, "ROWS": rows, "C": c, "CX": cx}
+
+
+def _empty(shape, like: torch.Tensor) -> torch.Tensor:
+    """A channels-last buffer allocated with its strides (``empty_strided``): Inductor makes a
+    ``memory_format`` allocation a permuted view, and takes a view for a contiguous tensor when it picks
+    the next convolution's layout."""
+    b, c, t, h, w = shape
+    return torch.empty_strided(shape, (t * h * w * c, 1, h * w * c, w * c, c), dtype=like.dtype, device=like.device)
+
+
+def _contiguous(name: str, x: torch.Tensor, *vectors_and_activations: torch.Tensor) -> None:
+    for t in (x, *vectors_and_activations):
+        if not t.is_contiguous(memory_format=CHANNELS_LAST if t.ndim == 5 else torch.contiguous_format):
+            raise WanTrtError(f"{name}: activations must be channels-last [B, C, T, H, W] "
+                              "(torch.channels_last_3d), vectors contiguous")
+
+
+def norm_silu_join(x: torch.Tensor, bias: torch.Tensor, gamma: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+    """[history ; silu(norm(x + bias) * gamma)] in one pass (Triton)."""
+    _contiguous("norm_silu_join", x, bias, gamma, history)
+    sizes = _sizes(x.shape, bias.shape, None, gamma.shape, history.shape)
+    b, _, t, h, w = x.shape
+    joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
+    launch = rows_launch(sizes["C"])
+    wrap_triton(_norm_silu_join_kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
+        x, bias, gamma, history, joined, **sizes, **launch.kwargs())
+    return joined
+
+
+def add_norm_silu_join(x: torch.Tensor, bias: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor,
+                       history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s = x + bias + r, [history ; silu(norm(s) * gamma)]) in one pass (Triton)."""
+    _contiguous("add_norm_silu_join", x, bias, r, gamma, history)
+    sizes = _sizes(x.shape, bias.shape, r.shape, gamma.shape, history.shape)
+    b, _, t, h, w = x.shape
+    s = _empty(r.shape, history)
+    joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
+    launch = rows_launch(sizes["C"])
+    wrap_triton(_add_norm_silu_join_kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
+        x, bias, r, gamma, history, s, joined, **sizes, **launch.kwargs())
+    return s, joined
+
+
+def norm_silu_join_plan(x: TensorArg, bias: TensorArg, gamma: TensorArg, history: TensorArg, *, tactic: int = 0,
+                        arch: int | None = None) -> Plan:
+    """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
+    sizes = _sizes(x.shape, bias.shape, None, gamma.shape, history.shape)
+    launch = rows_launch(sizes["C"])
+    compiled = compile_ptx(_norm_silu_join_kernel, {"X": x.dtype, "XB": bias.dtype, "G": gamma.dtype,
+                                                    "H": history.dtype}, {}, {"J": history.dtype}, sizes, launch, arch)
+    return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])
+
+
+def add_norm_silu_join_plan(x: TensorArg, bias: TensorArg, r: TensorArg, gamma: TensorArg, history: TensorArg, *,
+                            tactic: int = 0, arch: int | None = None) -> Plan:
+    """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
+    sizes = _sizes(x.shape, bias.shape, r.shape, gamma.shape, history.shape)
+    launch = rows_launch(sizes["C"])
+    compiled = compile_ptx(_add_norm_silu_join_kernel, {"X": x.dtype, "XB": bias.dtype, "R": r.dtype,
+                                                        "G": gamma.dtype, "H": history.dtype}, {},
+                           {"S": history.dtype, "J": history.dtype}, sizes, launch, arch)
+    return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])

@@ -1,0 +1,67 @@
+"""The decoder's fused norm (bias [+ residual], norm, SiLU, join with the history) against its
+reference, on odd shapes: channels not a power of two, extra (padded) input channels, several
+batches, rows that do not fill the last program."""
+import pytest
+import torch
+
+from wan_trt.errors import WanTrtError
+from wan_trt.plugins.decoder_norm import (add_norm_silu_join, norm_silu_join, reference_add_norm_silu_join,
+                                          reference_norm_silu_join)
+from wan_trt.plugins.window_attention import INTERPRET
+from tests.conftest import assert_close
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([] if INTERPRET else [torch.bfloat16])
+TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+CL = torch.channels_last_3d
+
+
+def _inputs(dtype, batch, frames, h, w, c, cx, seed):
+    """x [B, Cx, T, H, W], bias, r [B, C, T, H, W], gamma, history [B, C, 2, H, W]; activations channels-last."""
+    gen = torch.Generator().manual_seed(seed)
+    def r(*shape, scale=1.0, shift=0.0):
+        t = (shift + scale * torch.randn(*shape, generator=gen)).to(DEVICE, dtype)
+        return t.contiguous(memory_format=CL) if t.ndim == 5 else t
+    return (r(batch, cx, frames, h, w, scale=3), r(cx), r(batch, c, frames, h, w), r(c, scale=0.2, shift=1),
+            r(batch, c, 2, h, w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch, frames, h, w, c, cx", [
+    (1, 3, 2, 3, 24, 32), (2, 1, 3, 5, 6, 6), (1, 2, 1, 7, 96, 128), (1, 1, 2, 2, 40, 40)])
+def test_norm_silu_join_matches_reference(dtype, batch, frames, h, w, c, cx):
+    x, bias, r, gamma, history = _inputs(dtype, batch, frames, h, w, c, cx, c + frames)
+    joined = norm_silu_join(x, bias, gamma, history)
+    assert joined.shape == (batch, c, 2 + frames, h, w) and joined.is_contiguous(memory_format=CL)
+    assert torch.equal(joined[:, :, :2], history)  # the history is copied, not recomputed
+    assert_close(joined, reference_norm_silu_join(x, bias, gamma, history), atol=TOL[dtype], rtol=TOL[dtype],
+                 what=f"norm_silu_join {dtype}")
+    s, joined = add_norm_silu_join(x, bias, r, gamma, history)
+    s_ref, joined_ref = reference_add_norm_silu_join(x, bias, r, gamma, history)
+    assert s.is_contiguous(memory_format=CL) and joined.is_contiguous(memory_format=CL)
+    assert_close(s, s_ref, atol=TOL[dtype], rtol=TOL[dtype], what=f"residual sum {dtype}")
+    assert_close(joined, joined_ref, atol=TOL[dtype], rtol=TOL[dtype], what=f"add_norm_silu_join {dtype}")
+
+
+def test_reference_is_the_decoders_norm_and_silu():
+    """The reference equals the decoder's own modules: RMS_norm (F.normalize * sqrt(C) * gamma), SiLU."""
+    from wan_trt.model.vae import RMS_norm
+    x, bias, r, gamma, history = _inputs(torch.float32, 1, 3, 2, 3, 24, 32, 0)
+    norm = RMS_norm(24, images=False)
+    norm.gamma.data = gamma.view(-1, 1, 1, 1).cpu()
+    y = (x[:, :24] + bias[:24].view(-1, 1, 1, 1) + r).cpu()
+    want = torch.nn.functional.silu(norm(y))
+    _, joined = reference_add_norm_silu_join(x, bias, r, gamma, history)
+    torch.testing.assert_close(joined[:, :, 2:].cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_shapes_are_refused():
+    x, bias, r, gamma, history = _inputs(torch.float32, 1, 3, 2, 3, 24, 32, 0)
+    for args in ((x, bias[:24], gamma, history), (x, bias, gamma, history[:, :, :1].contiguous(memory_format=CL)),
+                 (x[:, :16].contiguous(memory_format=CL), bias[:16], gamma, history)):
+        with pytest.raises(WanTrtError, match="expected x"):
+            norm_silu_join(*args)
+    with pytest.raises(WanTrtError, match="channels-last"):
+        norm_silu_join(x.contiguous(), bias, gamma, history)
