@@ -8,11 +8,10 @@ Activations are ``[B, C, T, H, W]`` tensors stored channels-last (``torch.channe
 memory ``[B, T, H, W, C]``), as the engine's convolutions take and give them: x ``[B, Cx, T, H, W]``
 (a convolution's output before its bias; Cx >= C: an engine's convolution may compute extra zero
 channels, which are skipped), bias ``[Cx]``, r ``[B, C, T, H, W]``, gamma ``[C]``, history
-``[B, C, 2, H, W]``; joined ``[B, C, 2 + T, H, W]`` is the next convolution's input. The outputs
-are channels-last buffers of their own, not views: Inductor picks a convolution's layout from its
-input's strides, and through a view of a [B, T, H, W, C] buffer it assumed [B, C, T, H, W]
-contiguous (the engine then copied every convolution's input across layouts). In a TensorRT
-engine the plugin's 5-D tensors are in the channels-last format (``DHWC``).
+``[B, C, 2, H, W]``, all activations of one dtype; joined ``[B, C, 2 + T, H, W]`` is the next
+convolution's input. The outputs are allocated with explicit channels-last strides (why, and what
+the AOTInductor build does about the convolutions they feed: docs/DESIGN.md, the decoder's engine
+form). In a TensorRT engine the plugin's 5-D tensors are in the channels-last format (``DHWC``).
 ``norm(y) = y / max(|y|, 1e-12) * sqrt(C)`` (the decoder's ``RMS_norm``), in fp32. y stays fp32
 (one rounding fewer than a convolution that adds its bias itself); s is rounded to the
 activations' dtype, as it is stored.
@@ -32,10 +31,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.plugins.aot import Plan, TensorArg, compile_ptx
 from wan_trt.plugins.launch import rows_launch
 
-HISTORY = 2  # frames of history before the activations
-EPS = 1e-12  # F.normalize's
-
-
+HISTORY = 2  # frames of history before the activations (the kernels' T + 2)
 CHANNELS_LAST = torch.channels_last_3d
 
 
@@ -59,14 +55,15 @@ def reference_norm_silu_join(x: torch.Tensor, bias: torch.Tensor, gamma: torch.T
 
 def reference_add_norm_silu_join(x: torch.Tensor, bias: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor,
                                  history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure PyTorch: s = x + bias + r in x's dtype, then as :func:`reference_norm_silu_join` of s."""
-    s = (_biased(x, bias, gamma.shape[0]) + r.float()).to(history.dtype)
+    """Pure PyTorch: s = x + bias + r in the activations' dtype, then as :func:`reference_norm_silu_join` of s."""
+    s = (_biased(x, bias, gamma.shape[0]) + r.float()).to(r.dtype)
     return s.contiguous(memory_format=CHANNELS_LAST), _joined(history, s, gamma)
 
 
 @triton.jit
 def _rows(T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, BLOCK_R: tl.constexpr):
-    """This program's rows of joined: (in range, a history row?, its history row, its activation row)."""
+    """This program's rows of joined: (in range, a history row?, its history row, its activation row);
+    each [B, 2 + T] frames of joined starts with the 2 history frames (HISTORY)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     frame = (rows // HW) % (T + 2)
     b = rows // (HW * (T + 2))
@@ -88,16 +85,24 @@ def _finish(y, rows, valid, is_history, hrow, cols, cmask, G, H, J, C: tl.conste
 
 
 @triton.jit
-def _norm_silu_join_kernel(X, XB, G, H,  # inputs, then the output
-                           J,
-                           T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
-                           CX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _biased_rows(X, XB, T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr, CX: tl.constexpr,
+                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's rows of joined, and x + bias on its activation rows (fp32; 0 on history rows)."""
     rows, valid, is_history, hrow, xrow = _rows(T, HW, ROWS, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     cmask = cols < C
     xm = (valid & ~is_history)[:, None] & cmask[None, :]
     y = tl.load(X + xrow[:, None] * CX + cols[None, :], mask=xm, other=0.0).to(tl.float32)
     y += tl.load(XB + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    return y, rows, valid, is_history, hrow, xrow, cols, cmask, xm
+
+
+@triton.jit
+def _norm_silu_join_kernel(X, XB, G, H,  # inputs, then the output
+                           J,
+                           T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
+                           CX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    y, rows, valid, is_history, hrow, _, cols, cmask, _ = _biased_rows(X, XB, T, HW, ROWS, C, CX, BLOCK_R, BLOCK_C)
     _finish(y, rows, valid, is_history, hrow, cols, cmask, G, H, J, C)
 
 
@@ -106,53 +111,56 @@ def _add_norm_silu_join_kernel(X, XB, R, G, H,  # inputs, then the outputs
                                S, J,
                                T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
                                CX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows, valid, is_history, hrow, xrow = _rows(T, HW, ROWS, BLOCK_R)
-    cols = tl.arange(0, BLOCK_C)
-    cmask = cols < C
-    xm = (valid & ~is_history)[:, None] & cmask[None, :]
-    y = tl.load(X + xrow[:, None] * CX + cols[None, :], mask=xm, other=0.0).to(tl.float32)
-    y += tl.load(XB + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y, rows, valid, is_history, hrow, xrow, cols, cmask, xm = _biased_rows(X, XB, T, HW, ROWS, C, CX, BLOCK_R,
+                                                                          BLOCK_C)
     y += tl.load(R + xrow[:, None] * C + cols[None, :], mask=xm, other=0.0).to(tl.float32)
     s = y.to(S.dtype.element_ty)
     tl.store(S + xrow[:, None] * C + cols[None, :], s, mask=xm)
     _finish(s.to(tl.float32), rows, valid, is_history, hrow, cols, cmask, G, H, J, C)
 
 
-def _sizes(x, bias, r, gamma, history) -> dict[str, int]:
+def _sizes(op: str, x, bias, r, gamma, history) -> dict[str, int]:
     """The kernels' compile-time sizes; checks the shapes (tuples, so plans and launchers share it)."""
+    expected = f"x [B, Cx, T, H, W], bias [Cx], gamma [C <= Cx], history [B, C, 2, H, W]" + (
+        ", r [B, C, T, H, W]" if r is not None else "")
+    got = f"x {tuple(x)}, bias {tuple(bias)}, gamma {tuple(gamma)}, history {tuple(history)}" + (
+        f", r {tuple(r)}" if r is not None else "")
+    if len(x) != 5 or len(gamma) != 1:
+        raise WanTrtError(f"{op}: expected {expected}; got {got}")
     b, cx, t, h, w = x
     c = gamma[0]
-    if len(gamma) != 1 or tuple(bias) != (cx,) or c > cx or tuple(history) != (b, c, HISTORY, h, w) \
+    if tuple(bias) != (cx,) or c > cx or tuple(history) != (b, c, HISTORY, h, w) \
             or (r is not None and tuple(r) != (b, c, t, h, w)):
-        raise WanTrtError(f"norm_silu_join: expected x [B, Cx, T, H, W], bias [Cx], gamma [C <= Cx], history "
-                          f"[B, C, 2, H, W]{', r [B, C, T, H, W]' if r is not None else ''}; got x {tuple(x)}, "
-                          f"bias {tuple(bias)}, gamma {tuple(gamma)}, history {tuple(history)}"
-                          + (f", r {tuple(r)}" if r is not None else ""))
+        raise WanTrtError(f"{op}: expected {expected}; got {got}")
     rows = b * (t + HISTORY) * h * w
-    if rows * max(cx, c) >= 2 ** 31:
-        raise WanTrtError(f"norm_silu_join: {tuple(x)} is too large for 32-bit offsets")
+    if rows * cx >= 2 ** 31:
+        raise WanTrtError(f"{op}: {tuple(x)} is too large for 32-bit offsets")
     return {"T": t, "HW": h * w, "ROWS": rows, "C": c, "CX": cx}
 
 
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:
-    """A channels-last buffer allocated with its strides (``empty_strided``): Inductor makes a
-    ``memory_format`` allocation a permuted view, and takes a view for a contiguous tensor when it picks
-    the next convolution's layout."""
+    """A channels-last buffer allocated with its strides (``empty_strided``, not a permuted view)."""
     b, c, t, h, w = shape
     return torch.empty_strided(shape, (t * h * w * c, 1, h * w * c, w * c, c), dtype=like.dtype, device=like.device)
 
 
-def _contiguous(name: str, x: torch.Tensor, *vectors_and_activations: torch.Tensor) -> None:
-    for t in (x, *vectors_and_activations):
-        if not t.is_contiguous(memory_format=CHANNELS_LAST if t.ndim == 5 else torch.contiguous_format):
-            raise WanTrtError(f"{name}: activations must be channels-last [B, C, T, H, W] "
-                              "(torch.channels_last_3d), vectors contiguous")
+def _check_tensors(op: str, activations: dict[str, torch.Tensor], vectors: dict[str, torch.Tensor]) -> None:
+    """Activations channels-last and of one dtype, vectors contiguous."""
+    for name, t in activations.items():
+        if not t.is_contiguous(memory_format=CHANNELS_LAST):
+            raise WanTrtError(f"{op}: {name} must be channels-last [B, C, T, H, W] (torch.channels_last_3d)")
+    for name, t in vectors.items():
+        if not t.is_contiguous():
+            raise WanTrtError(f"{op}: {name} must be contiguous")
+    dtypes = {name: t.dtype for name, t in activations.items()}
+    if len(set(dtypes.values())) > 1:
+        raise WanTrtError(f"{op}: the activations must share one dtype; got {dtypes}")
 
 
 def norm_silu_join(x: torch.Tensor, bias: torch.Tensor, gamma: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
     """[history ; silu(norm(x + bias) * gamma)] in one pass (Triton)."""
-    _contiguous("norm_silu_join", x, bias, gamma, history)
-    sizes = _sizes(x.shape, bias.shape, None, gamma.shape, history.shape)
+    sizes = _sizes("norm_silu_join", x.shape, bias.shape, None, gamma.shape, history.shape)
+    _check_tensors("norm_silu_join", {"x": x, "history": history}, {"bias": bias, "gamma": gamma})
     b, _, t, h, w = x.shape
     joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
     launch = rows_launch(sizes["C"])
@@ -164,10 +172,10 @@ def norm_silu_join(x: torch.Tensor, bias: torch.Tensor, gamma: torch.Tensor, his
 def add_norm_silu_join(x: torch.Tensor, bias: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor,
                        history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(s = x + bias + r, [history ; silu(norm(s) * gamma)]) in one pass (Triton)."""
-    _contiguous("add_norm_silu_join", x, bias, r, gamma, history)
-    sizes = _sizes(x.shape, bias.shape, r.shape, gamma.shape, history.shape)
+    sizes = _sizes("add_norm_silu_join", x.shape, bias.shape, r.shape, gamma.shape, history.shape)
+    _check_tensors("add_norm_silu_join", {"x": x, "r": r, "history": history}, {"bias": bias, "gamma": gamma})
     b, _, t, h, w = x.shape
-    s = _empty(r.shape, history)
+    s = _empty(r.shape, r)
     joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
     launch = rows_launch(sizes["C"])
     wrap_triton(_add_norm_silu_join_kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
@@ -178,7 +186,7 @@ def add_norm_silu_join(x: torch.Tensor, bias: torch.Tensor, r: torch.Tensor, gam
 def norm_silu_join_plan(x: TensorArg, bias: TensorArg, gamma: TensorArg, history: TensorArg, *, tactic: int = 0,
                         arch: int | None = None) -> Plan:
     """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
-    sizes = _sizes(x.shape, bias.shape, None, gamma.shape, history.shape)
+    sizes = _sizes("norm_silu_join", x.shape, bias.shape, None, gamma.shape, history.shape)
     launch = rows_launch(sizes["C"])
     compiled = compile_ptx(_norm_silu_join_kernel, {"X": x.dtype, "XB": bias.dtype, "G": gamma.dtype,
                                                     "H": history.dtype}, {}, {"J": history.dtype}, sizes, launch, arch)
@@ -188,9 +196,9 @@ def norm_silu_join_plan(x: TensorArg, bias: TensorArg, gamma: TensorArg, history
 def add_norm_silu_join_plan(x: TensorArg, bias: TensorArg, r: TensorArg, gamma: TensorArg, history: TensorArg, *,
                             tactic: int = 0, arch: int | None = None) -> Plan:
     """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
-    sizes = _sizes(x.shape, bias.shape, r.shape, gamma.shape, history.shape)
+    sizes = _sizes("add_norm_silu_join", x.shape, bias.shape, r.shape, gamma.shape, history.shape)
     launch = rows_launch(sizes["C"])
     compiled = compile_ptx(_add_norm_silu_join_kernel, {"X": x.dtype, "XB": bias.dtype, "R": r.dtype,
                                                         "G": gamma.dtype, "H": history.dtype}, {},
-                           {"S": history.dtype, "J": history.dtype}, sizes, launch, arch)
+                           {"S": r.dtype, "J": history.dtype}, sizes, launch, arch)
     return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])

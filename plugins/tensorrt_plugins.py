@@ -61,9 +61,11 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
             desc = args[out.like].like()
             if out.dtype_of is not None:
                 desc.dtype = args[out.dtype_of].dtype
-            if out.grown is not None:
+            if out.grown is not None:  # a new shape: like()'s shares its ShapeExprs with the input's
                 source, dim = out.grown
-                desc.shape_expr[dim] = desc.shape_expr[dim] + args[source].shape_expr[dim]
+                shape = list(desc.shape_expr)
+                shape[dim] = shape[dim] + args[source].shape_expr[dim]
+                desc = trtp.from_shape_expr(trtp.ShapeExprs.from_tuple(tuple(shape)), dtype=desc.dtype)
             descs.append(desc)
         return descs[0] if len(descs) == 1 else tuple(descs)
 

@@ -102,8 +102,8 @@ def channels_last_3d_convolutions() -> Iterator[bool]:
         yield False
         return
 
-    def conv_layout(x, weight, bias, **kwargs):
-        layout = original(x, weight, bias, **kwargs)
+    def conv_layout(x, weight, *args, **kwargs):
+        layout = original(x, weight, *args, **kwargs)
         if len(layout.size) != 5 or not _is_channels_last_3d(weight):
             return layout
         return ir.FixedLayout(layout.device, layout.dtype, layout.size, channels_last_3d_strides(layout.size))

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from wan_trt.errors import WanTrtError
 from wan_trt.model.checkpoint import load_vae_decoder
@@ -129,6 +130,22 @@ def test_histories_matter():
     assert (with_history - without).abs().max() > 1e-2
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the wan_trt ops that run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "wan_trt":
+            self.names.append(func._opname)
+        return func(*args, **(kwargs or {}))
+
+    def count(self, name: str) -> int:
+        return self.names.count(name)
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["native", "fused"])
 @torch.no_grad()
 def test_the_engine_form_decodes_as_the_reference(fused):
@@ -149,7 +166,11 @@ def test_the_engine_form_decodes_as_the_reference(fused):
     z = torch.randn(1, 16, 5, 2, 3)
     got, want = engine.empty_history(1, 2, 3), reference.empty_history(1, 2, 3)
     for start, end in ((0, 2), (2, 5)):
-        frames, got = engine(z[:, :, start:end], got, first=start == 0)
+        with OpCounter() as ops:
+            frames, got = engine(z[:, :, start:end], got, first=start == 0)
+        # 14 residual blocks: 14 second norms and the 5 first ones after conv1, the attention or a resample
+        # plain; the other 9 first ones and the head's add the previous block's residual sum
+        assert (ops.count("norm_silu_join"), ops.count("add_norm_silu_join")) == ((19, 10) if fused else (0, 0))
         expected, want = reference(z[:, :, start:end], want, first=start == 0)
         torch.testing.assert_close(frames, expected, rtol=1e-5, atol=1e-5)
         for a, b in zip(got, want):

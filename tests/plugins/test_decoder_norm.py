@@ -7,7 +7,7 @@ import torch
 from wan_trt.errors import WanTrtError
 from wan_trt.plugins.decoder_norm import (add_norm_silu_join, norm_silu_join, reference_add_norm_silu_join,
                                           reference_norm_silu_join)
-from wan_trt.plugins.window_attention import INTERPRET
+from wan_trt.plugins.launch import INTERPRET
 from tests.conftest import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,5 +63,11 @@ def test_bad_shapes_are_refused():
                  (x[:, :16].contiguous(memory_format=CL), bias[:16], gamma, history)):
         with pytest.raises(WanTrtError, match="expected x"):
             norm_silu_join(*args)
-    with pytest.raises(WanTrtError, match="channels-last"):
+    with pytest.raises(WanTrtError, match="norm_silu_join: x must be channels-last"):
         norm_silu_join(x.contiguous(), bias, gamma, history)
+    with pytest.raises(WanTrtError, match="add_norm_silu_join: expected x .* r \\[B, C, T, H, W\\]"):
+        add_norm_silu_join(x, bias, r[:, :, :2].contiguous(memory_format=CL), gamma, history)
+    with pytest.raises(WanTrtError, match="one dtype"):
+        add_norm_silu_join(x, bias, r.half(), gamma, history)
+    with pytest.raises(WanTrtError, match="expected x"):
+        norm_silu_join(x[0], bias, gamma, history)

@@ -201,17 +201,21 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last_3d)
 
 
-def norm_silu_join(norm: "RMS_norm", x: torch.Tensor | Pending, bias: torch.Tensor | None, history: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused form of norm -> SiLU -> a causal convolution's join with its history: ``x`` (plus
-    ``bias``), or a pending residual sum. Returns (the convolution's input ``[history ; silu(norm(x))]``
-    [B, C, 2 + T, h, w] channels-last, and x or the sum)."""
-    ops, gamma, history = torch.ops.wan_trt, norm.gamma.view(-1), _channels_last(history)
+def fused_norm_join(norm: "RMS_norm", x: torch.Tensor | Pending, bias: torch.Tensor | None, history: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused form of norm -> SiLU -> a causal convolution's join with its history, on ``x`` plus
+    ``bias`` (a convolution's output before its bias) or on a pending residual sum (its own bias).
+    Returns (the convolution's input ``[history ; silu(norm(x))]`` [B, C, 2 + T, h, w] channels-last,
+    and x or the sum)."""
+    ops, gamma = torch.ops.wan_trt, norm.gamma.view(-1)
     if isinstance(x, Pending):
+        if bias is not None:
+            raise ValueError("a pending residual sum carries its own bias")
+        history = _channels_last(history.to(x.y.dtype))
         total, joined = ops.add_norm_silu_join(_channels_last(x.y), x.bias, _channels_last(x.shortcut), gamma, history)
         return joined, total
     bias = x.new_zeros(x.shape[1]) if bias is None else bias
-    return ops.norm_silu_join(_channels_last(x), bias, gamma, history), x
+    return ops.norm_silu_join(_channels_last(x), bias, gamma, _channels_last(history.to(x.dtype))), x
 
 
 def summed(x: torch.Tensor | Pending) -> torch.Tensor:
@@ -242,11 +246,11 @@ class ResidualBlock(nn.Module):
 
     def _forward_fused(self, x: torch.Tensor | Pending, histories: "Histories") -> Pending:
         norm1, _, conv1, norm2, _, _, conv2 = self.residual
-        joined, x = norm_silu_join(norm1, x, None, histories.take())
+        joined, x = fused_norm_join(norm1, x, None, histories.take())
         h = x if self.shortcut is None else self.shortcut(x)[0]
         y, new = conv1.forward_joined(joined)
         histories.give(new)
-        joined, _ = norm_silu_join(norm2, y, conv1.bias, histories.take())
+        joined, _ = fused_norm_join(norm2, y, conv1.bias, histories.take())
         y, new = conv2.forward_joined(joined)
         histories.give(new)
         return Pending(y, conv2.bias, h)
@@ -293,6 +297,8 @@ class Histories:
 class Decoder3d(nn.Module):
     """conv1 -> middle (res, attention, res) -> upsample stages -> head (upstream ``Decoder3d``)."""
 
+    fused = False  # see VideoDecoder.use_engine_form: the residual blocks return Pending sums
+
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         dims = [cfg.dim * u for u in (cfg.dim_mult[-1], *cfg.dim_mult[::-1])]
@@ -310,8 +316,6 @@ class Decoder3d(nn.Module):
         self.upsamples = nn.Sequential(*upsamples)
         self.head = nn.Sequential(RMS_norm(dims[-1], images=False), nn.SiLU(), CausalConv3d(dims[-1], 3, 3, padding=1))
 
-    fused = False  # see VideoDecoder.use_engine_form: the residual blocks return Pending sums
-
     def forward(self, x: torch.Tensor, histories: Histories, first: bool) -> torch.Tensor:
         x, new = self.conv1(x, histories.take())
         histories.give(new)
@@ -323,8 +327,8 @@ class Decoder3d(nn.Module):
             else:
                 x = layer(summed(x))
         norm, silu, conv = self.head
-        if self.fused:  # the head's 3 outputs: the taps form, as CausalConv3d.forward picks it
-            joined, _ = norm_silu_join(norm, x, None, histories.take())
+        if self.fused:  # the head (3 outputs) in the taps form, as CausalConv3d.forward runs it
+            joined, _ = fused_norm_join(norm, x, None, histories.take())
             histories.give(joined[:, :, -conv.history_frames:])
             return conv.forward_taps(joined)
         x, new = conv(silu(norm(x)), histories.take())
