@@ -121,7 +121,7 @@ def _add_norm_silu_join_kernel(X, XB, R, G, H,  # inputs, then the outputs
 
 def _sizes(op: str, x, bias, r, gamma, history) -> dict[str, int]:
     """The kernels' compile-time sizes; checks the shapes (tuples, so plans and launchers share it)."""
-    expected = f"x [B, Cx, T, H, W], bias [Cx], gamma [C <= Cx], history [B, C, 2, H, W]" + (
+    expected = "x [B, Cx, T, H, W], bias [Cx], gamma [C <= Cx], history [B, C, 2, H, W]" + (
         ", r [B, C, T, H, W]" if r is not None else "")
     got = f"x {tuple(x)}, bias {tuple(bias)}, gamma {tuple(gamma)}, history {tuple(history)}" + (
         f", r {tuple(r)}" if r is not None else "")
