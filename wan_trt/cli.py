@@ -202,7 +202,9 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
 @click.option("--backend", type=click.Choice(BUILDABLE), default=DEFAULT_BUILD, show_default=True)
 @precision_option(None)
 @precision_aliases
-@click.option("--ops", type=click.Choice(["native", "plugins"]), default="native", show_default=True)
+@click.option("--ops", type=click.Choice(["native", "plugins"]), default="native", show_default=True,
+              help="AOTInductor: PyTorch's ops, or the fused Triton kernels (the DiT's attention and norms, "
+                   "the video decoder's norms; CUDA only).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="AOTInductor target device (TensorRT is always cuda).")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file.")
