@@ -23,19 +23,15 @@ def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str 
     """
     validate(cfg, f"config '{cfg.name}'")
 
-    if weights is None and torch.device(device).type == "meta":  # shapes only (counting FLOPs): nothing drawn
-        with torch.device("meta"):
-            model = CausalWanModel(cfg)
-            model.rope = RopeTables(cfg)
-        return model.to(dtype=dtype).eval().requires_grad_(False)
+    with torch.device("meta"):
+        model = CausalWanModel(cfg)
     if weights is not None:
-        with torch.device("meta"):
-            model = CausalWanModel(cfg)
         load_checkpoint(model, weights, dtype=dtype, device=device)
         model.rope = RopeTables(cfg).to(device)
+    elif torch.device(device).type == "meta":  # shapes only (counting FLOPs): nothing drawn
+        model.rope = RopeTables(cfg).to("meta")
+        model = model.to(dtype=dtype)
     else:
-        with torch.device("meta"):
-            model = CausalWanModel(cfg)
         model = random_init(model.to_empty(device="cpu"), seed)  # no default init: every value is drawn
         model.rope = RopeTables(cfg)
         model = model.to(device=device, dtype=dtype)

@@ -85,19 +85,21 @@ class CausalConv3d(nn.Conv3d):
             history = x[:, :, -self.history_frames:]
         if self.engine_form and self.out_channels < TAPS_BELOW:
             return self.forward_taps(x.contiguous(memory_format=torch.channels_last_3d)), history
-        if self.engine_form:  # the same zeros, padded by the convolution instead of a padded copy
-            x = x.contiguous(memory_format=torch.channels_last_3d)
-            pw, _, ph = self.spatial_pad[:3]
-            y = F.conv3d(x, self.weight, self.bias, self.stride, (0, ph, pw))
+        if self.engine_form:
+            y = self._engine_conv(x.contiguous(memory_format=torch.channels_last_3d), self.bias)
             return y[:, :self.out_channels] if y.shape[1] != self.out_channels else y, history
         return super().forward(F.pad(x, self.spatial_pad)), history
+
+    def _engine_conv(self, joined: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The engine form's convolution of a channels-last input that starts with its history: the border
+        zeros are the convolution's own padding, not a padded copy."""
+        pw, _, ph = self.spatial_pad[:3]
+        return F.conv3d(joined, self.weight, bias, self.stride, (0, ph, pw))
 
     def forward_joined(self, joined: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Engine form, on an input that already starts with its history (``[history ; x]``, channels
         last): (the output before its bias, with any padded channels, and the next history)."""
-        pw, _, ph = self.spatial_pad[:3]
-        y = F.conv3d(joined, self.weight, None, self.stride, (0, ph, pw))
-        return y, joined[:, :, -self.history_frames:]
+        return self._engine_conv(joined, None), joined[:, :, -self.history_frames:]
 
     def forward_taps(self, joined: torch.Tensor) -> torch.Tensor:
         """Engine form for fewer than :data:`TAPS_BELOW` output channels (the head's 3, which cuDNN
@@ -208,14 +210,15 @@ def fused_norm_join(norm: "RMS_norm", x: torch.Tensor | Pending, bias: torch.Ten
     Returns (the convolution's input ``[history ; silu(norm(x))]`` [B, C, 2 + T, h, w] channels-last,
     and x or the sum)."""
     ops, gamma = torch.ops.wan_trt, norm.gamma.view(-1)
-    if isinstance(x, Pending):
+    pending = isinstance(x, Pending)
+    history = _channels_last(history.to((x.y if pending else x).dtype))
+    if pending:
         if bias is not None:
             raise ValueError("a pending residual sum carries its own bias")
-        history = _channels_last(history.to(x.y.dtype))
         total, joined = ops.add_norm_silu_join(_channels_last(x.y), x.bias, _channels_last(x.shortcut), gamma, history)
         return joined, total
     bias = x.new_zeros(x.shape[1]) if bias is None else bias
-    return ops.norm_silu_join(_channels_last(x), bias, gamma, _channels_last(history.to(x.dtype))), x
+    return ops.norm_silu_join(_channels_last(x), bias, gamma, history), x
 
 
 def summed(x: torch.Tensor | Pending) -> torch.Tensor:
