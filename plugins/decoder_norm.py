@@ -85,16 +85,11 @@ def _finish(y, rows, valid, is_history, hrow, cols, cmask, G, H, J, C: tl.conste
 
 
 @triton.jit
-def _biased_rows(X, XB, T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr, CX: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """This program's rows of joined, and x + bias on its activation rows (fp32; 0 on history rows)."""
-    rows, valid, is_history, hrow, xrow = _rows(T, HW, ROWS, BLOCK_R)
-    cols = tl.arange(0, BLOCK_C)
-    cmask = cols < C
-    xm = (valid & ~is_history)[:, None] & cmask[None, :]
+def _load_biased(X, XB, xrow, xm, cols, cmask, CX: tl.constexpr):
+    """x + bias on the activation rows ``xm`` selects (fp32; 0 elsewhere). It returns one value: Inductor's
+    mutation analysis takes every pointer passed to a helper that returns several for written."""
     y = tl.load(X + xrow[:, None] * CX + cols[None, :], mask=xm, other=0.0).to(tl.float32)
-    y += tl.load(XB + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    return y, rows, valid, is_history, hrow, xrow, cols, cmask, xm
+    return y + tl.load(XB + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
 
 
 @triton.jit
@@ -102,7 +97,10 @@ def _norm_silu_join_kernel(X, XB, G, H,  # inputs, then the output
                            J,
                            T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
                            CX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    y, rows, valid, is_history, hrow, _, cols, cmask, _ = _biased_rows(X, XB, T, HW, ROWS, C, CX, BLOCK_R, BLOCK_C)
+    rows, valid, is_history, hrow, xrow = _rows(T, HW, ROWS, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    y = _load_biased(X, XB, xrow, (valid & ~is_history)[:, None] & cmask[None, :], cols, cmask, CX)
     _finish(y, rows, valid, is_history, hrow, cols, cmask, G, H, J, C)
 
 
@@ -111,8 +109,11 @@ def _add_norm_silu_join_kernel(X, XB, R, G, H,  # inputs, then the outputs
                                S, J,
                                T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
                                CX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    y, rows, valid, is_history, hrow, xrow, cols, cmask, xm = _biased_rows(X, XB, T, HW, ROWS, C, CX, BLOCK_R,
-                                                                          BLOCK_C)
+    rows, valid, is_history, hrow, xrow = _rows(T, HW, ROWS, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    xm = (valid & ~is_history)[:, None] & cmask[None, :]
+    y = _load_biased(X, XB, xrow, xm, cols, cmask, CX)
     y += tl.load(R + xrow[:, None] * C + cols[None, :], mask=xm, other=0.0).to(tl.float32)
     s = y.to(S.dtype.element_ty)
     tl.store(S + xrow[:, None] * C + cols[None, :], s, mask=xm)

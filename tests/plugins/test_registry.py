@@ -5,7 +5,12 @@ them fails here (its TensorRT plan is compiled in test_tensorrt_plugins.py)."""
 import importlib
 import importlib.util
 import inspect
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -117,3 +122,25 @@ def test_onnxruntime_op_computes_the_reference(tmp_path, op):
 
 def test_every_op_has_a_plan_example():
     assert set(plan_examples()) == {op.name for op in FUSED_OPS}
+
+
+@pytest.fixture(scope="module")
+def inductor_writes():
+    """tests/plugins/written_tensors.py's answer (a subprocess: it needs the kernels compiled, not interpreted)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", "tests.plugins.written_tensors"], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parents[2], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("op", FUSED_OPS, ids=IDS)
+def test_inductor_takes_the_kernels_to_write_only_their_outputs(op, inductor_writes):
+    """Inductor's analysis of the kernel finds the op's outputs written and none of its inputs. An input it
+    takes for written is copied at every launch, and a weight becomes an extra output of an AOTInductor
+    graph (a helper returning several values made every pointer passed to it look written)."""
+    launches = inductor_writes[op.name]
+    assert launches, f"{op.name}: no kernel launch traced"
+    for names, inputs in launches:
+        assert inputs == [], f"{op.name}: Inductor takes inputs {inputs} for written"
+    assert sum(len(names) for names, _ in launches) == len(op.outputs)
