@@ -7,7 +7,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from wan_trt.errors import WanTrtError
 from wan_trt.model.checkpoint import load_vae_decoder
-from wan_trt.model.vae import AttentionBlock, CausalConv3d, DecoderConfig, Resample, ResidualBlock, VideoDecoder
+from wan_trt.model.vae import (AttentionBlock, CausalConv3d, DecoderConfig, Histories, Resample, ResidualBlock,
+                               VideoDecoder)
 
 SMALL = DecoderConfig(dim=8)
 CACHE_T = 2
@@ -175,6 +176,35 @@ def test_the_engine_form_decodes_as_the_reference(fused):
         torch.testing.assert_close(frames, expected, rtol=1e-5, atol=1e-5)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["upsample2d", "upsample3d"])
+@torch.no_grad()
+def test_the_engine_form_upsamples_by_phases_with_fewer_multiply_adds(mode):
+    """The engine form's x2 upsampling (four 2x2 phase convolutions of the low-res frames) equals
+    nearest x2 then the 3x3 convolution, on odd frame sizes and at the borders, and its convolution
+    does 16/36 of the reference's multiply-adds."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(5)
+    reference = Resample(6, mode).eval()
+    engine = Resample(6, mode).eval()
+    engine.load_state_dict(reference.state_dict())
+    engine.use_engine_form()
+    engine.use_engine_form()  # preparing twice changes nothing
+    x, history = torch.randn(1, 6, 3, 5, 7), torch.randn(1, 6, 2, 5, 7)
+    outputs, counts = [], []
+    for module in (reference, engine):
+        with FlopCounterMode(display=False) as counter:
+            outputs.append(module(x, Histories([history]), first=False))
+        counts.append(counter.get_flop_counts()["Global"][torch.ops.aten.convolution])
+    frames = 6 if mode == "upsample3d" else 3
+    assert outputs[0].shape == (1, 3, frames, 10, 14)
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    time_conv = 2 * 3 * 5 * 7 * 12 * 6 * 3 if mode == "upsample3d" else 0
+    spatial = [count - time_conv for count in counts]
+    assert spatial[0] == 2 * frames * 10 * 14 * 3 * 6 * 9
+    assert spatial[1] == 2 * frames * 6 * 8 * (4 * 3) * 6 * 4  # 4 phases over the padded low-res frame
 
 
 def test_upstream_parameter_names_and_shapes():

@@ -166,13 +166,43 @@ class Resample(nn.Module):
                                       nn.Conv2d(dim, dim // 2, 3, padding=1))
         if mode == "upsample3d":
             self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+        self.engine_form = False  # see use_engine_form
 
     def forward(self, x: torch.Tensor, histories: "Histories", first: bool) -> torch.Tensor:
         if self.mode == "upsample3d":
             x = self._upsample_time(x, histories, first)
         b, c, t, h, w = x.shape
-        y = self.resample(x.transpose(1, 2).reshape(b * t, c, h, w))
+        frames = x.transpose(1, 2).reshape(b * t, c, h, w)
+        y = self._upsample_phases(frames) if self.engine_form else self.resample(frames)
         return y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
+
+    def use_engine_form(self) -> None:
+        """Nearest x2 then a 3x3 convolution is, for each of the 4 output pixels (a, b) a low-res pixel
+        becomes, a 2x2 convolution of the low-res frame: the 3 taps along each axis land on 2 low-res
+        rows (a = 0: rows -1 | 0, 0; a = 1: rows 0, 0 | +1), so those taps' weights add up. The four
+        phases run as one convolution with 4x the outputs over the low-res frame: 16 multiply-adds per
+        low-res pixel and channel pair instead of 36, and no upsampled copy of the input. The phase
+        weights are summed in fp32 and rounded once. Once."""
+        if self.engine_form:
+            return
+        conv = self.resample[1]
+        rows = torch.tensor([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], dtype=torch.float32,
+                            device=conv.weight.device)  # [phase, low-res row, tap]
+        phases = torch.einsum("apu,bqv,ocuv->abocpq", rows, rows, conv.weight.float())
+        co, c = conv.weight.shape[:2]
+        weight = phases.reshape(4 * co, c, 2, 2).to(conv.weight.dtype).contiguous(memory_format=torch.channels_last)
+        self.register_buffer("phase_weight", weight, persistent=False)
+        self.register_buffer("phase_bias", conv.bias.repeat(4), persistent=False)
+        self.engine_form = True
+
+    def _upsample_phases(self, frames: torch.Tensor) -> torch.Tensor:
+        """Engine form of ``self.resample`` (:meth:`use_engine_form`): [n, c, h, w] -> [n, c/2, 2h, 2w]."""
+        n, _, h, w = frames.shape
+        y = F.conv2d(frames, self.phase_weight, self.phase_bias, padding=1)  # [n, 4 co, h + 1, w + 1]
+        y = y.view(n, 2, 2, -1, h + 1, w + 1)  # phase a (rows) and b (columns) of output pixel (2i+a, 2j+b)
+        y = torch.stack([torch.stack([y[:, a, b, :, a:a + h, b:b + w] for b in (0, 1)], dim=-1) for a in (0, 1)],
+                        dim=3)  # [n, co, h, 2, w, 2]
+        return y.reshape(n, -1, 2 * h, 2 * w)
 
     def _upsample_time(self, x: torch.Tensor, histories: "Histories", first: bool) -> torch.Tensor:
         history = histories.take()
@@ -361,6 +391,8 @@ class VideoDecoder(nn.Module):
           into that layout;
         - each pads its input's borders with zeros itself, instead of reading a padded copy;
         - those with 65 to 127 output channels compute 128 (:meth:`CausalConv3d.use_engine_form`);
+        - the x2 upsamplings convolve the low-res frames with 4 phases of 2x2 weights, 2.25x fewer
+          multiply-adds and no upsampled copy (:meth:`Resample.use_engine_form`);
         - the attention block multiplies in the weights' dtype, with its softmax in fp32;
         - the head's convolution (3 outputs) is one GEMM with all its taps and a sum of shifted slices
           (:meth:`CausalConv3d.forward_taps`).
@@ -378,6 +410,8 @@ class VideoDecoder(nn.Module):
                 module.use_engine_form()
             elif isinstance(module, AttentionBlock):
                 module.engine_form = True
+            elif isinstance(module, Resample):
+                module.use_engine_form()
             if isinstance(module, (ResidualBlock, Decoder3d)):
                 module.fused = fused
         return self
