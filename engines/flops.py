@@ -1,13 +1,12 @@
 """How much arithmetic one call of a graph is, and how close a measured time comes to the GPU's peak.
 
 FLOPs are counted (a multiply-add = 2) by running the graph's static module on the meta device with
-PyTorch's FLOP counter: shapes only, no weights drawn, no device needed. The module is the model as
-upstream computes it, not its engine form: where an engine form does less arithmetic for the same
-result (the decoder's x2 upsamplings as phase convolutions), a row's TFLOP/s is the rate of the
-model's arithmetic. Attention counts as its two
-batched GEMMs (the meta device runs its math form). The peak compared with is
-the H100's dense bf16 data-sheet rate (the H200 has the same), for every row whatever its precision:
-an fp8 engine's fraction of it can pass 1.
+PyTorch's FLOP counter: shapes only, no weights drawn, no device needed. Attention counts as its two
+batched GEMMs (the meta device runs its math form). The module is the model as upstream computes it,
+not its engine form: where an engine form does less arithmetic for the same result (the decoder's x2
+upsamplings as phase convolutions), a row's TFLOP/s is the rate of the model's arithmetic. The peak
+compared with is the H100's dense bf16 data-sheet rate (the H200 has the same), for every row
+whatever its precision: an fp8 engine's fraction of it can pass 1.
 """
 from __future__ import annotations
 
