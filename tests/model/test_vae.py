@@ -180,10 +180,10 @@ def test_the_engine_form_decodes_as_the_reference(fused):
 
 @pytest.mark.parametrize("mode", ["upsample2d", "upsample3d"])
 @torch.no_grad()
-def test_the_engine_form_upsamples_by_phases_with_fewer_multiply_adds(mode):
-    """The engine form's x2 upsampling (four 2x2 phase convolutions of the low-res frames) equals
-    nearest x2 then the 3x3 convolution, on odd frame sizes and at the borders, and its convolution
-    does 16/36 of the reference's multiply-adds."""
+def test_the_engine_form_upsamples_by_a_transposed_convolution_with_fewer_multiply_adds(mode):
+    """The engine form's x2 upsampling (a stride-2 transposed convolution of the low-res frames)
+    equals nearest x2 then the 3x3 convolution, on odd frame sizes and at the borders, and does
+    16/36 of the reference's multiply-adds (no work on padding)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(5)
@@ -204,7 +204,46 @@ def test_the_engine_form_upsamples_by_phases_with_fewer_multiply_adds(mode):
     time_conv = 2 * 3 * 5 * 7 * 12 * 6 * 3 if mode == "upsample3d" else 0
     spatial = [count - time_conv for count in counts]
     assert spatial[0] == 2 * frames * 10 * 14 * 3 * 6 * 9
-    assert spatial[1] == 2 * frames * 6 * 8 * (4 * 3) * 6 * 4  # 4 phases over the padded low-res frame
+    assert spatial[1] * 36 == spatial[0] * 16
+
+
+class UpsamplingReads(TorchDispatchMode):
+    """Records the transposed convolutions (an engine form's upsamplings): whether each got its bias, and
+    how many of their outputs an elementwise add reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.biased, self.outputs, self.added = [], [], set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.convolution.default and args[6]:  # transposed
+            self.biased.append(args[2] is not None)
+            self.outputs.append(out.untyped_storage().data_ptr())
+        elif func is torch.ops.aten.add.Tensor:
+            self.added.update(a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor))
+        return out
+
+    def added_outputs(self) -> int:
+        return sum(p in self.added for p in self.outputs)
+
+
+@torch.no_grad()
+def test_the_fused_form_adds_an_upsamplings_bias_where_its_output_is_read():
+    """With the fused norms, an upsampling's output leaves its convolution without the bias: the next norm
+    adds it, and the residual sum after it takes it into its own bias. Only the upsampling that feeds a
+    1x1 shortcut convolution (which needs the sum) is summed apart. Unfused, each adds its bias."""
+    torch.manual_seed(4)
+    model = VideoDecoder(DecoderConfig(dim=24)).eval()  # 3 upsamplings, the first feeding a 48 -> 96 shortcut
+    z = torch.randn(1, 16, 3, 2, 3)
+    counts = {}
+    for fused in (False, True):
+        model.use_engine_form(fused)
+        with UpsamplingReads() as reads:
+            model(z, model.empty_history(1, 2, 3), first=False)
+        counts[fused] = (reads.biased, reads.added_outputs())
+    assert counts[False][0] == [True] * 3
+    assert counts[True] == ([False] * 3, 1)
 
 
 def test_upstream_parameter_names_and_shapes():

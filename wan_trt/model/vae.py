@@ -167,42 +167,43 @@ class Resample(nn.Module):
         if mode == "upsample3d":
             self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
         self.engine_form = False  # see use_engine_form
+        self.fused = False  # see VideoDecoder.use_engine_form: returns its output before the bias, Pending
 
-    def forward(self, x: torch.Tensor, histories: "Histories", first: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, histories: "Histories", first: bool) -> "torch.Tensor | Pending":
         if self.mode == "upsample3d":
             x = self._upsample_time(x, histories, first)
         b, c, t, h, w = x.shape
         frames = x.transpose(1, 2).reshape(b * t, c, h, w)
-        y = self._upsample_phases(frames) if self.engine_form else self.resample(frames)
-        return y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
+        if not self.engine_form:
+            y = self.resample(frames)
+        else:
+            y = self._upsample_transposed(frames, bias=not self.fused)
+        y = y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
+        return Pending(y, self.resample[1].bias, None) if self.fused else y
 
     def use_engine_form(self) -> None:
-        """Nearest x2 then a 3x3 convolution is, for each of the 4 output pixels (a, b) a low-res pixel
-        becomes, a 2x2 convolution of the low-res frame: the 3 taps along each axis land on 2 low-res
-        rows (a = 0: rows -1 | 0, 0; a = 1: rows 0, 0 | +1), so those taps' weights add up. The four
-        phases run as one convolution with 4x the outputs over the low-res frame: 16 multiply-adds per
-        low-res pixel and channel pair instead of 36, and no upsampled copy of the input. The phase
-        weights are summed in fp32 and rounded once. Once."""
+        """Nearest x2 then a 3x3 convolution is a transposed convolution of the low-res frame with
+        stride 2 and 4x4 weights: each output row 2i + a draws on 2 low-res rows (a = 0: rows i - 1
+        and i; a = 1: rows i and i + 1), the 3 taps that land on one low-res row adding up. So 16
+        multiply-adds per low-res pixel and channel pair instead of 36, no upsampled copy of the input,
+        and the output written in place (no interleaving of phases). The weights are summed in fp32
+        and rounded once. Once."""
         if self.engine_form:
             return
         conv = self.resample[1]
-        rows = torch.tensor([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], dtype=torch.float32,
-                            device=conv.weight.device)  # [phase, low-res row, tap]
-        phases = torch.einsum("apu,bqv,ocuv->abocpq", rows, rows, conv.weight.float())
-        co, c = conv.weight.shape[:2]
-        weight = phases.reshape(4 * co, c, 2, 2).to(conv.weight.dtype).contiguous(memory_format=torch.channels_last)
-        self.register_buffer("phase_weight", weight, persistent=False)
-        self.register_buffer("phase_bias", conv.bias.repeat(4), persistent=False)
+        # [transposed tap k, 3x3 tap u]: transposed tap k feeds output row 2i + k - 1 from low-res row i
+        taps = torch.tensor([[0, 0, 1], [0, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.float32,
+                            device=conv.weight.device)
+        weight = torch.einsum("ku,lv,ocuv->cokl", taps, taps, conv.weight.float())  # [c, co, 4, 4]
+        self.register_buffer("upsample_weight", weight.to(conv.weight.dtype).contiguous(
+            memory_format=torch.channels_last), persistent=False)
         self.engine_form = True
 
-    def _upsample_phases(self, frames: torch.Tensor) -> torch.Tensor:
-        """Engine form of ``self.resample`` (:meth:`use_engine_form`): [n, c, h, w] -> [n, c/2, 2h, 2w]."""
-        n, _, h, w = frames.shape
-        y = F.conv2d(frames, self.phase_weight, self.phase_bias, padding=1)  # [n, 4 co, h + 1, w + 1]
-        y = y.view(n, 2, 2, -1, h + 1, w + 1)  # phase a (rows) and b (columns) of output pixel (2i+a, 2j+b)
-        y = torch.stack([torch.stack([y[:, a, b, :, a:a + h, b:b + w] for b in (0, 1)], dim=-1) for a in (0, 1)],
-                        dim=3)  # [n, co, h, 2, w, 2]
-        return y.reshape(n, -1, 2 * h, 2 * w)
+    def _upsample_transposed(self, frames: torch.Tensor, bias: bool) -> torch.Tensor:
+        """Engine form of ``self.resample`` (:meth:`use_engine_form`): [n, c, h, w] -> [n, c/2, 2h, 2w],
+        with its bias or without."""
+        return F.conv_transpose2d(frames, self.upsample_weight, self.resample[1].bias if bias else None,
+                                  stride=2, padding=1)
 
     def _upsample_time(self, x: torch.Tensor, histories: "Histories", first: bool) -> torch.Tensor:
         history = histories.take()
@@ -218,15 +219,28 @@ class Resample(nn.Module):
 
 
 class Pending(NamedTuple):
-    """A residual block's output in the fused form, not yet summed: the last convolution's output
-    before its bias (with any padded channels), its bias, and the shortcut. The next norm sums it."""
+    """An output in the fused form, not yet summed: a convolution's output before its bias (with any
+    padded channels), its bias, and the shortcut to add (a residual block's) or None (an upsampling's).
+    The next norm sums it."""
     y: torch.Tensor
     bias: torch.Tensor
-    shortcut: torch.Tensor
+    shortcut: torch.Tensor | None
 
     def total(self) -> torch.Tensor:
+        if self.shortcut is None:
+            return self.y + self.bias.view(-1, 1, 1, 1)
         c = self.shortcut.shape[1]
         return self.y[:, :c] + self.bias[:c].view(-1, 1, 1, 1) + self.shortcut
+
+    @staticmethod
+    def residual(y: torch.Tensor, bias: torch.Tensor, shortcut: "torch.Tensor | Pending") -> "Pending":
+        """y + bias + shortcut, unsummed. A shortcut that is itself an unsummed upsampling adds its bias to
+        ``bias`` (rounded once, in the bias's dtype): the sum then reads the upsampling's output as is."""
+        if isinstance(shortcut, Pending):
+            if shortcut.shortcut is not None:
+                raise ValueError("a residual shortcut is a tensor or an upsampling's unsummed output")
+            return Pending(y, bias + F.pad(shortcut.bias, (0, bias.shape[0] - shortcut.bias.shape[0])), shortcut.y)
+        return Pending(y, bias, shortcut)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -236,15 +250,17 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
 def fused_norm_join(norm: "RMS_norm", x: torch.Tensor | Pending, bias: torch.Tensor | None, history: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused form of norm -> SiLU -> a causal convolution's join with its history, on ``x`` plus
-    ``bias`` (a convolution's output before its bias) or on a pending residual sum (its own bias).
+    ``bias`` (a convolution's output before its bias) or on a pending sum (its own bias).
     Returns (the convolution's input ``[history ; silu(norm(x))]`` [B, C, 2 + T, h, w] channels-last,
-    and x or the sum)."""
+    and x, the residual sum, or a pending upsampling's output as it came)."""
     ops, gamma = torch.ops.wan_trt, norm.gamma.view(-1)
     pending = isinstance(x, Pending)
     history = _channels_last(history.to((x.y if pending else x).dtype))
     if pending:
         if bias is not None:
-            raise ValueError("a pending residual sum carries its own bias")
+            raise ValueError("a pending sum carries its own bias")
+        if x.shortcut is None:  # an upsampling's output: summed where it is read
+            return ops.norm_silu_join(_channels_last(x.y), x.bias, gamma, history), x
         total, joined = ops.add_norm_silu_join(_channels_last(x.y), x.bias, _channels_last(x.shortcut), gamma, history)
         return joined, total
     bias = x.new_zeros(x.shape[1]) if bias is None else bias
@@ -280,13 +296,13 @@ class ResidualBlock(nn.Module):
     def _forward_fused(self, x: torch.Tensor | Pending, histories: "Histories") -> Pending:
         norm1, _, conv1, norm2, _, _, conv2 = self.residual
         joined, x = fused_norm_join(norm1, x, None, histories.take())
-        h = x if self.shortcut is None else self.shortcut(x)[0]
+        h = x if self.shortcut is None else self.shortcut(summed(x))[0]
         y, new = conv1.forward_joined(joined)
         histories.give(new)
         joined, _ = fused_norm_join(norm2, y, conv1.bias, histories.take())
         y, new = conv2.forward_joined(joined)
         histories.give(new)
-        return Pending(y, conv2.bias, h)
+        return Pending.residual(y, conv2.bias, h)
 
 
 class AttentionBlock(nn.Module):
@@ -391,15 +407,17 @@ class VideoDecoder(nn.Module):
           into that layout;
         - each pads its input's borders with zeros itself, instead of reading a padded copy;
         - those with 65 to 127 output channels compute 128 (:meth:`CausalConv3d.use_engine_form`);
-        - the x2 upsamplings convolve the low-res frames with 4 phases of 2x2 weights, 2.25x fewer
-          multiply-adds and no upsampled copy (:meth:`Resample.use_engine_form`);
+        - the x2 upsamplings are transposed convolutions of the low-res frames (stride 2, 4x4 weights),
+          2.25x fewer multiply-adds and no upsampled copy (:meth:`Resample.use_engine_form`);
         - the attention block multiplies in the weights' dtype, with its softmax in fp32;
         - the head's convolution (3 outputs) is one GEMM with all its taps and a sum of shifted slices
           (:meth:`CausalConv3d.forward_taps`).
 
         ``fused``: the residual blocks' and the head's norms run as the fused ops ``norm_silu_join`` and
         ``add_norm_silu_join`` (``plugins/decoder_norm.py``): each adds the convolution's bias (and
-        the residual sum) and writes the next convolution's joined input in one pass.
+        the residual sum) and writes the next convolution's joined input in one pass. The upsamplings
+        then hand their output on before its bias (:class:`Pending`): the next norm adds it, and the
+        residual sum after it takes it into its own bias, so the output is never rewritten with it.
 
         cuDNN may pick other kernels for these forms, so roundings can differ from the reference.
         """
@@ -412,7 +430,7 @@ class VideoDecoder(nn.Module):
                 module.engine_form = True
             elif isinstance(module, Resample):
                 module.use_engine_form()
-            if isinstance(module, (ResidualBlock, Decoder3d)):
+            if isinstance(module, (ResidualBlock, Decoder3d, Resample)):
                 module.fused = fused
         return self
 
