@@ -16,7 +16,8 @@ from wan_trt.plugins.registry import FUSED_OPS
 # Kernel-name patterns -> op class, first match wins (lower-case names).
 OP_CLASSES = [
     ("attention", r"flash|fmha|attention|sdpa|cudnn.*(mha|attn)|efficient_attention"),
-    ("conv", r"fprop_implicit_gemm|implicit_convolve|winograd|conv_fprop"),  # cuDNN's convolutions
+    # cuDNN's convolutions (dgrad: its transposed convolutions)
+    ("conv", r"fprop_implicit_gemm|dgrad_implicit_gemm|implicit_convolve|winograd|conv_fprop"),
     ("gemm", r"gemm|sm90_xmma|cutlass|matmul|nvjet|ampere_bf16|wgmma|splitk"),
     ("norm", r"layer_norm|layernorm|rms|norm_|adaln"),
     ("copy/cat", r"copy|cat|concat|transpose|permute|gather|index|elementwise_kernel_with_index"),

@@ -12,6 +12,8 @@ from wan_trt.profiling import classify
     ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x64x32_warpgroupsize1x1x1_g1_execute_"
      "segment_k_off_kernel__5x_cudnn", "conv"),
     ("sm80_xmma_fprop_implicit_gemm_indexed_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x32x32_stage4_warpsize4x1x", "conv"),
+    ("sm90_xmma_dgrad_implicit_gemm_indexed_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x128x64_warpgroupsize2x1x1_"
+     "g1_execute_segment_k_off_kernel__5x_cudnn", "conv"),  # a transposed convolution (the decoder's upsampling)
     ("triton_red_fused_add_cat_clamp_min_convolution_div_expand_linalg_vector_norm_mul_silu_slice_49", "norm"),
     ("triton_poi_fused_cat_silu_45", "copy/cat"),
     ("_qk_norm_rope_kernel", "norm"),
