@@ -144,3 +144,8 @@ def test_inductor_takes_the_kernels_to_write_only_their_outputs(op, inductor_wri
     for names, inputs in launches:
         assert inputs == [], f"{op.name}: Inductor takes inputs {inputs} for written"
     assert sum(len(names) for names, _ in launches) == len(op.outputs)
+
+
+def test_inductor_takes_the_fp8_quantization_to_write_only_its_outputs(inductor_writes):
+    """The same for the fp8 engines' quantization kernel (no fused op: it has no TensorRT plugin)."""
+    assert inductor_writes["quantize_rows_fp8"] == [[["Q", "S"], []]]

@@ -30,9 +30,15 @@ class Sm90Driver:
         return torch.device("cpu")
 
 
-def written(op) -> list[list[list[str]]]:
-    tensors, attrs = example(op)
-    graph = make_fx(lambda *t: op.launch(*t, *attrs), tracing_mode="fake")(*tensors).graph
+def engine_only_kernels() -> dict:
+    """Kernels that are no fused op (no TensorRT plugin) but go into AOTInductor engines: name ->
+    (launcher, example inputs)."""
+    from wan_trt.plugins.quantize_rows import quantize_rows_fp8
+    return {"quantize_rows_fp8": (lambda x: quantize_rows_fp8(x, True), [torch.randn(3, 40)])}
+
+
+def written(launch, tensors) -> list[list[list[str]]]:
+    graph = make_fx(launch, tracing_mode="fake")(*tensors).graph
     launches = []
     for node in graph.nodes:
         if node.op != "call_function" or "triton_kernel_wrapper" not in str(node.target):
@@ -48,4 +54,9 @@ def written(op) -> list[list[list[str]]]:
 
 
 if __name__ == "__main__":
-    print(json.dumps({op.name: written(op) for op in FUSED_OPS}))
+    def fused(op):
+        tensors, attrs = example(op)
+        return written(lambda *t: op.launch(*t, *attrs), tensors)
+    answer = {op.name: fused(op) for op in FUSED_OPS}
+    answer.update({name: written(*kernel) for name, kernel in engine_only_kernels().items()})
+    print(json.dumps(answer))
