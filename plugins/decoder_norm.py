@@ -28,6 +28,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from wan_trt.errors import WanTrtError
+from wan_trt.model.vae import channels_last_3d_strides
 from wan_trt.plugins.aot import Plan, TensorArg, compile_ptx
 from wan_trt.plugins.launch import rows_launch
 
@@ -141,8 +142,7 @@ def _sizes(op: str, x, bias, r, gamma, history) -> dict[str, int]:
 
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:
     """A channels-last buffer allocated with its strides (``empty_strided``, not a permuted view)."""
-    b, c, t, h, w = shape
-    return torch.empty_strided(shape, (t * h * w * c, 1, h * w * c, w * c, c), dtype=like.dtype, device=like.device)
+    return torch.empty_strided(shape, channels_last_3d_strides(shape), dtype=like.dtype, device=like.device)
 
 
 def _check_tensors(op: str, activations: dict[str, torch.Tensor], vectors: dict[str, torch.Tensor]) -> None:

@@ -35,6 +35,7 @@ from typing import Iterator
 import torch
 
 from wan_trt.log import logger
+from wan_trt.model.vae import channels_last_3d_strides
 
 
 def int_array_var_keyed_by_buffer(self, int_array: str, writeline, known_statically: bool = False, graph=None) -> str:
@@ -71,12 +72,6 @@ def apply_inductor_fixes() -> list[str]:
     if applied:
         logger.info("Inductor work-arounds applied: %s", ", ".join(applied))
     return applied
-
-
-def channels_last_3d_strides(size) -> list[int]:
-    """The strides of a [N, C, D, H, W] tensor stored channels-last ([N, D, H, W, C])."""
-    _, c, d, h, w = size
-    return [d * h * w * c, 1, h * w * c, w * c, c]
 
 
 def _is_channels_last_3d(node) -> bool:

@@ -247,6 +247,13 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last_3d)
 
 
+def channels_last_3d_strides(size) -> list[int]:
+    """The strides of a [N, C, D, H, W] tensor stored channels-last ([N, D, H, W, C]), the decoder's
+    activation layout in its engine form."""
+    _, c, d, h, w = size
+    return [d * h * w * c, 1, h * w * c, w * c, c]
+
+
 def fused_norm_join(norm: "RMS_norm", x: torch.Tensor | Pending, bias: torch.Tensor | None, history: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused form of norm -> SiLU -> a causal convolution's join with its history, on ``x`` plus

@@ -10,8 +10,8 @@ from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.utils import IndentedBuffer
 
 from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, channels_last_3d_convolutions,
-                                                    channels_last_3d_strides, has_transient_int_array_key,
-                                                    int_array_var_keyed_by_buffer)
+                                                    has_transient_int_array_key, int_array_var_keyed_by_buffer)
+from wan_trt.model.vae import channels_last_3d_strides
 
 CL = torch.channels_last_3d
 
