@@ -213,19 +213,20 @@ class UpsamplingReads(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.biased, self.outputs, self.added = [], [], set()
+        self.biased, self.outputs, self.added = [], {}, set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func is torch.ops.aten.convolution.default and args[6]:  # transposed
             self.biased.append(args[2] is not None)
-            self.outputs.append(out.untyped_storage().data_ptr())
+            self.outputs[out.untyped_storage().data_ptr()] = out  # kept alive: its memory is not reused
         elif func is torch.ops.aten.add.Tensor:
-            self.added.update(a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor))
+            self.added.update(p for a in args if isinstance(a, torch.Tensor)
+                              and (p := a.untyped_storage().data_ptr()) in self.outputs)
         return out
 
     def added_outputs(self) -> int:
-        return sum(p in self.added for p in self.outputs)
+        return len(self.added)
 
 
 @torch.no_grad()

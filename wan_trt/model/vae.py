@@ -175,11 +175,15 @@ class Resample(nn.Module):
         b, c, t, h, w = x.shape
         frames = x.transpose(1, 2).reshape(b * t, c, h, w)
         if not self.engine_form:
-            y = self.resample(frames)
-        else:
-            y = self._upsample_transposed(frames, bias=not self.fused)
-        y = y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
-        return Pending(y, self.resample[1].bias, None) if self.fused else y
+            return self._video(self.resample(frames), b, t)
+        if not self.fused:
+            return self._video(self._upsample_transposed(frames, bias=True), b, t)
+        return Pending(self._video(self._upsample_transposed(frames, bias=False), b, t), self.resample[1].bias, None)
+
+    @staticmethod
+    def _video(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
+        """[b t, c, h, w] frames -> [b, c, t, h, w] (a view)."""
+        return frames.reshape(b, t, *frames.shape[1:]).transpose(1, 2)
 
     def use_engine_form(self) -> None:
         """Nearest x2 then a 3x3 convolution is a transposed convolution of the low-res frame with
