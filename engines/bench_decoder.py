@@ -64,8 +64,9 @@ def reference_decode(module: VideoDecoder, compile: bool) -> Callable[[int, torc
 
 
 def engine_variants(engine: Path, device: str) -> list[str]:
-    """The registry backends that run the decoder engine ``engine`` here: its own, then CUDA graphs of it."""
-    kind = EngineMetadata.read(engine).backend
+    """The registry backends that run the decoder engine ``engine`` here: its own (``aoti-plugins`` for a
+    package built with the fused norms), then CUDA graphs of it."""
+    kind = EngineMetadata.read(engine).backend_name
     graphed = f"{kind}+cudagraph"
     return [kind] + ([graphed] if str(device).startswith("cuda") and graphed in BY_NAME else [])
 

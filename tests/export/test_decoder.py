@@ -81,6 +81,25 @@ def test_onnx_export_passes_the_check_on_onnxruntime(decoder_export):
     assert all(b["rel_l2"] < 1e-5 for b in report["stream"])
 
 
+def test_a_plugins_decoder_engine_is_benched_under_its_own_backend_name(decoder_aoti, tmp_path):
+    """A decoder engine built with --ops plugins is run and named by the registry's aoti-plugins entries,
+    as the DiT's is, not as a plain AOTInductor package."""
+    from wan_trt.engines.artifact import EngineMetadata
+    from wan_trt.engines.bench_decoder import engine_variants
+    for call in ("first", "steady"):
+        (tmp_path / call).mkdir()
+        engine = tmp_path / call / decoder_aoti.name
+        shutil.copy(decoder_aoti.parent.parent / call / decoder_aoti.name, engine)
+        meta = json.loads(EngineMetadata.path_for(decoder_aoti.parent.parent / call / decoder_aoti.name).read_text())
+        EngineMetadata.path_for(engine).write_text(json.dumps({**meta, "ops": "plugins"}))
+    assert engine_variants(decoder_aoti, "cuda") == ["aoti", "aoti+cudagraph"]
+    assert engine_variants(engine, "cpu") == ["aoti-plugins"]
+    assert engine_variants(engine, "cuda") == ["aoti-plugins", "aoti-plugins+cudagraph"]
+    latents = stream_latents(DecoderSpec.from_config(load_config(CFG), "fp32"), 1, seed=5)
+    with DecoderStream.from_engine(engine, "aoti-plugins", "cpu") as stream:
+        assert stream.decode(latents).shape == (9, 32, 48, 3)
+
+
 def test_aoti_engines_build_check_stream_and_bench(decoder_export, decoder_aoti, plain_export, tmp_path):
     """`wan-trt build` on the decoder export builds both engines (the shared fixture built them; this
     build finds them up to date); `wan-trt check` of either passes; a DecoderStream over them equals
