@@ -82,7 +82,7 @@ class CausalConv3d(nn.Conv3d):
             if self.engine_form:  # a concatenation of channels-last halves is channels-last: no copy after it
                 history, x = (t.contiguous(memory_format=torch.channels_last_3d) for t in (history, x))
             x = torch.cat([history, x], dim=2)
-            history = x[:, :, -self.history_frames:]
+            history = self.next_history(x)
         if self.engine_form and self.out_channels < TAPS_BELOW:
             return self.forward_taps(x.contiguous(memory_format=torch.channels_last_3d)), history
         if self.engine_form:
@@ -99,7 +99,11 @@ class CausalConv3d(nn.Conv3d):
     def forward_joined(self, joined: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Engine form, on an input that already starts with its history (``[history ; x]``, channels
         last): (the output before its bias, with any padded channels, and the next history)."""
-        return self._engine_conv(joined, None), joined[:, :, -self.history_frames:]
+        return self._engine_conv(joined, None), self.next_history(joined)
+
+    def next_history(self, joined: torch.Tensor) -> torch.Tensor:
+        """The history the next call takes: the last frames of this call's ``[history ; x]``."""
+        return joined[:, :, -self.history_frames:]
 
     def forward_taps(self, joined: torch.Tensor) -> torch.Tensor:
         """Engine form for fewer than :data:`TAPS_BELOW` output channels (the head's 3, which cuDNN
@@ -389,7 +393,7 @@ class Decoder3d(nn.Module):
         norm, silu, conv = self.head
         if self.fused:  # the head (3 outputs) in the taps form, as CausalConv3d.forward runs it
             joined, _ = fused_norm_join(norm, x, None, histories.take())
-            histories.give(joined[:, :, -conv.history_frames:])
+            histories.give(conv.next_history(joined))
             return conv.forward_taps(joined)
         x, new = conv(silu(norm(x)), histories.take())
         histories.give(new)
