@@ -4,7 +4,7 @@ FLOPs are counted (a multiply-add = 2) by running the graph's static module on t
 PyTorch's FLOP counter: shapes only, no weights drawn, no device needed. Attention counts as its two
 batched GEMMs (the meta device runs its math form). The module is the model as upstream computes it,
 not its engine form: where an engine form does less arithmetic for the same result (the decoder's x2
-upsamplings as phase convolutions), a row's TFLOP/s is the rate of the model's arithmetic. The peak
+upsamplings as transposed convolutions), a row's TFLOP/s is the rate of the model's arithmetic. The peak
 compared with is the H100's dense bf16 data-sheet rate (the H200 has the same), for every row
 whatever its precision: an fp8 engine's fraction of it can pass 1.
 """
