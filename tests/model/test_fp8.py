@@ -13,7 +13,7 @@ from wan_trt.model.fp8 import (E4M3_MAX, FP8_LINEARS, Fp8Linear, quantize_rows, 
                                reference_quantize_rows, use_fp8)
 from wan_trt.model.init import stress_weights
 from wan_trt.spec import PassSpec
-from wan_trt.validate.metrics import FACTOR, error_stats, rel_l2_floor
+from wan_trt.validate.fp8_policy import fp8_pass_errors, policy_failures
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device with FP8 tensor cores")
 
@@ -64,36 +64,20 @@ def test_use_fp8_replaces_exactly_the_fp8_linears():
     assert not isinstance(block.cross_attn.q, Fp8Linear) and not isinstance(block.self_attn.k, Fp8Linear)
 
 
-def _pass_errors(cfg, stress: bool) -> dict[str, dict[str, float]]:
-    """rel-L2 of each output of one pass (flow, new cache entries) from the fp32 model: bf16, and bf16
-    with the FP8 GEMMs."""
-    spec = PassSpec.from_config(cfg, "bf16")
-    feeds = spec.sample_inputs(0)
-    models = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp8", torch.bfloat16)):
-        model = build_model(cfg, torch.float32)
-        model = stress_weights(model) if stress else model
-        models[name] = model.to(dtype)
-    models["fp8"].use_fp8()
-    fp32 = TorchRunner(models["fp32"], PassSpec.from_config(cfg, "fp32")).infer(
-        {k: v.float() if v.is_floating_point() else v for k, v in feeds.items()})
-    errors = {}
-    for name in ("bf16", "fp8"):
-        outputs = TorchRunner(models[name], spec).infer(feeds)
-        errors[name] = {k: error_stats(outputs[k].float(), fp32[k]).rel_l2 for k in spec.output_names}
-    return errors
-
-
 @pytest.mark.parametrize("name", SMALL)
 @pytest.mark.parametrize("stress", [False, True], ids=["seeded", "stress"])
 def test_fp8_model_meets_the_accuracy_policy(name, stress):
     """The policy an fp8 engine is checked by: every output's error at most 2x the bf16 model's (both vs
     fp32); the flow's error is larger than bf16's (the FP8 GEMMs did run)."""
-    errors = _pass_errors(load_config(name), stress)
-    failing = {k: (e, errors["bf16"][k]) for k, e in errors["fp8"].items()
-               if e > max(FACTOR * errors["bf16"][k], rel_l2_floor("fp8"))}
-    assert not failing, failing
+    errors = fp8_pass_errors(load_config(name), stress)
+    assert not policy_failures(errors), policy_failures(errors)
     assert errors["fp8"]["flow"] > errors["bf16"]["flow"] * 1.001, errors
+
+
+def test_the_policy_refuses_an_output_past_twice_the_bf16_error_or_nan():
+    errors = {"bf16": {"flow": 0.01, "a": 0.01, "b": 1e-5, "c": 0.01},
+              "fp8": {"flow": 0.019, "a": 0.021, "b": 9e-4, "c": float("nan")}}
+    assert set(policy_failures(errors)) == {"a", "c"}  # b: under the 1e-3 floor
 
 
 def test_stress_weights_keep_the_function_and_make_outlier_channels():
