@@ -34,15 +34,14 @@ def fp8_pass_errors(cfg: WanConfig, stress: bool, device: str | torch.device = "
     model = stress_weights(model) if stress else model
     model = model.to(device)
     fp32 = TorchRunner(model, PassSpec.from_config(cfg, "fp32")).infer(
-        {k: v.float() if v.is_floating_point() else v for k, v in feeds.items()})
-    fp32 = {k: v.clone() for k, v in fp32.items()}
+        {k: v.float() if v.is_floating_point() else v for k, v in feeds.items()})  # fresh tensors, not buffers
+    bf16 = model.to(torch.bfloat16)  # the fp32 model is not needed again
     errors = {}
     for name in ("bf16", "fp8"):
-        low = copy.deepcopy(model).to(torch.bfloat16)
-        low = low.use_fp8() if name == "fp8" else low
+        low = copy.deepcopy(bf16).use_fp8() if name == "fp8" else bf16
         outputs = TorchRunner(low, spec).infer(feeds)
         errors[name] = {k: error_stats(outputs[k].float(), fp32[k]).rel_l2 for k in spec.output_names}
-        del low, outputs
+        del outputs
     return errors
 
 
