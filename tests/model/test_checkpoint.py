@@ -19,6 +19,10 @@ def test_upstream_named_checkpoint_loads_strictly(tmp_path, small_cfg, suffix):
         assert b.dtype == torch.bfloat16
         torch.testing.assert_close(b.float(), a.to(torch.bfloat16).float(), msg=name)
     assert loaded.rope.hw_cos.device.type == "cpu"  # tables rebuilt after the meta-device load
+    assert not any("unit_gate" in k for k in keys)  # a constant of the fused layers, not a weight: made anew
+    for model, dtype in ((src, torch.float32), (loaded, torch.bfloat16)):
+        for block in model.blocks:
+            assert torch.equal(block.unit_gate, torch.ones(block.unit_gate.shape, dtype=dtype))
 
 
 def test_without_prefix_and_wrapped(tmp_path, small_cfg):

@@ -28,12 +28,14 @@ def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str 
     if weights is not None:
         load_checkpoint(model, weights, dtype=dtype, device=device)
         model.rope = RopeTables(cfg).to(device)
+        model.make_unit_gates(device, dtype)
     elif torch.device(device).type == "meta":  # shapes only (counting FLOPs): nothing drawn
         model.rope = RopeTables(cfg).to("meta")
         model = model.to(dtype=dtype)
     else:
         model = random_init(model.to_empty(device="cpu"), seed)  # no default init: every value is drawn
         model.rope = RopeTables(cfg)
+        model.make_unit_gates("cpu", torch.float32)
         model = model.to(device=device, dtype=dtype)
     return model.eval().requires_grad_(False)
 

@@ -56,12 +56,23 @@ class ActionModule(nn.Module):
                 keyboard_window: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 caches, layer: int) -> torch.Tensor:
         """x: [B, F*S, C] residual stream; cos, sin: [F, ca] action RoPE. Returns x with both residuals."""
+        x, y = self.last_unsummed(x, frames, mouse_window, keyboard_window, cos, sin, caches, layer)
+        return x if y is None else x + y.to(x.dtype)
+
+    def last_unsummed(self, x: torch.Tensor, frames: int, mouse_window: torch.Tensor | None,
+                      keyboard_window: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                      caches, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As :meth:`forward`, but the last branch's output is returned beside x instead of added to it
+        (the fused layer adds it inside its next norm); None without branches."""
         cdt = next(self.parameters()).dtype
+        y = None
         if self.enable_mouse:
-            x = x + self._mouse(x.to(cdt), frames, mouse_window, cos, sin, caches, layer).to(x.dtype)
+            y = self._mouse(x.to(cdt), frames, mouse_window, cos, sin, caches, layer)
         if self.enable_keyboard:
-            x = x + self._keyboard(x.to(cdt), frames, keyboard_window, cos, sin, caches, layer).to(x.dtype)
-        return x
+            if y is not None:  # the keyboard branch reads the sum
+                x = x + y.to(x.dtype)
+            y = self._keyboard(x.to(cdt), frames, keyboard_window, cos, sin, caches, layer)
+        return x, y
 
     def _mouse(self, x, frames, window, cos, sin, caches, layer):
         b, length, _ = x.shape

@@ -16,7 +16,7 @@ The KV cache form is the caller's choice (:mod:`wan_trt.model.caches`).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -96,6 +96,28 @@ def gated(y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return (y.unflatten(1, (gate.shape[1], -1)) * gate).flatten(1, 2)
 
 
+class Residual(NamedTuple):
+    """The residual stream of the fused layers with its last branch not yet added: x + y * gate, the gate
+    per frame ([B, F, 1, C]) or a [C] vector of ones (an ungated branch). The next norm adds it in its own
+    pass over the stream (``add_adaln``), so the sum is never a separate read and write of the stream."""
+    x: torch.Tensor
+    y: torch.Tensor
+    gate: torch.Tensor
+
+    def total(self) -> torch.Tensor:
+        y, gate = self.y.to(self.x.dtype), self.gate.to(self.x.dtype)
+        return self.x + (y * gate if gate.ndim == 1 else gated(y, gate))
+
+
+def fused_adaln(x: torch.Tensor | Residual, a: torch.Tensor, c: torch.Tensor, frames: int, eps: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the residual stream, LN(it) * a[f] + c[f]) by the fused ops, a pending branch added in the same pass."""
+    ops = torch.ops.wan_trt
+    if isinstance(x, Residual):
+        return ops.add_adaln(x.x, x.y, x.gate, a, c, frames, eps)
+    return x, ops.adaln(x, a, c, frames, eps)
+
+
 class CausalWanAttentionBlock(nn.Module):
     plugins = False  # fused adaLN ops instead of PyTorch ops
 
@@ -112,13 +134,16 @@ class CausalWanAttentionBlock(nn.Module):
                                  nn.Linear(m.ffn_dim, m.dim))
         self.modulation = nn.Parameter(torch.randn(1, 6, m.dim) / m.dim ** 0.5)
         self.action_model = ActionModule(m.action_config) if layer in cfg.action_layers else None
+        # the gate of the fused form's ungated branches (Residual); not a weight (not in the state dict)
+        self.register_buffer("unit_gate", torch.ones(m.dim), persistent=False)
 
     def forward(self, x, e0, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches):
-        """x: [B, F*S, C] residual stream; e0: [B, F, 6, C]. Sublayers run in the weights' dtype."""
-        cdt, rdt = self.modulation.dtype, x.dtype
+        """x: [B, F*S, C] residual stream (fused: or a :class:`Residual`); e0: [B, F, 6, C]. Sublayers run in
+        the weights' dtype."""
         mods = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)  # each [B, F, 1, C]
         if self.plugins:
             return self._fused(x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches)
+        cdt, rdt = self.modulation.dtype, x.dtype
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (m.to(rdt) for m in mods)
         y = self.self_attn(modulate(self.norm1(x), shift_a, scale_a).to(cdt), *rope_main, caches, self.layer)
         x = x + gated(y.to(rdt), gate_a)
@@ -129,17 +154,20 @@ class CausalWanAttentionBlock(nn.Module):
         return x + gated(y.to(rdt), gate_f)
 
     def _fused(self, x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches):
-        """The same layer with the fused adaLN ops: norm + modulation, residual + norm in one pass."""
+        """The same layer with the fused adaLN ops: each branch's residual add happens inside the norm that
+        reads the sum (``add_adaln``). ``x`` may be the previous layer's :class:`Residual`; returns one."""
         ops, frames, eps = torch.ops.wan_trt, mods[0].shape[1], self.norm1.eps
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mods
-        h = ops.adaln(x, 1 + scale_a, shift_a, frames, eps)
+        x, h = fused_adaln(x, 1 + scale_a, shift_a, frames, eps)
         y = self.self_attn(h, *rope_main, caches, self.layer)
         x, h = ops.add_adaln(x, y, gate_a, self.norm3.weight, self.norm3.bias, frames, self.norm3.eps)
-        x = x + self.cross_attn(h, context_kv).to(x.dtype)
-        if self.action_model is not None:
-            x = self.action_model(x, frames, mouse_window, keyboard_window, *rope_action, caches, self.layer)
-        y = self._ffn_fused(ops.adaln(x, 1 + scale_f, shift_f, frames, eps))
-        return x + gated(y.to(x.dtype), gate_f.to(x.dtype))
+        x = Residual(x, self.cross_attn(h, context_kv), self.unit_gate)
+        if self.action_model is not None:  # its first branch reads the sum
+            x, y = self.action_model.last_unsummed(x.total(), frames, mouse_window, keyboard_window, *rope_action,
+                                                   caches, self.layer)
+            x = x if y is None else Residual(x, y, self.unit_gate)
+        x, h = fused_adaln(x, 1 + scale_f, shift_f, frames, eps)
+        return Residual(x, self._ffn_fused(h), gate_f)
 
     def _ffn_fused(self, h: torch.Tensor) -> torch.Tensor:
         """The FFN with, on CUDA, the up-projection's bias and tanh GELU in the GEMM's epilogue (cuBLASLt
@@ -163,11 +191,11 @@ class CausalHead(nn.Module):
         self.head = nn.Linear(dim, math.prod(patch_size) * out_dim)
         self.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim ** 0.5)
 
-    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: "torch.Tensor | Residual", e: torch.Tensor) -> torch.Tensor:
         """x: [B, F*S, C]; e: [B, F, 1, C] -> [B, F*S, prod(patch) * out_dim]."""
-        if self.plugins:
+        if self.plugins:  # x may be the last layer's Residual
             shift, scale = (self.modulation.unsqueeze(1) + e).chunk(2, dim=2)
-            return self.head(torch.ops.wan_trt.adaln(x, 1 + scale, shift, e.shape[1], self.norm.eps))
+            return self.head(fused_adaln(x, 1 + scale, shift, e.shape[1], self.norm.eps)[1])
         shift, scale = (self.modulation.unsqueeze(1) + e).to(x.dtype).chunk(2, dim=2)
         return self.head(modulate(self.norm(x), shift, scale).to(self.head.weight.dtype))
 
@@ -209,6 +237,13 @@ class CausalWanModel(nn.Module):
         for module in self.modules():
             if hasattr(type(module), "plugins"):
                 module.plugins = enabled
+        return self
+
+    def make_unit_gates(self, device: str | torch.device, dtype: torch.dtype) -> "CausalWanModel":
+        """(Re)make the layers' unit gates: constants, not weights, so neither a checkpoint nor the seeded
+        draw fills them (a model made on the meta device has none until this)."""
+        for block in self.blocks:
+            block.unit_gate = torch.ones(block.unit_gate.shape, dtype=dtype, device=device)
         return self
 
     def use_fp8(self) -> "CausalWanModel":
