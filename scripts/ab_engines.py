@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Two (or more) DiT engines of one config in one process: ms per streamed block, alternating rounds.
+
+    python scripts/ab_engines.py old=out/old_bf16 new=out/universal_bf16_aoti --out ab.json
+
+Each NAME=EXPORT is an export whose AOTInductor engine with the fused kernels was built
+(``EXPORT/engine_aoti_plugins_cuda.pt2``). Every engine runs with CUDA graphs in its own session;
+each round streams ROUNDS_BLOCKS blocks through every engine in turn, the order reversed every other
+round, and keeps the blocks after the first two of each stream; round 0 only warms up. Engines in one
+process on one GPU see the same clocks and power cap, which separate `wan-trt bench` runs do not
+(two builds of the same code measured 89.1 and 90.4 ms/block in two runs on one H100).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from wan_trt.engines.backends.inductor_fixes import make_libstdcxx_global
+from wan_trt.engines.bench import Bench
+from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
+from wan_trt.errors import WanTrtError
+from wan_trt.profiling import provenance
+from wan_trt.stream import NoiseSource, synthetic_stream
+
+ROUNDS = 5
+ROUND_BLOCKS = 8
+SKIP = 2  # blocks of each stream not kept: the first (the stream's start) and the next (graph capture)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("engines", nargs="+", metavar="NAME=EXPORT")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    pairs = [e.split("=", 1) for e in args.engines]
+    if len(pairs) < 2 or any(len(p) != 2 for p in pairs) or len({n for n, _ in pairs}) != len(pairs):
+        raise WanTrtError("give two or more engines as NAME=EXPORT with distinct names")
+    make_libstdcxx_global()
+    sessions, config = {}, None
+    for name, export in pairs:
+        bench = Bench(Path(export), "cuda", {"aoti-plugins": Path(export) / "engine_aoti_plugins_cuda.pt2"})
+        if config is not None and bench.spec.config != config:
+            raise WanTrtError(f"{name}: {export} is of config '{bench.spec.config.name}', not '{config.name}'")
+        config = bench.spec.config
+        runner = bench.runner("aoti-plugins+cudagraph").__enter__()
+        sessions[name] = StreamingSession(runner, noise=NoiseSource(0))
+    inputs = synthetic_stream(config, ROUND_BLOCKS, seed=0)
+    names = list(sessions)
+    kept: dict[str, list[float]] = {n: [] for n in names}
+    for rnd in range(ROUNDS):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            ms = [1e3 * r.seconds for r in stream_blocks(sessions[name], inputs, ROUND_BLOCKS)[SKIP:]]
+            if rnd > 0:
+                kept[name] += ms
+            print(rnd, name, [round(m, 2) for m in ms], flush=True)
+    summary = {n: {"p50": statistics.median(v), "mean": statistics.mean(v), "n": len(v)} for n, v in kept.items()}
+    for name, s in summary.items():
+        print(f"{name}: {s['p50']:.2f} ms/block p50, mean {s['mean']:.2f} ({s['n']} blocks)")
+    if args.out:
+        args.out.write_text(json.dumps({**provenance(), "config": config.name, "engines": dict(pairs),
+                                        "ms_per_block": summary, "samples": kept}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
