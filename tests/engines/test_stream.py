@@ -78,7 +78,7 @@ def test_400_blocks_stream_past_the_old_rope_table_end(tmp_path):
     """Upstream stops at block 341 (frame 1024); a stream goes on (12 s on 2 cores)."""
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "400", "--device", "cpu",
-                                    "--out", str(out)])
+                                    "--no-video", "--out", str(out)])  # the frames: the tests below
     assert res.exit_code == 0, res.output
     report = json.loads((out / "report.json").read_text())
     assert len(report["block_ms"]) == 400
