@@ -5,10 +5,12 @@
 
 Each NAME=EXPORT is an export whose AOTInductor engine with the fused kernels was built
 (``EXPORT/engine_aoti_plugins_cuda.pt2``). Every engine runs with CUDA graphs in its own session;
-each round streams ROUNDS_BLOCKS blocks through every engine in turn, the order reversed every other
-round, and keeps the blocks after the first two of each stream; round 0 only warms up. Engines in one
-process on one GPU see the same clocks and power cap, which separate `wan-trt bench` runs do not
-(two builds of the same code measured 89.1 and 90.4 ms/block in two runs on one H100).
+each round streams ROUND_BLOCKS blocks through every engine in turn, always in the given order (so no
+engine ever follows itself), and keeps the blocks after the first two of each stream; round 0 only
+warms up. Engines in one process on one GPU see the same clocks and power cap, which separate
+`wan-trt bench` runs do not (two builds of the same code measured 89.1 and 90.4 ms/block in two runs
+on one H100). An earlier form of this script reversed the order every other round: at each round's
+boundary an engine then ran twice in a row, and those streams ran slower, for either engine.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from wan_trt.stream import NoiseSource, synthetic_stream
 
 ROUNDS = 5
 ROUND_BLOCKS = 8
-SKIP = 2  # blocks of each stream not kept: the first (the stream's start) and the next (graph capture)
+SKIP = 2  # blocks of each stream not kept: its first (no previous frames) and the one after
 
 
 def main() -> None:
@@ -38,23 +40,27 @@ def main() -> None:
     if len(pairs) < 2 or any(len(p) != 2 for p in pairs) or len({n for n, _ in pairs}) != len(pairs):
         raise WanTrtError("give two or more engines as NAME=EXPORT with distinct names")
     make_libstdcxx_global()
-    sessions, config = {}, None
+    sessions, runners, config = {}, [], None
     for name, export in pairs:
         bench = Bench(Path(export), "cuda", {"aoti-plugins": Path(export) / "engine_aoti_plugins_cuda.pt2"})
         if config is not None and bench.spec.config != config:
             raise WanTrtError(f"{name}: {export} is of config '{bench.spec.config.name}', not '{config.name}'")
         config = bench.spec.config
-        runner = bench.runner("aoti-plugins+cudagraph").__enter__()
-        sessions[name] = StreamingSession(runner, noise=NoiseSource(0))
+        runners.append(bench.runner("aoti-plugins+cudagraph").__enter__())
+        sessions[name] = StreamingSession(runners[-1], noise=NoiseSource(0))
     inputs = synthetic_stream(config, ROUND_BLOCKS, seed=0)
     names = list(sessions)
     kept: dict[str, list[float]] = {n: [] for n in names}
-    for rnd in range(ROUNDS):
-        for name in names if rnd % 2 == 0 else names[::-1]:
-            ms = [1e3 * r.seconds for r in stream_blocks(sessions[name], inputs, ROUND_BLOCKS)[SKIP:]]
-            if rnd > 0:
-                kept[name] += ms
-            print(rnd, name, [round(m, 2) for m in ms], flush=True)
+    try:
+        for rnd in range(ROUNDS):
+            for name in names:
+                ms = [1e3 * r.seconds for r in stream_blocks(sessions[name], inputs, ROUND_BLOCKS)[SKIP:]]
+                if rnd > 0:
+                    kept[name] += ms
+                print(rnd, name, [round(m, 2) for m in ms], flush=True)
+    finally:
+        for runner in runners:
+            runner.__exit__(None, None, None)
     summary = {n: {"p50": statistics.median(v), "mean": statistics.mean(v), "n": len(v)} for n, v in kept.items()}
     for name, s in summary.items():
         print(f"{name}: {s['p50']:.2f} ms/block p50, mean {s['mean']:.2f} ({s['n']} blocks)")

@@ -51,9 +51,9 @@ def test_plugin_graph_passes_the_check_and_counts_its_plugins(tmp_path, name):
     actions = [m for m in build_model(cfg, seed=1).modules() if type(m).__name__ == "ActionModule"]
     mouse = sum(m.enable_mouse for m in actions)  # the mouse attentions' q/k norm + RoPE is fused too
     assert counts["wan_trt::WindowAttention"] == layers and counts["wan_trt::QkNormRope"] == layers + mouse
-    # every residual add but the first layer's input sits inside the norm that reads the sum: each layer's
-    # norm3, its FFN norm (after the cross-attention or the action module) and the next layer's first norm
-    # (after the FFN; the head's after the last layer)
+    # a residual add inside the norm that reads the sum, in each layer: its norm3 (the self-attention's), its
+    # FFN norm (the cross-attention's, or the action module's last branch's) and the next layer's first norm
+    # (the FFN's; the head's after the last layer); only the first layer's input norm is a plain adaln
     assert counts["wan_trt::AddAdaln"] == 3 * layers and counts["wan_trt::Adaln"] == 1
     assert counts.get("wan_trt::FewKeyAttention", 0) == sum(m.enable_mouse + m.enable_keyboard for m in actions) > 0
     assert "Attention" not in counts or counts["Attention"] == layers  # only cross-attention stays native
