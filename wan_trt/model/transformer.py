@@ -154,8 +154,9 @@ class CausalWanAttentionBlock(nn.Module):
         return x + gated(y.to(rdt), gate_f)
 
     def _fused(self, x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches):
-        """The same layer with the fused adaLN ops: each branch's residual add happens inside the norm that
-        reads the sum (``add_adaln``). ``x`` may be the previous layer's :class:`Residual`; returns one."""
+        """The same layer with the fused adaLN ops: a branch's residual add happens inside the norm that reads
+        the sum (``add_adaln``), unless the next branch reads it (the action module's). ``x`` may be the
+        previous layer's :class:`Residual`; returns one."""
         ops, frames, eps = torch.ops.wan_trt, mods[0].shape[1], self.norm1.eps
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mods
         x, h = fused_adaln(x, 1 + scale_a, shift_a, frames, eps)
