@@ -19,7 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
-from wan_trt.engines.backends.inductor_fixes import make_libstdcxx_global
+from wan_trt.engines.artifact import default_engine_path
 from wan_trt.engines.bench import Bench
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
@@ -39,10 +39,10 @@ def main() -> None:
     pairs = [e.split("=", 1) for e in args.engines]
     if len(pairs) < 2 or any(len(p) != 2 for p in pairs) or len({n for n, _ in pairs}) != len(pairs):
         raise WanTrtError("give two or more engines as NAME=EXPORT with distinct names")
-    make_libstdcxx_global()
     sessions, runners, config = {}, [], None
     for name, export in pairs:
-        bench = Bench(Path(export), "cuda", {"aoti-plugins": Path(export) / "engine_aoti_plugins_cuda.pt2"})
+        engine = default_engine_path(Path(export), "aoti_plugins", "cuda")  # where `wan-trt build` put it
+        bench = Bench(Path(export), "cuda", {"aoti-plugins": engine})
         if config is not None and bench.spec.config != config:
             raise WanTrtError(f"{name}: {export} is of config '{bench.spec.config.name}', not '{config.name}'")
         config = bench.spec.config
