@@ -31,8 +31,9 @@ class GraphKind:
         build: ``build(cfg, dtype, device, weights, seed)`` -> the PyTorch module (eval, no grad).
         static: ``static(module, spec)`` -> the module as ``forward(*inputs) -> outputs`` in spec order.
         sample_inputs: ``sample_inputs(module, spec, seed)`` -> plausible feeds of one call.
-        prepare: ``prepare(module, ops, precision)`` -> the module as graphs hold it (fp32 islands, fused
-            kernels for ``ops == 'plugins'``, FP8 GEMMs for 'fp8'); the PyTorch references stay unprepared.
+        prepare: ``prepare(module, ops, precision)`` -> the module as graphs hold it (fp32 islands, the DiT's
+            context projections as one GEMM, fused kernels for ``ops == 'plugins'``, FP8 GEMMs for 'fp8');
+            the PyTorch references stay unprepared.
         weights_flag: the flag that names its checkpoint.
         channels_last_convolutions: its prepared module's 3-D convolutions run channels-last (their
             weights are): a CUDA AOTInductor build keeps them so
@@ -51,6 +52,7 @@ class GraphKind:
 
 def _prepare_pass(model: nn.Module, ops: str, precision: str) -> nn.Module:
     model.sinusoid_dtype = torch.float32  # graphs keep fp32 islands; TensorRT has no float64
+    model.fuse_context_projections()
     if ops == "plugins":
         model.use_plugins()
     if precision == "fp8":

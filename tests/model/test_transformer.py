@@ -1,7 +1,9 @@
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from wan_trt.config_load import load_config
+from wan_trt.graphs import GRAPH_KINDS
 from wan_trt.model import CausalWanModel, build_model
 
 
@@ -73,3 +75,38 @@ def test_bf16_model_keeps_fp32_rope(small_cfg):
     model = build_model(small_cfg, torch.bfloat16)
     assert model.dtype == torch.bfloat16
     assert model.rope.hw_cos.dtype == torch.float32
+
+
+class _GemmCount(TorchDispatchMode):
+    """Counts the matrix products a call runs (nn.Linear dispatches to addmm / mm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
+        return func(*args, **(kwargs or {}))
+
+
+@torch.no_grad()
+def test_graph_form_projects_every_layers_context_in_one_gemm(small_cfg):
+    """Graphs hold the cross-attention context's k and v of all layers as one GEMM (and one norm): the same
+    per-layer (k, v) as the layers' own projections, and the layers' k, v, norm_k gone from the module."""
+    model = build_model(small_cfg, seed=2)
+    graph_form = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, seed=2), "native", "fp32")
+    m = small_cfg.model
+    visual = torch.randn(1, m.clip_tokens, m.clip_dim, generator=torch.Generator().manual_seed(0))
+    with _GemmCount() as layers:
+        expected = model.encode_context(visual)
+    with _GemmCount() as fused:
+        actual = graph_form.encode_context(visual)
+    assert (layers.count, fused.count) == (2 + 2 * m.num_layers, 2 + 1)  # img_emb's two linears, then k and v
+    assert len(actual) == len(expected) == m.num_layers
+    for (k, v), (k_ref, v_ref) in zip(actual, expected):
+        assert k.shape == k_ref.shape == v.shape == (1, m.clip_tokens, m.num_heads, m.dim // m.num_heads)
+        torch.testing.assert_close(k, k_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v, v_ref, atol=1e-5, rtol=1e-5)
+    moved = [k for k in graph_form.state_dict() if ".cross_attn.k." in k or ".cross_attn.v." in k or "norm_k" in k
+             and ".cross_attn." in k]
+    assert moved == [] and graph_form.fuse_context_projections() is graph_form  # preparing twice changes nothing

@@ -20,11 +20,13 @@ from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from wan_trt.config import WanConfig
 from wan_trt.model.action import ActionModule
 from wan_trt.model.fp8 import Fp8Linear, quantize_rows, use_fp8
-from wan_trt.model.layers import MLPProj, WanLayerNorm, WanRMSNorm, attention, sinusoidal_embedding_1d
+from wan_trt.model.layers import (MLPProj, WanLayerNorm, WanRMSNorm, attention, rms_normalize,
+                                  sinusoidal_embedding_1d)
 from wan_trt.model.rope import BlockRope, RopeTables, apply_rope
 
 ContextKV = Sequence[tuple[torch.Tensor, torch.Tensor]]
@@ -83,6 +85,33 @@ class WanI2VCrossAttention(WanAttention):
     def forward(self, x, kv):
         q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))
         return self.o(attention(q, kv[0], kv[1]).flatten(2))
+
+
+class ContextProjection(nn.Module):
+    """Every layer's cross-attention k and v projection, and k's RMSNorm, as one GEMM and one norm.
+
+    The graphs' form of :meth:`CausalWanModel.encode_context`
+    (:meth:`CausalWanModel.fuse_context_projections`): the same arithmetic per element, but one
+    [T, C] x [C, 2 L C] GEMM and one norm over all L layers' k, where the layers' own modules run
+    2 L GEMMs of [T, C] x [C, C] and L norms over the 257 context tokens, small launches that keep
+    the GPU a fraction busy. Rows of ``weight``: layer 0's k, layer 0's v, layer 1's k, ...
+    """
+
+    def __init__(self, layers: Sequence[WanI2VCrossAttention]):
+        super().__init__()
+        self.num_heads, self.eps = layers[0].num_heads, layers[0].norm_k.eps
+        with torch.no_grad():
+            self.register_buffer("weight", torch.cat([w for a in layers for w in (a.k.weight, a.v.weight)]))
+            self.register_buffer("bias", torch.cat([b for a in layers for b in (a.k.bias, a.v.bias)]))
+            self.register_buffer("norm_weight", torch.stack([a.norm_k.weight for a in layers]))  # [L, C]
+
+    def forward(self, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """context [B, T, C] -> per layer (k, v) [B, T, H, D], as :meth:`WanI2VCrossAttention.context_kv`."""
+        layers = self.norm_weight.shape[0]
+        kv = F.linear(context, self.weight, self.bias).unflatten(-1, (layers, 2, -1))  # [B, T, L, 2, C]
+        k = rms_normalize(kv[..., 0, :], self.eps) * self.norm_weight  # [B, T, L, C]
+        return [(k[:, :, i].unflatten(-1, (self.num_heads, -1)), kv[:, :, i, 1].unflatten(-1, (self.num_heads, -1)))
+                for i in range(layers)]
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -223,6 +252,7 @@ class CausalWanModel(nn.Module):
         self.head = CausalHead(m.dim, m.out_dim, m.patch_size, m.eps)
         self.img_emb = MLPProj(m.clip_dim, m.dim)
         self.rope = RopeTables(cfg)
+        self.context_projection: ContextProjection | None = None  # see fuse_context_projections
 
     @property
     def dtype(self) -> torch.dtype:
@@ -247,6 +277,17 @@ class CausalWanModel(nn.Module):
             block.unit_gate = torch.ones(block.unit_gate.shape, dtype=dtype, device=device)
         return self
 
+    def fuse_context_projections(self) -> "CausalWanModel":
+        """Compute the cross-attention context's k and v of all layers in one :class:`ContextProjection`
+        (graphs' form). The layers' ``cross_attn.k``, ``.v`` and ``.norm_k`` move into it: their state
+        dict keys leave the model (graphs never load a checkpoint into a prepared model)."""
+        if self.context_projection is None:
+            layers = [block.cross_attn for block in self.blocks]
+            self.context_projection = ContextProjection(layers)
+            for attn in layers:
+                del attn.k, attn.v, attn.norm_k
+        return self
+
     def use_fp8(self) -> "CausalWanModel":
         """Run the layers' FP8 linears (:data:`wan_trt.model.fp8.FP8_LINEARS`) as FP8 GEMMs."""
         return use_fp8(self)
@@ -258,6 +299,8 @@ class CausalWanModel(nn.Module):
     def encode_context(self, visual_context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """CLIP features [B, 257, 1280] -> per-layer cross-attention (k, v), constant per stream."""
         context = self.img_emb(visual_context.to(self.dtype))
+        if self.context_projection is not None:
+            return self.context_projection(context)
         return [block.cross_attn.context_kv(context) for block in self.blocks]
 
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, cond_concat: torch.Tensor,
