@@ -4,6 +4,7 @@ from __future__ import annotations
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,10 +54,28 @@ def environment() -> dict[str, Any]:
 
 
 def provenance(program: str | None = None) -> dict[str, Any]:
-    """The ``command`` (``program``, default this script's name, and its arguments) and ``environment``
-    fields every result file starts with."""
+    """The ``command`` (``program``, default this script's name, and its arguments), ``environment`` and
+    ``source`` (:func:`source_revision`) fields every result file starts with."""
     program = program or Path(sys.argv[0]).name
-    return {"command": " ".join([program] + sys.argv[1:]), "environment": environment()}
+    return {"command": " ".join([program] + sys.argv[1:]), "environment": environment(),
+            "source": source_revision()}
+
+
+SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout wan-trt runs from (editable install)
+
+
+def source_revision(root: Path = SOURCE_ROOT) -> dict[str, Any] | None:
+    """The git commit of the code that made a result, and whether tracked files differed from it
+    (``dirty``: the result is of that commit plus local changes); None outside a git checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != root.resolve():
+            return None  # an installed copy inside some other repository
+        return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--porcelain", "--untracked-files=no") != ""}
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def time_fn(fn: Callable[[], Any], warmup: int = 3, iters: int = 10, device: str = "cuda") -> dict[str, float]:

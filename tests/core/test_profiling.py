@@ -1,7 +1,9 @@
 """Kernel names from real profiles land in the op class the bench reports them under."""
+import subprocess
+
 import pytest
 
-from wan_trt.profiling import classify
+from wan_trt.profiling import classify, provenance, source_revision
 
 
 @pytest.mark.parametrize("kernel, expected", [
@@ -25,3 +27,30 @@ from wan_trt.profiling import classify
 ])
 def test_kernel_classes(kernel, expected):
     assert classify(kernel) == expected
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+
+def test_source_revision_names_the_commit_and_local_changes(tmp_path):
+    """Result files record which code made them: the checkout's commit, and whether tracked files differed."""
+    assert source_revision(tmp_path) is None  # not a git checkout
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "first")
+    (tmp_path / "model.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "model.py")
+    _git(tmp_path, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "second")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert source_revision(tmp_path) == {"commit": head, "dirty": False}
+    (tmp_path / "notes.txt").write_text("untracked files do not make a result dirty\n")
+    assert source_revision(tmp_path) == {"commit": head, "dirty": False}
+    (tmp_path / "model.py").write_text("x = 2\n")
+    assert source_revision(tmp_path) == {"commit": head, "dirty": True}
+    (tmp_path / "sub").mkdir()
+    assert source_revision(tmp_path / "sub") is None  # inside a checkout, but not its root: another repository's copy
+
+
+def test_result_files_start_with_the_source_revision():
+    assert set(provenance("wan-trt")) == {"command", "environment", "source"}

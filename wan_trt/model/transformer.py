@@ -110,7 +110,7 @@ class ContextProjection(nn.Module):
         layers = self.norm_weight.shape[0]
         kv = F.linear(context, self.weight, self.bias).unflatten(-1, (layers, 2, -1))  # [B, T, L, 2, C]
         k = rms_normalize(kv[..., 0, :], self.eps) * self.norm_weight  # [B, T, L, C]
-        return [(k[:, :, i].unflatten(-1, (self.num_heads, -1)), kv[:, :, i, 1].unflatten(-1, (self.num_heads, -1)))
+        return [(k[..., i, :].unflatten(-1, (self.num_heads, -1)), kv[..., i, 1, :].unflatten(-1, (self.num_heads, -1)))
                 for i in range(layers)]
 
 
@@ -231,7 +231,8 @@ class CausalHead(nn.Module):
 
 
 class CausalWanModel(nn.Module):
-    """The causal DiT. ``state_dict()`` keys equal upstream's (without the ``model.`` prefix).
+    """The causal DiT. ``state_dict()`` keys equal upstream's (without the ``model.`` prefix), until a graph's
+    ``prepare`` rearranges the module (:meth:`fuse_context_projections`).
 
     Precision: sublayers run in the weights' dtype with fp32 islands (norm statistics, RoPE);
     the residual stream is fp32 when the weights are fp16 (fp16 overflows in video DiTs) and
