@@ -1,7 +1,8 @@
 """Engine metadata: what an engine was built from, so a stale, foreign or damaged engine is never reused.
 
 Every engine file ``E`` has ``E.json`` beside it. Its ``key`` hashes the spec (config,
-precision, I/O), the weights, the backend, the device and the tool versions; it also
+precision, I/O), the weights, the backend, the device, the tool versions and wan-trt's own code
+that decides what the graph computes and how (:func:`graph_code_digest`); it also
 records the engine file's size and sha256 and the sha256 of the export's manifest.json.
 Loading an engine whose file or export differs from the recorded ones is an error, and a
 build reuses an existing engine only when all of them match.
@@ -9,7 +10,9 @@ build reuses an existing engine only when all of them match.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -33,11 +36,34 @@ def default_engine_path(directory: Path, backend: str, device: str) -> Path:
     return directory / f"engine_{backend}_{device}.{'pt2' if backend.startswith('aoti') else 'plan'}"
 
 
+# The packages and modules whose code decides an engine's graph beyond its export's manifest: the model,
+# the graph kinds (their ``prepare``), the fused ops, the exporters and the engine backends.
+GRAPH_CODE = ("wan_trt.model", "wan_trt.graphs", "wan_trt.plugins", "wan_trt.export", "wan_trt.engines.backends")
+
+
+@functools.lru_cache(maxsize=None)
+def graph_code_digest(modules: tuple[str, ...] = GRAPH_CODE) -> str:
+    """sha256 of the source files of ``modules`` (a package: its own ``*.py`` files), so that an engine built
+    by other wan-trt code, in which the same export may make another graph, is rebuilt, not reused."""
+    digest = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise WanTrtError(f"engine key: cannot find the source of {name}")
+        origin = Path(spec.origin)
+        files = sorted(origin.parent.glob("*.py")) if spec.submodule_search_locations else [origin]
+        for path in files:
+            digest.update(f"{name}:{path.name}:".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
 def engine_key(manifest: Manifest, backend: str, device: str, extra: dict[str, Any] | None = None) -> str:
     """Content hash of everything that makes an engine what it is."""
     versions = {k: v for k, v in tool_versions().items() if k != "wan_trt"}
     payload = {"spec": manifest.spec.fingerprint(), "weights": manifest.weights["sha256"], "backend": backend,
-               "device": device, "ops": manifest.ops, "versions": versions, "extra": extra or {}}
+               "device": device, "ops": manifest.ops, "versions": versions, "code": graph_code_digest(),
+               "extra": extra or {}}
     if manifest.spec.precision == "fp8":  # which GEMMs and how: not in the weights' hash (taken before quantizing)
         payload["fp8"] = FP8_SCHEME
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
@@ -120,7 +146,7 @@ class EngineMetadata:
     def stale_reason(self, engine: Path, key: str, manifest: Manifest) -> str | None:
         """Why the engine at ``engine`` may not be reused for ``key`` and ``manifest``; None when it may."""
         if self.key != key:
-            return f"it was built with other settings, weights or tool versions (key {self.key}, now {key})"
+            return f"it was built with other settings, weights, tool versions or wan-trt code (key {self.key}, now {key})"
         if self.manifest_sha256 != manifest.sha256:
             return "the export's manifest.json changed since it was built (re-exported?)"
         try:

@@ -5,6 +5,7 @@ check against the recorded export); here the engine file is bytes installed by w
 ``install_engine``, which is all the metadata logic reads.
 """
 import json
+import logging
 import shutil
 
 import pytest
@@ -12,9 +13,11 @@ from click.testing import CliRunner
 
 from wan_trt.cli import main
 from wan_trt.config_load import load_config
+from wan_trt.engines import artifact
 from wan_trt.engines.artifact import EngineMetadata, engine_key, install_engine, up_to_date
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest
+from wan_trt.log import logger
 from wan_trt.model import build_model
 from wan_trt.model.checkpoint import save_checkpoint
 
@@ -68,7 +71,9 @@ def installed(plain_export, tmp_path):
     return engine, key, manifest
 
 
-def test_up_to_date_verifies_the_engine_file(installed, caplog):
+def test_up_to_date_verifies_the_engine_file(installed, caplog, monkeypatch):
+    monkeypatch.setattr(logger, "propagate", True)  # whatever an earlier test's logging set-up left
+    caplog.set_level(logging.INFO, logger=logger.name)
     engine, key, manifest = installed
     assert up_to_date(engine, key, manifest)
     data = bytearray(engine.read_bytes())
@@ -97,3 +102,29 @@ def test_damaged_engine_metadata_is_refused_by_name(installed, edit, expected):
         EngineMetadata.read(engine)
     res = CliRunner().invoke(main, ["check", str(engine), "--blocks", "1"])
     assert res.exit_code == 1 and res.output.startswith("error:") and "engine.pt2.json" in res.output, res.output
+
+
+def test_engine_key_changes_with_the_code_that_makes_the_graph(tmp_path, monkeypatch, plain_export):
+    """An engine built by other wan-trt code (another model or graph form for the same export) is rebuilt."""
+    package = tmp_path / "graphcode"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "layers.py").write_text("SCALE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = artifact.graph_code_digest(("graphcode",))
+    artifact.graph_code_digest.cache_clear()
+    assert artifact.graph_code_digest(("graphcode",)) == before  # same files, same digest
+    (package / "layers.py").write_text("SCALE = 2\n")
+    artifact.graph_code_digest.cache_clear()
+    edited = artifact.graph_code_digest(("graphcode",))
+    (package / "fused.py").write_text("")
+    artifact.graph_code_digest.cache_clear()
+    assert len({before, edited, artifact.graph_code_digest(("graphcode",))}) == 3
+    with pytest.raises(WanTrtError, match="cannot find the source of graphcode.absent"):
+        artifact.graph_code_digest(("graphcode.absent",))
+    artifact.graph_code_digest.cache_clear()
+
+    manifest = Manifest.read(plain_export)
+    key = engine_key(manifest, "aoti", "cpu", {"ops": "native"})
+    monkeypatch.setattr(artifact, "graph_code_digest", lambda: "other code")
+    assert engine_key(manifest, "aoti", "cpu", {"ops": "native"}) != key
