@@ -146,7 +146,8 @@ class EngineMetadata:
     def stale_reason(self, engine: Path, key: str, manifest: Manifest) -> str | None:
         """Why the engine at ``engine`` may not be reused for ``key`` and ``manifest``; None when it may."""
         if self.key != key:
-            return f"it was built with other settings, weights, tool versions or wan-trt code (key {self.key}, now {key})"
+            return (f"it was built with other settings, weights, tool versions or wan-trt code "
+                    f"(key {self.key}, now {key})")
         if self.manifest_sha256 != manifest.sha256:
             return "the export's manifest.json changed since it was built (re-exported?)"
         try:
