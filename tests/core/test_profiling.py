@@ -29,8 +29,8 @@ def test_kernel_classes(kernel, expected):
     assert classify(kernel) == expected
 
 
-def _git(root, *args):
-    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+def _git(root, *args) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def test_source_revision_names_the_commit_and_local_changes(tmp_path):
@@ -41,8 +41,7 @@ def test_source_revision_names_the_commit_and_local_changes(tmp_path):
     (tmp_path / "model.py").write_text("x = 1\n")
     _git(tmp_path, "add", "model.py")
     _git(tmp_path, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "second")
-    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
+    head = _git(tmp_path, "rev-parse", "HEAD")
     assert source_revision(tmp_path) == {"commit": head, "dirty": False}
     (tmp_path / "notes.txt").write_text("untracked files do not make a result dirty\n")
     assert source_revision(tmp_path) == {"commit": head, "dirty": False}

@@ -110,8 +110,8 @@ class ContextProjection(nn.Module):
         layers = self.norm_weight.shape[0]
         kv = F.linear(context, self.weight, self.bias).unflatten(-1, (layers, 2, -1))  # [B, T, L, 2, C]
         k = rms_normalize(kv[..., 0, :], self.eps) * self.norm_weight  # [B, T, L, C]
-        return [(k[..., i, :].unflatten(-1, (self.num_heads, -1)), kv[..., i, 1, :].unflatten(-1, (self.num_heads, -1)))
-                for i in range(layers)]
+        heads = (self.num_heads, -1)
+        return [(k[..., i, :].unflatten(-1, heads), kv[..., i, 1, :].unflatten(-1, heads)) for i in range(layers)]
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
