@@ -6,6 +6,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from wan_trt.config_load import load_config
 from wan_trt.graphs import GRAPH_KINDS
+from wan_trt.model.rope import BlockRope
+from wan_trt.model.static_pass import StaticPass
+from wan_trt.spec import KEYBOARD_WINDOW, PassSpec
 from wan_trt.model import CausalWanModel, build_model
 
 
@@ -87,7 +90,8 @@ class _GemmCount(TorchDispatchMode):
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
+        self.count += func in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
+                              torch.ops.aten.baddbmm.default)
         return func(*args, **(kwargs or {}))
 
 
@@ -115,3 +119,33 @@ def test_graph_form_projects_every_layers_context_in_one_gemm(small_cfg):
     assert moved == [] and any(".self_attn.norm_k." in key for key in graph_form.state_dict())
     graph_form.fuse_context_projections()  # fusing twice changes nothing
     assert graph_form.context_projection is projection
+
+
+@torch.no_grad()
+def test_graph_form_projects_every_layers_keyboard_at_once(small_cfg):
+    """Graphs compute the keyboard keys and values of all action layers as three batched GEMMs: the same
+    per-layer (k, v) as the layers' own modules, and the same pass outputs as the reference model."""
+    model = build_model(small_cfg, seed=2)
+    graph_form = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, seed=2), "native", "fp32")
+    spec = PassSpec.from_config(small_cfg, "fp32")
+    feeds = spec.sample_inputs(seed=1)
+    rope = BlockRope.of({r.kind: (feeds[r.cos], feeds[r.sin]) for r in spec.rotaries})
+    rope_action = model.rope.action(rope.action_cos, rope.action_sin)
+    with _GemmCount() as layers:
+        expected = model.encode_keyboard(feeds[KEYBOARD_WINDOW], rope_action)
+    with _GemmCount() as fused:
+        actual = graph_form.encode_keyboard(feeds[KEYBOARD_WINDOW], rope_action)
+    keyboard_layers = [b.layer for b in model.blocks if b.action_model is not None and b.action_model.enable_keyboard]
+    assert sorted(actual) == sorted(expected) == keyboard_layers != []
+    assert (layers.count, fused.count) == (3 * len(keyboard_layers), 3)
+    for layer in keyboard_layers:
+        for got, ref in zip(actual[layer], expected[layer]):
+            assert got.shape == ref.shape and got.is_contiguous()
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    moved = [key for key in graph_form.state_dict() if re.search(r"\.(keyboard_embed|keyboard_attn_kv|key_attn_k_norm)\.", key)]
+    assert moved == [] and any(".key_attn_q_norm." in key for key in graph_form.state_dict())
+    projection = graph_form.keyboard_projection
+    assert graph_form.fuse_keyboard_projections().keyboard_projection is projection  # fusing twice changes nothing
+    reference, graph = StaticPass(model, spec).run(feeds), StaticPass(graph_form, spec).run(feeds)
+    for name in spec.output_names:
+        torch.testing.assert_close(graph[name], reference[name], atol=2e-5, rtol=1e-5)

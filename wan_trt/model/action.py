@@ -19,8 +19,11 @@ import torch
 from torch import nn
 
 from wan_trt.config import ActionConfig
-from wan_trt.model.layers import ActionRMSNorm, few_key_attention
+from wan_trt.model.layers import ActionRMSNorm, few_key_attention, rms_normalize
 from wan_trt.model.rope import apply_rope
+
+
+KeyboardKV = tuple[torch.Tensor, torch.Tensor]  # one layer's keyboard keys and values, [B, F, Hh, Dh] each
 
 
 class ActionModule(nn.Module):
@@ -53,14 +56,24 @@ class ActionModule(nn.Module):
             self.proj_keyboard = nn.Linear(a.keyboard_hidden_dim, a.img_hidden_size, bias=a.qkv_bias)
 
     def forward(self, x: torch.Tensor, frames: int, mouse_window: torch.Tensor | None,
-                keyboard_window: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                keyboard_kv: KeyboardKV | None, cos: torch.Tensor, sin: torch.Tensor,
                 caches, layer: int) -> torch.Tensor:
-        """x: [B, F*S, C] residual stream; cos, sin: [F, ca] action RoPE. Returns x with both residuals."""
-        x, y = self.last_unsummed(x, frames, mouse_window, keyboard_window, cos, sin, caches, layer)
+        """x: [B, F*S, C] residual stream; keyboard_kv: this layer's :meth:`keyboard_kv`; cos, sin: [F, ca]
+        action RoPE. Returns x with both residuals."""
+        x, y = self.last_unsummed(x, frames, mouse_window, keyboard_kv, cos, sin, caches, layer)
         return x if y is None else x + y.to(x.dtype)
 
+    def keyboard_kv(self, window: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KeyboardKV:
+        """The keyboard attention's keys (normed, rotated) and values of the block: [B, F, Hh, Dh] each.
+
+        They depend on the raw keyboard window only, not on the stream (graphs compute every layer's
+        at once: :class:`KeyboardProjection`)."""
+        kb = self.keyboard_embed(window.to(self.keyboard_attn_kv.weight.dtype)).flatten(2)  # [B, F, 12*hidden]
+        k, v = self.keyboard_attn_kv(kb).unflatten(-1, (2, self.heads, -1)).unbind(2)  # [B, F, Hh, Dh]
+        return apply_rope(self.key_attn_k_norm(k), cos[:, None, :], sin[:, None, :]), v
+
     def last_unsummed(self, x: torch.Tensor, frames: int, mouse_window: torch.Tensor | None,
-                      keyboard_window: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                      keyboard_kv: KeyboardKV | None, cos: torch.Tensor, sin: torch.Tensor,
                       caches, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As :meth:`forward`, but the last branch's output is returned beside x instead of added to it
         (the fused layer adds it inside its next norm); None without branches."""
@@ -71,7 +84,7 @@ class ActionModule(nn.Module):
         if self.enable_keyboard:
             if y is not None:  # the keyboard branch reads the sum
                 x = x + y.to(x.dtype)
-            y = self._keyboard(x.to(cdt), frames, keyboard_window, cos, sin, caches, layer)
+            y = self._keyboard(x.to(cdt), frames, keyboard_kv, cos, sin, caches, layer)
         return x, y
 
     def _mouse(self, x, frames, window, cos, sin, caches, layer):
@@ -97,16 +110,13 @@ class ActionModule(nn.Module):
         out = out.reshape(b, s, frames, -1).transpose(1, 2).reshape(b, frames * s, -1)
         return self.proj_mouse(out)
 
-    def _keyboard(self, x, frames, window, cos, sin, caches, layer):
+    def _keyboard(self, x, frames, kv, cos, sin, caches, layer):
         b, length, _ = x.shape
         s = length // frames
-        kb = self.keyboard_embed(window.to(x.dtype)).flatten(2)  # [B, F, 12*hidden]
         q = self.mouse_attn_q(x).unflatten(-1, (self.heads, -1))  # [B, F*S, Hh, Dh]
-        k, v = self.keyboard_attn_kv(kb).unflatten(-1, (2, self.heads, -1)).unbind(2)  # [B, F, Hh, Dh]
         q = self.key_attn_q_norm(q).unflatten(1, (frames, s))  # [B, F, S, Hh, Dh]
         q = apply_rope(q, cos[:, None, None, :], sin[:, None, None, :]).flatten(1, 2)
-        k = apply_rope(self.key_attn_k_norm(k), cos[:, None, :], sin[:, None, :])
-        out = self._attend("keyboard", q, k, v, caches, layer)  # [B, F*S, Hh, Dh]
+        out = self._attend("keyboard", q, *kv, caches, layer)  # [B, F*S, Hh, Dh]
         return self.proj_keyboard(out.flatten(2))
 
     def _attend(self, kind, q, k, v, caches, layer):
@@ -119,3 +129,45 @@ class ActionModule(nn.Module):
         caches.record(kind, layer, k, v)
         k_prev, v_prev, valid, prev_frames, units = segments
         return torch.ops.wan_trt.few_key_attention(q, k_prev, v_prev, k, v, valid, prev_frames, units)
+
+
+class KeyboardProjection(nn.Module):
+    """Every action layer's :meth:`ActionModule.keyboard_kv` at once: the graphs' form.
+
+    The same arithmetic per element as the layers' own modules, as batched products over the layers
+    (one GEMM for the embeddings' first linears, which share their input, then two batched GEMMs):
+    per layer and pass the keyboard path otherwise runs three GEMMs of 3 to 36 rows and a handful of
+    elementwise kernels, launches that keep the GPU a fraction busy. The layers' modules stay (their
+    queries' and outputs' projections read the stream).
+    """
+
+    def __init__(self, modules: dict[int, ActionModule]):
+        super().__init__()
+        self.layers = list(modules)
+        first = modules[self.layers[0]]
+        self.heads, self.eps = first.heads, first.key_attn_k_norm.eps
+        embeds = [m.keyboard_embed for m in modules.values()]  # Linear, SiLU, Linear
+        kvs = [m.keyboard_attn_kv for m in modules.values()]
+        with torch.no_grad():
+            self.register_buffer("embed_weight", torch.cat([e[0].weight for e in embeds]))  # [L*h, K]
+            self.register_buffer("embed_bias", torch.cat([e[0].bias for e in embeds]))
+            self.register_buffer("hidden_weight", torch.stack([e[2].weight.t() for e in embeds]))  # [L, h, h]
+            self.register_buffer("hidden_bias", torch.stack([e[2].bias for e in embeds])[:, None])  # [L, 1, h]
+            self.register_buffer("kv_weight", torch.stack([m.weight.t() for m in kvs]))  # [L, 12 h, 2 c]
+            self.register_buffer("kv_bias", None if kvs[0].bias is None else torch.stack([m.bias for m in kvs])[:, None])
+
+    def forward(self, window: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[int, KeyboardKV]:
+        """window [B, F, 12, K]; cos, sin [F, ca] -> {layer: (k, v)} as :meth:`ActionModule.keyboard_kv`."""
+        layers, hidden = self.hidden_weight.shape[:2]
+        b, f, w, _ = window.shape
+        h = nn.functional.silu(nn.functional.linear(window.to(self.embed_weight.dtype), self.embed_weight,
+                                                    self.embed_bias))  # [B, F, 12, L*h]
+        h = h.reshape(b * f * w, layers, hidden).transpose(0, 1)  # [L, B*F*12, h]
+        h = torch.baddbmm(self.hidden_bias, h, self.hidden_weight)  # keyboard_embed's second linear
+        kv = torch.bmm(h.reshape(layers, b * f, w * hidden), self.kv_weight)  # [L, B*F, 2c]
+        if self.kv_bias is not None:
+            kv = kv + self.kv_bias
+        k, v = kv.unflatten(1, (b, f)).unflatten(-1, (2, self.heads, -1)).unbind(-3)  # [L, B, F, Hh, Dh]
+        k = apply_rope(rms_normalize(k, self.eps), cos[:, None, :], sin[:, None, :])
+        v = v.contiguous()  # each layer's a dense slice: the graph's cache outputs need no copy of their own
+        return {layer: (k[i], v[i]) for i, layer in enumerate(self.layers)}

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from wan_trt.config import WanConfig
-from wan_trt.model.action import ActionModule
+from wan_trt.model.action import ActionModule, KeyboardKV, KeyboardProjection
 from wan_trt.model.fp8 import Fp8Linear, quantize_rows, use_fp8
 from wan_trt.model.layers import (MLPProj, WanLayerNorm, WanRMSNorm, attention, rms_normalize,
                                   sinusoidal_embedding_1d)
@@ -166,23 +166,23 @@ class CausalWanAttentionBlock(nn.Module):
         # the gate of the fused form's ungated branches (Residual); not a weight (not in the state dict)
         self.register_buffer("unit_gate", torch.ones(m.dim), persistent=False)
 
-    def forward(self, x, e0, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches):
+    def forward(self, x, e0, context_kv, rope_main, rope_action, mouse_window, keyboard_kv, caches):
         """x: [B, F*S, C] residual stream (fused: or a :class:`Residual`); e0: [B, F, 6, C]. Sublayers run in
         the weights' dtype."""
         mods = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)  # each [B, F, 1, C]
         if self.plugins:
-            return self._fused(x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches)
+            return self._fused(x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_kv, caches)
         cdt, rdt = self.modulation.dtype, x.dtype
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (m.to(rdt) for m in mods)
         y = self.self_attn(modulate(self.norm1(x), shift_a, scale_a).to(cdt), *rope_main, caches, self.layer)
         x = x + gated(y.to(rdt), gate_a)
         x = x + self.cross_attn(self.norm3(x).to(cdt), context_kv).to(rdt)
         if self.action_model is not None:
-            x = self.action_model(x, e0.shape[1], mouse_window, keyboard_window, *rope_action, caches, self.layer)
+            x = self.action_model(x, e0.shape[1], mouse_window, keyboard_kv, *rope_action, caches, self.layer)
         y = self.ffn(modulate(self.norm2(x), shift_f, scale_f).to(cdt))
         return x + gated(y.to(rdt), gate_f)
 
-    def _fused(self, x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_window, caches):
+    def _fused(self, x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_kv, caches):
         """The same layer with the fused adaLN ops: a branch's residual add happens inside the norm that reads
         the sum (``add_adaln``), unless the next branch reads it (the action module's). ``x`` may be the
         previous layer's :class:`Residual`; returns one."""
@@ -193,7 +193,7 @@ class CausalWanAttentionBlock(nn.Module):
         x, h = ops.add_adaln(x, y, gate_a, self.norm3.weight, self.norm3.bias, frames, self.norm3.eps)
         x = Residual(x, self.cross_attn(h, context_kv), self.unit_gate)
         if self.action_model is not None:  # its first branch reads the sum
-            x, y = self.action_model.last_unsummed(x.total(), frames, mouse_window, keyboard_window, *rope_action,
+            x, y = self.action_model.last_unsummed(x.total(), frames, mouse_window, keyboard_kv, *rope_action,
                                                    caches, self.layer)
             x = x if y is None else Residual(x, y, self.unit_gate)
         x, h = fused_adaln(x, 1 + scale_f, shift_f, frames, eps)
@@ -254,6 +254,7 @@ class CausalWanModel(nn.Module):
         self.img_emb = MLPProj(m.clip_dim, m.dim)
         self.rope = RopeTables(cfg)
         self.context_projection: ContextProjection | None = None  # see fuse_context_projections
+        self.keyboard_projection: KeyboardProjection | None = None  # see fuse_keyboard_projections
 
     @property
     def dtype(self) -> torch.dtype:
@@ -289,6 +290,21 @@ class CausalWanModel(nn.Module):
                 del attn.k, attn.v, attn.norm_k
         return self
 
+    def fuse_keyboard_projections(self) -> "CausalWanModel":
+        """Compute the keyboard keys and values of all action layers in one :class:`KeyboardProjection`
+        (graphs' form). The layers' ``keyboard_embed``, ``keyboard_attn_kv`` and ``key_attn_k_norm`` move
+        into it, as :meth:`fuse_context_projections` moves the context's."""
+        modules = self._keyboard_modules()
+        if self.keyboard_projection is None and modules:
+            self.keyboard_projection = KeyboardProjection(modules)
+            for m in modules.values():
+                del m.keyboard_embed, m.keyboard_attn_kv, m.key_attn_k_norm
+        return self
+
+    def _keyboard_modules(self) -> dict[int, ActionModule]:
+        return {b.layer: b.action_model for b in self.blocks
+                if b.action_model is not None and b.action_model.enable_keyboard}
+
     def use_fp8(self) -> "CausalWanModel":
         """Run the layers' FP8 linears (:data:`wan_trt.model.fp8.FP8_LINEARS`) as FP8 GEMMs."""
         return use_fp8(self)
@@ -303,6 +319,14 @@ class CausalWanModel(nn.Module):
         if self.context_projection is not None:
             return self.context_projection(context)
         return [block.cross_attn.context_kv(context) for block in self.blocks]
+
+    def encode_keyboard(self, keyboard_window: torch.Tensor | None, rope_action) -> dict[int, KeyboardKV]:
+        """The block's keyboard window -> each action layer's keyboard (k, v); empty without a keyboard."""
+        if keyboard_window is None:
+            return {}
+        if self.keyboard_projection is not None:
+            return self.keyboard_projection(keyboard_window, *rope_action)
+        return {layer: m.keyboard_kv(keyboard_window, *rope_action) for layer, m in self._keyboard_modules().items()}
 
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, cond_concat: torch.Tensor,
                 context_kv: ContextKV, mouse_window: torch.Tensor | None, keyboard_window: torch.Tensor | None,
@@ -326,8 +350,9 @@ class CausalWanModel(nn.Module):
         e0 = self.time_projection(e).unflatten(1, (6, -1)).unflatten(0, (batch, frames))  # [B, F, 6, C]
         rope_main = self.rope.main(rope.frame_cos, rope.frame_sin)
         rope_action = None if rope.action_cos is None else self.rope.action(rope.action_cos, rope.action_sin)
+        keyboard_kv = self.encode_keyboard(keyboard_window, rope_action)
         for block, kv in zip(self.blocks, context_kv):
-            x = block(x, e0, kv, rope_main, rope_action, mouse_window, keyboard_window, caches)
+            x = block(x, e0, kv, rope_main, rope_action, mouse_window, keyboard_kv.get(block.layer), caches)
         x = self.head(x, e.unflatten(0, (batch, frames)).unsqueeze(2))
         return self.unpatchify(x, frames, height, width).to(self.dtype)
 
