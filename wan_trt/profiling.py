@@ -1,11 +1,13 @@
 """Timing and op-class profiles for benchmarks (device-side time, CUDA events / torch.profiler)."""
 from __future__ import annotations
 
+import os
 import platform
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -65,15 +67,28 @@ SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout wan-trt runs f
 
 
 def source_revision(root: Path = SOURCE_ROOT) -> dict[str, Any] | None:
-    """The git commit of the code that made a result, and whether tracked files differed from it
-    (``dirty``: the result is of that commit plus local changes); None outside a git checkout."""
-    def git(*args: str) -> str:
+    """The code that made a result: the checkout's git ``commit``, whether tracked files differed from it
+    (``dirty``) and the git ``tree`` id of the tracked files as they were. The tree names the code exactly
+    even where the commit does not (local changes, or a copy of a work tree beside older git metadata):
+    the commit that holds that code has that tree (``git log --format='%H %T'``). None outside a git
+    checkout."""
+    def git(*args: str, index: str | None = None) -> str:
+        env = None if index is None else {**os.environ, "GIT_INDEX_FILE": index}
         return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True,
-                              timeout=30).stdout.strip()
+                              timeout=30, env=env).stdout.strip()
     try:
         if Path(git("rev-parse", "--show-toplevel")).resolve() != root.resolve():
             return None  # an installed copy inside some other repository
-        return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--porcelain", "--untracked-files=no") != ""}
+        dirty = git("status", "--porcelain", "--untracked-files=no") != ""
+        if not dirty:
+            tree = git("rev-parse", "HEAD^{tree}")
+        else:  # stage the tracked files in a scratch index (the checkout's own index stays as it is)
+            with tempfile.TemporaryDirectory() as scratch:
+                index = str(Path(scratch) / "index")
+                git("read-tree", "HEAD", index=index)
+                git("add", "--update", index=index)
+                tree = git("write-tree", index=index)
+        return {"commit": git("rev-parse", "HEAD"), "dirty": dirty, "tree": tree}
     except (OSError, subprocess.SubprocessError):
         return None
 

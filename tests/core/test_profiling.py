@@ -34,19 +34,25 @@ def _git(root, *args) -> str:
 
 
 def test_source_revision_names_the_commit_and_local_changes(tmp_path):
-    """Result files record which code made them: the checkout's commit, and whether tracked files differed."""
+    """Result files record which code made them: the checkout's commit, whether tracked files differed, and
+    the tree of the tracked files as they were (that of the commit that holds them)."""
     assert source_revision(tmp_path) is None  # not a git checkout
+    commit = ("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q")
     _git(tmp_path, "init", "-q")
-    _git(tmp_path, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "first")
+    _git(tmp_path, *commit, "--allow-empty", "-m", "first")
     (tmp_path / "model.py").write_text("x = 1\n")
     _git(tmp_path, "add", "model.py")
-    _git(tmp_path, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "second")
-    head = _git(tmp_path, "rev-parse", "HEAD")
-    assert source_revision(tmp_path) == {"commit": head, "dirty": False}
+    _git(tmp_path, *commit, "-m", "second")
+    head, tree = _git(tmp_path, "rev-parse", "HEAD"), _git(tmp_path, "rev-parse", "HEAD^{tree}")
+    assert source_revision(tmp_path) == {"commit": head, "dirty": False, "tree": tree}
     (tmp_path / "notes.txt").write_text("untracked files do not make a result dirty\n")
-    assert source_revision(tmp_path) == {"commit": head, "dirty": False}
+    assert source_revision(tmp_path) == {"commit": head, "dirty": False, "tree": tree}
     (tmp_path / "model.py").write_text("x = 2\n")
-    assert source_revision(tmp_path) == {"commit": head, "dirty": True}
+    changed = source_revision(tmp_path)
+    assert changed["commit"] == head and changed["dirty"] and changed["tree"] != tree
+    assert _git(tmp_path, "diff", "--cached", "--name-only") == ""  # the checkout's index is left alone
+    _git(tmp_path, *commit, "-a", "-m", "third")  # the commit that holds the changed code has the recorded tree
+    assert changed["tree"] == _git(tmp_path, "rev-parse", "HEAD^{tree}")
     (tmp_path / "sub").mkdir()
     assert source_revision(tmp_path / "sub") is None  # inside a checkout, but not its root: another repository's copy
 
