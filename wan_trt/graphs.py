@@ -52,7 +52,7 @@ class GraphKind:
 
 def _prepare_pass(model: nn.Module, ops: str, precision: str) -> nn.Module:
     model.sinusoid_dtype = torch.float32  # graphs keep fp32 islands; TensorRT has no float64
-    model.fuse_context_projections().fuse_keyboard_projections()
+    model.fuse_context_projections().fuse_keyboard_projections().split_mouse_inputs()
     if ops == "plugins":
         model.use_plugins()
     if precision == "fp8":

@@ -83,16 +83,26 @@ def test_bf16_model_keeps_fp32_rope(small_cfg):
 
 
 class _GemmCount(TorchDispatchMode):
-    """Counts the matrix products a call runs (nn.Linear dispatches to addmm / mm)."""
+    """Counts the matrix products a call runs (nn.Linear dispatches to addmm / mm), with their inner
+    dims, and the shapes its concatenations make."""
+
+    GEMMS = (torch.ops.aten.addmm.default, torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
+             torch.ops.aten.baddbmm.default)
 
     def __init__(self):
         super().__init__()
         self.count = 0
+        self.inner_dims: list[int] = []
+        self.concatenated: list[tuple[int, ...]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
-                              torch.ops.aten.baddbmm.default)
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if func in self.GEMMS:
+            self.count += 1
+            self.inner_dims.append(args[-1].shape[-2])  # the second factor's rows
+        elif func is torch.ops.aten.cat.default:
+            self.concatenated.append(tuple(out.shape))
+        return out
 
 
 @torch.no_grad()
@@ -147,5 +157,36 @@ def test_graph_form_projects_every_layers_keyboard_at_once(small_cfg):
     projection = graph_form.keyboard_projection
     assert graph_form.fuse_keyboard_projections().keyboard_projection is projection  # fusing twice changes nothing
     reference, graph = StaticPass(model, spec).run(feeds), StaticPass(graph_form, spec).run(feeds)
+    for name in spec.output_names:
+        torch.testing.assert_close(graph[name], reference[name], atol=2e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_graph_form_splits_the_mouse_mlps_input(small_cfg):
+    """Graphs add the mouse window's share of each layer's first MLP linear per frame (one GEMM for all
+    layers) instead of concatenating the window's features to every token: no token-sized concatenation,
+    the layers' first GEMMs run over the model width, and the pass equals the reference."""
+    model = build_model(small_cfg, seed=3)
+    graph_form = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, seed=3), "native", "fp32")
+    spec = PassSpec.from_config(small_cfg, "fp32")
+    feeds = spec.sample_inputs(seed=4)
+    a = small_cfg.model.action_config
+    mouse_layers = [b.layer for b in model.blocks if b.action_model is not None and b.action_model.enable_mouse]
+    if not mouse_layers:  # nothing to split
+        assert graph_form.mouse_projection is None
+        return
+    joined = a.img_hidden_size + a.mouse_dim_in * a.window_frames  # the reference's first linear's inner dim
+    with _GemmCount() as reference_ops:
+        reference = StaticPass(model, spec).run(feeds)
+    with _GemmCount() as graph_ops:
+        graph = StaticPass(graph_form, spec).run(feeds)
+    assert reference_ops.inner_dims.count(joined) == len(mouse_layers)
+    assert sum(shape[-1] == joined for shape in reference_ops.concatenated) == len(mouse_layers)
+    assert joined not in graph_ops.inner_dims and all(shape[-1] != joined for shape in graph_ops.concatenated)
+    assert graph_ops.inner_dims.count(a.mouse_dim_in * a.window_frames) == 1  # every layer's share at once
+    for block in graph_form.blocks:
+        if block.layer in mouse_layers:
+            assert block.action_model.mouse_mlp[0].weight.shape == (a.mouse_hidden_dim, a.img_hidden_size)
+            assert block.action_model.mouse_mlp[0].bias is None
     for name in spec.output_names:
         torch.testing.assert_close(graph[name], reference[name], atol=2e-5, rtol=1e-5)

@@ -15,8 +15,11 @@ Keyboard path (every token sees the same few keys):
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from wan_trt.config import ActionConfig
 from wan_trt.model.layers import ActionRMSNorm, few_key_attention, rms_normalize
@@ -24,6 +27,12 @@ from wan_trt.model.rope import apply_rope
 
 
 KeyboardKV = tuple[torch.Tensor, torch.Tensor]  # one layer's keyboard keys and values, [B, F, Hh, Dh] each
+
+
+class MouseShare(NamedTuple):
+    """The graphs' mouse input of one layer: the raw window's share of its first MLP linear, bias
+    included, per frame ([B, F, c]; :class:`MouseWindowProjection`). The reference takes the window."""
+    per_frame: torch.Tensor
 
 
 class ActionModule(nn.Module):
@@ -55,12 +64,13 @@ class ActionModule(nn.Module):
                                               bias=a.qkv_bias)
             self.proj_keyboard = nn.Linear(a.keyboard_hidden_dim, a.img_hidden_size, bias=a.qkv_bias)
 
-    def forward(self, x: torch.Tensor, frames: int, mouse_window: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, frames: int, mouse: torch.Tensor | MouseShare | None,
                 keyboard_kv: KeyboardKV | None, cos: torch.Tensor, sin: torch.Tensor,
                 caches, layer: int) -> torch.Tensor:
-        """x: [B, F*S, C] residual stream; keyboard_kv: this layer's :meth:`keyboard_kv`; cos, sin: [F, ca]
-        action RoPE. Returns x with both residuals."""
-        x, y = self.last_unsummed(x, frames, mouse_window, keyboard_kv, cos, sin, caches, layer)
+        """x: [B, F*S, C] residual stream; mouse: the raw mouse window [B, F, 12, dim_in] or this layer's
+        :class:`MouseShare`; keyboard_kv: this layer's :meth:`keyboard_kv`; cos, sin: [F, ca] action RoPE.
+        Returns x with both residuals."""
+        x, y = self.last_unsummed(x, frames, mouse, keyboard_kv, cos, sin, caches, layer)
         return x if y is None else x + y.to(x.dtype)
 
     def keyboard_kv(self, window: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KeyboardKV:
@@ -72,7 +82,7 @@ class ActionModule(nn.Module):
         k, v = self.keyboard_attn_kv(kb).unflatten(-1, (2, self.heads, -1)).unbind(2)  # [B, F, Hh, Dh]
         return apply_rope(self.key_attn_k_norm(k), cos[:, None, :], sin[:, None, :]), v
 
-    def last_unsummed(self, x: torch.Tensor, frames: int, mouse_window: torch.Tensor | None,
+    def last_unsummed(self, x: torch.Tensor, frames: int, mouse: torch.Tensor | MouseShare | None,
                       keyboard_kv: KeyboardKV | None, cos: torch.Tensor, sin: torch.Tensor,
                       caches, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As :meth:`forward`, but the last branch's output is returned beside x instead of added to it
@@ -80,20 +90,25 @@ class ActionModule(nn.Module):
         cdt = next(self.parameters()).dtype
         y = None
         if self.enable_mouse:
-            y = self._mouse(x.to(cdt), frames, mouse_window, cos, sin, caches, layer)
+            y = self._mouse(x.to(cdt), frames, mouse, cos, sin, caches, layer)
         if self.enable_keyboard:
             if y is not None:  # the keyboard branch reads the sum
                 x = x + y.to(x.dtype)
             y = self._keyboard(x.to(cdt), frames, keyboard_kv, cos, sin, caches, layer)
         return x, y
 
-    def _mouse(self, x, frames, window, cos, sin, caches, layer):
+    def _mouse(self, x, frames, mouse, cos, sin, caches, layer):
         b, length, _ = x.shape
         s = length // frames
         tokens = x.unflatten(1, (frames, s)).transpose(1, 2).reshape(b * s, frames, -1)  # [B*S, F, C]
-        feats = window.to(x.dtype).flatten(2)  # [B, F, 12*mouse_dim]
-        feats = feats[:, None].expand(b, s, frames, feats.shape[-1]).reshape(b * s, frames, -1)
-        qkv = self.t_qkv(self.mouse_mlp(torch.cat([tokens, feats], dim=-1)))  # [B*S, F, 3c]
+        if isinstance(mouse, MouseShare):  # graphs: the first linear reads the tokens, the window's share is added
+            h = self.mouse_mlp[0](tokens).unflatten(0, (b, s)) + mouse.per_frame[:, None]  # [B, S, F, c]
+            hidden = self.mouse_mlp[1:](h.flatten(0, 1))
+        else:  # the first linear reads [tokens ; window features] of every token
+            feats = mouse.to(x.dtype).flatten(2)  # [B, F, 12*mouse_dim]
+            feats = feats[:, None].expand(b, s, frames, feats.shape[-1]).reshape(b * s, frames, -1)
+            hidden = self.mouse_mlp(torch.cat([tokens, feats], dim=-1))
+        qkv = self.t_qkv(hidden)  # [B*S, F, 3c]
         if self.plugins and caches.segments("mouse", layer) is not None:
             # per-head norm + RoPE of q and k in one kernel that reads them inside qkv
             c = qkv.shape[-1] // 3
@@ -171,3 +186,33 @@ class KeyboardProjection(nn.Module):
         k = apply_rope(rms_normalize(k, self.eps), cos[:, None, :], sin[:, None, :])
         v = v.contiguous()  # each layer's a dense slice: the graph's cache outputs need no copy of their own
         return {layer: (k[i], v[i]) for i, layer in enumerate(self.layers)}
+
+
+class MouseWindowProjection(nn.Module):
+    """Every mouse layer's first MLP linear, split where its input concatenates [tokens ; window
+    features]: the graphs' form.
+
+    The window's features are the same for every token of a frame, so their share of the product (bias
+    included) is computed once per frame for all layers in one GEMM, and each layer's linear keeps its
+    token columns only (a [C, c] GEMM without bias; the share is added where the GELU reads it). No
+    token-sized concatenation, and the GEMM's inner dim is the model width instead of width + 24.
+    """
+
+    def __init__(self, modules: dict[int, ActionModule], tokens_dim: int):
+        super().__init__()
+        self.layers = list(modules)
+        linears = [m.mouse_mlp[0] for m in modules.values()]
+        with torch.no_grad():
+            self.register_buffer("weight", torch.cat([lin.weight[:, tokens_dim:] for lin in linears]))  # [L*c, W]
+            self.register_buffer("bias", torch.cat([lin.bias for lin in linears]))
+            for m, lin in zip(modules.values(), linears):
+                tokens_only = nn.Linear(tokens_dim, lin.out_features, bias=False, device=lin.weight.device,
+                                        dtype=lin.weight.dtype)
+                tokens_only.weight.copy_(lin.weight[:, :tokens_dim])
+                m.mouse_mlp[0] = tokens_only
+
+    def forward(self, window: torch.Tensor) -> dict[int, MouseShare]:
+        """window [B, F, 12, dim_in] -> {layer: MouseShare [B, F, c]}."""
+        share = F.linear(window.to(self.weight.dtype).flatten(2), self.weight, self.bias)
+        share = share.unflatten(-1, (len(self.layers), -1))  # [B, F, L, c]
+        return {layer: MouseShare(share[..., i, :]) for i, layer in enumerate(self.layers)}

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from wan_trt.config import WanConfig
-from wan_trt.model.action import ActionModule, KeyboardKV, KeyboardProjection
+from wan_trt.model.action import ActionModule, KeyboardKV, KeyboardProjection, MouseShare, MouseWindowProjection
 from wan_trt.model.fp8 import Fp8Linear, quantize_rows, use_fp8
 from wan_trt.model.layers import (MLPProj, WanLayerNorm, WanRMSNorm, attention, rms_normalize,
                                   sinusoidal_embedding_1d)
@@ -166,23 +166,23 @@ class CausalWanAttentionBlock(nn.Module):
         # the gate of the fused form's ungated branches (Residual); not a weight (not in the state dict)
         self.register_buffer("unit_gate", torch.ones(m.dim), persistent=False)
 
-    def forward(self, x, e0, context_kv, rope_main, rope_action, mouse_window, keyboard_kv, caches):
+    def forward(self, x, e0, context_kv, rope_main, rope_action, mouse, keyboard_kv, caches):
         """x: [B, F*S, C] residual stream (fused: or a :class:`Residual`); e0: [B, F, 6, C]. Sublayers run in
         the weights' dtype."""
         mods = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)  # each [B, F, 1, C]
         if self.plugins:
-            return self._fused(x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_kv, caches)
+            return self._fused(x, mods, context_kv, rope_main, rope_action, mouse, keyboard_kv, caches)
         cdt, rdt = self.modulation.dtype, x.dtype
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (m.to(rdt) for m in mods)
         y = self.self_attn(modulate(self.norm1(x), shift_a, scale_a).to(cdt), *rope_main, caches, self.layer)
         x = x + gated(y.to(rdt), gate_a)
         x = x + self.cross_attn(self.norm3(x).to(cdt), context_kv).to(rdt)
         if self.action_model is not None:
-            x = self.action_model(x, e0.shape[1], mouse_window, keyboard_kv, *rope_action, caches, self.layer)
+            x = self.action_model(x, e0.shape[1], mouse, keyboard_kv, *rope_action, caches, self.layer)
         y = self.ffn(modulate(self.norm2(x), shift_f, scale_f).to(cdt))
         return x + gated(y.to(rdt), gate_f)
 
-    def _fused(self, x, mods, context_kv, rope_main, rope_action, mouse_window, keyboard_kv, caches):
+    def _fused(self, x, mods, context_kv, rope_main, rope_action, mouse, keyboard_kv, caches):
         """The same layer with the fused adaLN ops: a branch's residual add happens inside the norm that reads
         the sum (``add_adaln``), unless the next branch reads it (the action module's). ``x`` may be the
         previous layer's :class:`Residual`; returns one."""
@@ -193,7 +193,7 @@ class CausalWanAttentionBlock(nn.Module):
         x, h = ops.add_adaln(x, y, gate_a, self.norm3.weight, self.norm3.bias, frames, self.norm3.eps)
         x = Residual(x, self.cross_attn(h, context_kv), self.unit_gate)
         if self.action_model is not None:  # its first branch reads the sum
-            x, y = self.action_model.last_unsummed(x.total(), frames, mouse_window, keyboard_kv, *rope_action,
+            x, y = self.action_model.last_unsummed(x.total(), frames, mouse, keyboard_kv, *rope_action,
                                                    caches, self.layer)
             x = x if y is None else Residual(x, y, self.unit_gate)
         x, h = fused_adaln(x, 1 + scale_f, shift_f, frames, eps)
@@ -255,6 +255,7 @@ class CausalWanModel(nn.Module):
         self.rope = RopeTables(cfg)
         self.context_projection: ContextProjection | None = None  # see fuse_context_projections
         self.keyboard_projection: KeyboardProjection | None = None  # see fuse_keyboard_projections
+        self.mouse_projection: MouseWindowProjection | None = None  # see split_mouse_inputs
 
     @property
     def dtype(self) -> torch.dtype:
@@ -294,16 +295,26 @@ class CausalWanModel(nn.Module):
         """Compute the keyboard keys and values of all action layers in one :class:`KeyboardProjection`
         (graphs' form). The layers' ``keyboard_embed``, ``keyboard_attn_kv`` and ``key_attn_k_norm`` move
         into it, as :meth:`fuse_context_projections` moves the context's."""
-        modules = self._keyboard_modules()
+        modules = self._action_modules("enable_keyboard")
         if self.keyboard_projection is None and modules:
             self.keyboard_projection = KeyboardProjection(modules)
             for m in modules.values():
                 del m.keyboard_embed, m.keyboard_attn_kv, m.key_attn_k_norm
         return self
 
-    def _keyboard_modules(self) -> dict[int, ActionModule]:
+    def split_mouse_inputs(self) -> "CausalWanModel":
+        """Split every mouse layer's first MLP linear at its input's concatenation (graphs' form,
+        :class:`MouseWindowProjection`): the layers keep the token columns, the window's columns and the
+        bias move into the projection (their state dict shapes change)."""
+        modules = self._action_modules("enable_mouse")
+        if self.mouse_projection is None and modules:
+            self.mouse_projection = MouseWindowProjection(modules, self.cfg.model.action_config.img_hidden_size)
+        return self
+
+    def _action_modules(self, enabled: str) -> dict[int, ActionModule]:
+        """The action layers' modules with ``enabled`` (enable_mouse / enable_keyboard) set."""
         return {b.layer: b.action_model for b in self.blocks
-                if b.action_model is not None and b.action_model.enable_keyboard}
+                if b.action_model is not None and getattr(b.action_model, enabled)}
 
     def use_fp8(self) -> "CausalWanModel":
         """Run the layers' FP8 linears (:data:`wan_trt.model.fp8.FP8_LINEARS`) as FP8 GEMMs."""
@@ -326,7 +337,17 @@ class CausalWanModel(nn.Module):
             return {}
         if self.keyboard_projection is not None:
             return self.keyboard_projection(keyboard_window, *rope_action)
-        return {layer: m.keyboard_kv(keyboard_window, *rope_action) for layer, m in self._keyboard_modules().items()}
+        modules = self._action_modules("enable_keyboard")
+        return {layer: m.keyboard_kv(keyboard_window, *rope_action) for layer, m in modules.items()}
+
+    def encode_mouse(self, mouse_window: torch.Tensor | None) -> dict[int, torch.Tensor | MouseShare]:
+        """The block's mouse window -> each mouse layer's input: the window itself, or in the graphs' form
+        its :class:`MouseShare`; empty without a mouse."""
+        if mouse_window is None:
+            return {}
+        if self.mouse_projection is not None:
+            return self.mouse_projection(mouse_window)
+        return {layer: mouse_window for layer in self._action_modules("enable_mouse")}
 
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, cond_concat: torch.Tensor,
                 context_kv: ContextKV, mouse_window: torch.Tensor | None, keyboard_window: torch.Tensor | None,
@@ -350,9 +371,9 @@ class CausalWanModel(nn.Module):
         e0 = self.time_projection(e).unflatten(1, (6, -1)).unflatten(0, (batch, frames))  # [B, F, 6, C]
         rope_main = self.rope.main(rope.frame_cos, rope.frame_sin)
         rope_action = None if rope.action_cos is None else self.rope.action(rope.action_cos, rope.action_sin)
-        keyboard_kv = self.encode_keyboard(keyboard_window, rope_action)
+        mouse, keyboard_kv = self.encode_mouse(mouse_window), self.encode_keyboard(keyboard_window, rope_action)
         for block, kv in zip(self.blocks, context_kv):
-            x = block(x, e0, kv, rope_main, rope_action, mouse_window, keyboard_kv.get(block.layer), caches)
+            x = block(x, e0, kv, rope_main, rope_action, mouse.get(block.layer), keyboard_kv.get(block.layer), caches)
         x = self.head(x, e.unflatten(0, (batch, frames)).unsqueeze(2))
         return self.unpatchify(x, frames, height, width).to(self.dtype)
 
