@@ -152,7 +152,8 @@ def test_graph_form_projects_every_layers_keyboard_at_once(small_cfg):
         for got, ref in zip(actual[layer], expected[layer]):
             assert got.shape == ref.shape and got.is_contiguous()
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
-    moved = [key for key in graph_form.state_dict() if re.search(r"\.(keyboard_embed|keyboard_attn_kv|key_attn_k_norm)\.", key)]
+    moved_keys = r"\.(keyboard_embed|keyboard_attn_kv|key_attn_k_norm)\."
+    moved = [key for key in graph_form.state_dict() if re.search(moved_keys, key)]
     assert moved == [] and any(".key_attn_q_norm." in key for key in graph_form.state_dict())
     projection = graph_form.keyboard_projection
     assert graph_form.fuse_keyboard_projections().keyboard_projection is projection  # fusing twice changes nothing

@@ -152,8 +152,9 @@ class KeyboardProjection(nn.Module):
     The same arithmetic per element as the layers' own modules, as batched products over the layers
     (one GEMM for the embeddings' first linears, which share their input, then two batched GEMMs):
     per layer and pass the keyboard path otherwise runs three GEMMs of 3 to 36 rows and a handful of
-    elementwise kernels, launches that keep the GPU a fraction busy. The layers' modules stay (their
-    queries' and outputs' projections read the stream).
+    elementwise kernels, launches that keep the GPU a fraction busy. The layers' keyboard embedding,
+    k/v linear and k norm move here (:meth:`CausalWanModel.fuse_keyboard_projections`); their queries'
+    and outputs' projections stay (they read the stream).
     """
 
     def __init__(self, modules: dict[int, ActionModule]):
@@ -169,14 +170,14 @@ class KeyboardProjection(nn.Module):
             self.register_buffer("hidden_weight", torch.stack([e[2].weight.t() for e in embeds]))  # [L, h, h]
             self.register_buffer("hidden_bias", torch.stack([e[2].bias for e in embeds])[:, None])  # [L, 1, h]
             self.register_buffer("kv_weight", torch.stack([m.weight.t() for m in kvs]))  # [L, 12 h, 2 c]
-            self.register_buffer("kv_bias", None if kvs[0].bias is None else torch.stack([m.bias for m in kvs])[:, None])
+            kv_bias = None if kvs[0].bias is None else torch.stack([m.bias for m in kvs])[:, None]  # [L, 1, 2 c]
+            self.register_buffer("kv_bias", kv_bias)
 
     def forward(self, window: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[int, KeyboardKV]:
         """window [B, F, 12, K]; cos, sin [F, ca] -> {layer: (k, v)} as :meth:`ActionModule.keyboard_kv`."""
         layers, hidden = self.hidden_weight.shape[:2]
         b, f, w, _ = window.shape
-        h = nn.functional.silu(nn.functional.linear(window.to(self.embed_weight.dtype), self.embed_weight,
-                                                    self.embed_bias))  # [B, F, 12, L*h]
+        h = F.silu(F.linear(window.to(self.embed_weight.dtype), self.embed_weight, self.embed_bias))  # [B, F, 12, L*h]
         h = h.reshape(b * f * w, layers, hidden).transpose(0, 1)  # [L, B*F*12, h]
         h = torch.baddbmm(self.hidden_bias, h, self.hidden_weight)  # keyboard_embed's second linear
         kv = torch.bmm(h.reshape(layers, b * f, w * hidden), self.kv_weight)  # [L, B*F, 2c]
