@@ -32,11 +32,13 @@ def test_model_with_fused_ops_equals_the_reference(name):
         torch.testing.assert_close(b[key], a[key], atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name, blocks", [("gta_drive-small", 4)] + [
-    pytest.param(n, 9, marks=pytest.mark.slow) for n in SMALL])  # the interpreter takes ~70 s per 9 blocks
+@pytest.mark.parametrize("name, blocks", [("gta_drive-small", 3)] + [
+    pytest.param(n, 9, marks=pytest.mark.slow) for n in SMALL])  # the interpreter takes ~25 s a block
 def test_stream_with_fused_ops_equals_upstream_semantics(name, blocks):
+    """Past the window: gta_drive keeps one previous frame, so its third block reads a cached frame that
+    overwrote an earlier one (eviction)."""
     cfg, native, fused, spec = _fused_and_native(name)
-    report = compare_stream(native, TorchRunner(fused, spec), blocks, seed=2)  # past the window: eviction
+    report = compare_stream(native, TorchRunner(fused, spec), blocks, seed=2)
     assert max(s.rel_l2 for s in report.blocks) < 1e-5
 
 
