@@ -32,7 +32,8 @@ class GraphKind:
         static: ``static(module, spec)`` -> the module as ``forward(*inputs) -> outputs`` in spec order.
         sample_inputs: ``sample_inputs(module, spec, seed)`` -> plausible feeds of one call.
         prepare: ``prepare(module, ops, precision)`` -> the module as graphs hold it (fp32 islands, the DiT's
-            context projections as one GEMM, fused kernels for ``ops == 'plugins'``, FP8 GEMMs for 'fp8');
+            context projections, keyboard projections and mouse window shares computed for all layers at
+            once, fused kernels for ``ops == 'plugins'``, FP8 GEMMs for 'fp8');
             the PyTorch references stay unprepared.
         weights_flag: the flag that names its checkpoint.
         channels_last_convolutions: its prepared module's 3-D convolutions run channels-last (their

@@ -1,3 +1,5 @@
+import copy
+import dataclasses
 import re
 
 import pytest
@@ -6,10 +8,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from wan_trt.config_load import load_config
 from wan_trt.graphs import GRAPH_KINDS
+from wan_trt.model import CausalWanModel, build_model
 from wan_trt.model.rope import BlockRope
 from wan_trt.model.static_pass import StaticPass
 from wan_trt.spec import KEYBOARD_WINDOW, PassSpec
-from wan_trt.model import CausalWanModel, build_model
 
 
 def upstream_state_dict_shapes(kb_dim, mouse):
@@ -133,7 +135,7 @@ def test_graph_form_projects_every_layers_context_in_one_gemm(small_cfg):
 
 @torch.no_grad()
 def test_graph_form_projects_every_layers_keyboard_at_once(small_cfg):
-    """Graphs compute the keyboard keys and values of all action layers as three batched GEMMs: the same
+    """Graphs compute the keyboard keys and values of all action layers in three GEMMs: the same
     per-layer (k, v) as the layers' own modules, and the same pass outputs as the reference model."""
     model = build_model(small_cfg, seed=2)
     graph_form = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, seed=2), "native", "fp32")
@@ -191,3 +193,27 @@ def test_graph_form_splits_the_mouse_mlps_input(small_cfg):
             assert block.action_model.mouse_mlp[0].bias is None
     for name in spec.output_names:
         torch.testing.assert_close(graph[name], reference[name], atol=2e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_keyboard_projection_adds_a_bias_inside_its_gemm():
+    """With biased keyboard k/v linears (``qkv_bias``) in bf16, the projection's k/v equal the layers' bit for bit:
+    the bias is added inside the batched GEMM, rounded once, as nn.Linear does (a separate add rounds twice)."""
+    cfg = load_config("gta_drive-small")
+    action = dataclasses.replace(cfg.model.action_config, qkv_bias=True)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, action_config=action))
+    model = build_model(cfg, torch.bfloat16, seed=2)
+    gen = torch.Generator().manual_seed(5)
+    for module in model._action_modules("enable_keyboard").values():
+        module.keyboard_attn_kv.bias.copy_(torch.randn(module.keyboard_attn_kv.bias.shape, generator=gen))
+    graph_form = copy.deepcopy(model).fuse_keyboard_projections()
+    spec = PassSpec.from_config(cfg, "bf16")
+    feeds = spec.sample_inputs(seed=1)
+    rope = BlockRope.of({r.kind: (feeds[r.cos], feeds[r.sin]) for r in spec.rotaries})
+    rope_action = model.rope.action(rope.action_cos, rope.action_sin)
+    window = feeds[KEYBOARD_WINDOW].to(torch.bfloat16)
+    expected, actual = model.encode_keyboard(window, rope_action), graph_form.encode_keyboard(window, rope_action)
+    assert sorted(actual) == sorted(expected) != []
+    for layer in expected:
+        for got, ref in zip(actual[layer], expected[layer]):
+            assert torch.equal(got, ref), (layer, (got.float() - ref.float()).abs().max())

@@ -232,7 +232,8 @@ class CausalHead(nn.Module):
 
 class CausalWanModel(nn.Module):
     """The causal DiT. ``state_dict()`` keys equal upstream's (without the ``model.`` prefix), until a graph's
-    ``prepare`` rearranges the module (:meth:`fuse_context_projections`).
+    ``prepare`` rearranges the module (:meth:`fuse_context_projections`, :meth:`fuse_keyboard_projections`,
+    :meth:`split_mouse_inputs`).
 
     Precision: sublayers run in the weights' dtype with fp32 islands (norm statistics, RoPE);
     the residual stream is fp32 when the weights are fp16 (fp16 overflows in video DiTs) and

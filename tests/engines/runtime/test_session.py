@@ -311,8 +311,10 @@ def _reference_latents(blocks: int, kept: set[int]) -> dict[int, torch.Tensor]:
     return {block: latents for block, latents in enumerate(stream) if block in kept}
 
 
-@pytest.mark.slow  # 160 s on 2 cores: the default run covers both table ends with streams started before them
-def test_one_stream_of_2600_blocks_equals_the_reference_without_growth():  # (above) and a 400-block stream
+# 160 s on 2 cores: the default run covers both table ends with streams started before them (above) and
+# a continuous 400-block stream (tests/engines/test_stream.py)
+@pytest.mark.slow
+def test_one_stream_of_2600_blocks_equals_the_reference_without_growth():
     """One stream from block 0 to 7800 latent frames, the static session against the reference with
     its tables extended: sampled blocks around both table ends and at the end agree within fp32
     rounding, and the error does not grow with the position. The reference runs in a second process
