@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def source_revision(root: Path = SOURCE_ROOT) -> dict[str, Any] | None:
     (``dirty``) and the git ``tree`` id of the tracked files as they were. The tree names the code exactly
     even where the commit does not (local changes, or a copy of a work tree beside older git metadata):
     the commit that holds that code has that tree (``git log --format='%H %T'``). None outside a git
-    checkout."""
+    checkout and before its first commit."""
     def git(*args: str, index: str | None = None) -> str:
         env = None if index is None else {**os.environ, "GIT_INDEX_FILE": index}
         return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True,
@@ -82,10 +83,14 @@ def source_revision(root: Path = SOURCE_ROOT) -> dict[str, Any] | None:
         dirty = git("status", "--porcelain", "--untracked-files=no") != ""
         if not dirty:
             tree = git("rev-parse", "HEAD^{tree}")
-        else:  # stage the tracked files in a scratch index (the checkout's own index stays as it is)
-            with tempfile.TemporaryDirectory() as scratch:
+        else:  # stage the tracked files in a copy of the index (the checkout's own stays as it is): files
+            with tempfile.TemporaryDirectory() as scratch:  # added but not committed count, as they are
                 index = str(Path(scratch) / "index")
-                git("read-tree", "HEAD", index=index)
+                own = Path(root, git("rev-parse", "--git-path", "index"))
+                if own.is_file():
+                    shutil.copyfile(own, index)
+                else:
+                    git("read-tree", "HEAD", index=index)
                 git("add", "--update", index=index)
                 tree = git("write-tree", index=index)
         return {"commit": git("rev-parse", "HEAD"), "dirty": dirty, "tree": tree}

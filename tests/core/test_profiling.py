@@ -53,6 +53,12 @@ def test_source_revision_names_the_commit_and_local_changes(tmp_path):
     assert _git(tmp_path, "diff", "--cached", "--name-only") == ""  # the checkout's index is left alone
     _git(tmp_path, *commit, "-a", "-m", "third")  # the commit that holds the changed code has the recorded tree
     assert changed["tree"] == _git(tmp_path, "rev-parse", "HEAD^{tree}")
+    (tmp_path / "layers.py").write_text("y = 1\n")  # a new file, added but not committed, is part of the code
+    _git(tmp_path, "add", "layers.py")
+    added = source_revision(tmp_path)
+    assert added["dirty"] and _git(tmp_path, "diff", "--cached", "--name-only") == "layers.py"
+    _git(tmp_path, *commit, "-m", "fourth")
+    assert added["tree"] == _git(tmp_path, "rev-parse", "HEAD^{tree}")
     (tmp_path / "sub").mkdir()
     assert source_revision(tmp_path / "sub") is None  # inside a checkout, but not its root: another repository's copy
 
