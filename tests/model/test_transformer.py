@@ -133,6 +133,12 @@ def test_graph_form_projects_every_layers_context_in_one_gemm(small_cfg):
     assert graph_form.context_projection is projection
 
 
+def _action_rope(model: CausalWanModel, spec: PassSpec, feeds: dict[str, torch.Tensor]):
+    """The action layers' RoPE (cos, sin) of the block ``feeds`` hold, as the model's forward forms it."""
+    rope = BlockRope.of({r.kind: (feeds[r.cos], feeds[r.sin]) for r in spec.rotaries})
+    return model.rope.action(rope.action_cos, rope.action_sin)
+
+
 @torch.no_grad()
 def test_graph_form_projects_every_layers_keyboard_at_once(small_cfg):
     """Graphs compute the keyboard keys and values of all action layers in three GEMMs: the same
@@ -141,8 +147,7 @@ def test_graph_form_projects_every_layers_keyboard_at_once(small_cfg):
     graph_form = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, seed=2), "native", "fp32")
     spec = PassSpec.from_config(small_cfg, "fp32")
     feeds = spec.sample_inputs(seed=1)
-    rope = BlockRope.of({r.kind: (feeds[r.cos], feeds[r.sin]) for r in spec.rotaries})
-    rope_action = model.rope.action(rope.action_cos, rope.action_sin)
+    rope_action = _action_rope(model, spec, feeds)
     with _GemmCount() as layers:
         expected = model.encode_keyboard(feeds[KEYBOARD_WINDOW], rope_action)
     with _GemmCount() as fused:
@@ -209,8 +214,7 @@ def test_keyboard_projection_adds_a_bias_inside_its_gemm():
     graph_form = copy.deepcopy(model).fuse_keyboard_projections()
     spec = PassSpec.from_config(cfg, "bf16")
     feeds = spec.sample_inputs(seed=1)
-    rope = BlockRope.of({r.kind: (feeds[r.cos], feeds[r.sin]) for r in spec.rotaries})
-    rope_action = model.rope.action(rope.action_cos, rope.action_sin)
+    rope_action = _action_rope(model, spec, feeds)
     window = feeds[KEYBOARD_WINDOW].to(torch.bfloat16)
     expected, actual = model.encode_keyboard(window, rope_action), graph_form.encode_keyboard(window, rope_action)
     assert sorted(actual) == sorted(expected) != []

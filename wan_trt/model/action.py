@@ -207,11 +207,15 @@ class MouseWindowProjection(nn.Module):
         with torch.no_grad():
             self.register_buffer("weight", torch.cat([lin.weight[:, tokens_dim:] for lin in linears]))  # [L*c, W]
             self.register_buffer("bias", torch.cat([lin.bias for lin in linears]))
-            for m, lin in zip(modules.values(), linears):
-                tokens_only = nn.Linear(tokens_dim, lin.out_features, bias=False, device=lin.weight.device,
-                                        dtype=lin.weight.dtype)
-                tokens_only.weight.copy_(lin.weight[:, :tokens_dim])
-                m.mouse_mlp[0] = tokens_only
+
+    @staticmethod
+    @torch.no_grad()
+    def tokens_only(linear: nn.Linear, tokens_dim: int) -> nn.Linear:
+        """The layer's first linear without the window's columns and the bias (which the projection holds)."""
+        kept = nn.Linear(tokens_dim, linear.out_features, bias=False, device=linear.weight.device,
+                         dtype=linear.weight.dtype)
+        kept.weight.copy_(linear.weight[:, :tokens_dim])
+        return kept
 
     def forward(self, window: torch.Tensor) -> dict[int, MouseShare]:
         """window [B, F, 12, dim_in] -> {layer: MouseShare [B, F, c]}."""

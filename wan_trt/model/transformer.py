@@ -307,9 +307,11 @@ class CausalWanModel(nn.Module):
         """Split every mouse layer's first MLP linear at its input's concatenation (graphs' form,
         :class:`MouseWindowProjection`): the layers keep the token columns, the window's columns and the
         bias move into the projection (their state dict shapes change)."""
-        modules = self._action_modules("enable_mouse")
+        modules, tokens_dim = self._action_modules("enable_mouse"), self.cfg.model.action_config.img_hidden_size
         if self.mouse_projection is None and modules:
-            self.mouse_projection = MouseWindowProjection(modules, self.cfg.model.action_config.img_hidden_size)
+            self.mouse_projection = MouseWindowProjection(modules, tokens_dim)
+            for m in modules.values():
+                m.mouse_mlp[0] = MouseWindowProjection.tokens_only(m.mouse_mlp[0], tokens_dim)
         return self
 
     def _action_modules(self, enabled: str) -> dict[int, ActionModule]:
