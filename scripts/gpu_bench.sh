@@ -8,7 +8,8 @@
 #   scripts/gpu_bench.sh bench RESULTS       wan-trt bench of the engine (CUDA graphs and not) beside
 #                                            torch.compile and eager; JSON + chart in RESULTS
 #   scripts/gpu_bench.sh check RESULTS       wan-trt check of the engine (--blocks 4) as JSON in RESULTS
-#   scripts/gpu_bench.sh checks RESULTS      what the session's per-block checks cost (scripts/bench_session_checks.py)
+#   scripts/gpu_bench.sh block-end RESULTS   what the end of a block costs (its checks and cache commit), as CUDA
+#                                            graphs and op by op (scripts/bench_block_end.py; needs `build` first)
 #   scripts/gpu_bench.sh long RESULTS        one stream of LONG_BLOCKS (1500) blocks: memory, time and finiteness
 #                                            over the whole stream (scripts/long_stream.py)
 #   scripts/gpu_bench.sh decoder RESULTS     the video decoder: export (no ONNX graph) + AOTInductor build (with
@@ -40,7 +41,7 @@ ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 DECODER=out/${CONFIG}_${PRECISION}_decoder
 DECODER_OPS=${DECODER_OPS:-plugins}
 DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
-step=${1:?"step: setup | build | bench | check | checks | long | decoder | decoder-bench | cpp | precisions | all"}
+step=${1:?"step: setup | build | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || mkdir -p "$results"
 tag=${CONFIG}_${PRECISION}
@@ -89,8 +90,8 @@ case "$step" in
     python3 scripts/cpp_stream.py "$EXPORT" "$ENGINE" "$DECODER_ENGINE" --blocks "${CPP_BLOCKS:-12}" \
       --build-dir build/cpp --out "$results/cpp_stream_${tag}.json" 2> "$results/cpp.log" || { tail -20 "$results/cpp.log"; exit 1; }
     ;;
-  checks)
-    python3 scripts/bench_session_checks.py "$EXPORT" "$ENGINE" --out "$results/session_checks_${tag}.json"
+  block-end)
+    python3 scripts/bench_block_end.py "$EXPORT" "$ENGINE" --out "$results/block_end_${tag}.json"
     ;;
   long)
     python3 scripts/long_stream.py "$EXPORT" "$ENGINE" --blocks "${LONG_BLOCKS:-1500}" \

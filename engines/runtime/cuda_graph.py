@@ -1,6 +1,7 @@
-"""CUDA-graph wrapper for any runner whose ``infer`` is capturable (AOTInductor, torch).
+"""CUDA graphs: a wrapper for any runner whose ``infer`` is capturable (AOTInductor, torch), and
+:class:`CapturedCall` for the session's own work around it.
 
-The graph is captured on the first call with that call's feed tensors; every later call
+The runner's graph is captured on the first call with that call's feed tensors; every later call
 must pass the very same tensors (the session keeps its input buffers fixed for runners
 with ``swap_inputs = False`` and commits caches by copy), then only replays.
 """
@@ -15,6 +16,7 @@ from wan_trt.errors import WanTrtError
 class CudaGraphRunner(Runner):
     owns_outputs = True
     swap_inputs = False
+    fixed_buffers = True  # the graph reads the captured feeds and writes the captured outputs
 
     def __init__(self, inner: Runner, warmup: int = 2):
         if inner.device.type != "cuda":
@@ -55,3 +57,36 @@ class CudaGraphRunner(Runner):
         with torch.cuda.graph(self.graph), torch.no_grad():
             self.outputs = self.inner.infer(feeds)
         self.pointers = {n: t.data_ptr() for n, t in feeds.items()}
+
+
+class CapturedCall:
+    """``fn()`` captured once as a CUDA graph, then replayed, while the tensors it was captured over keep
+    their addresses (``buffers``, compared at every :meth:`prepare`; a change captures again). For work
+    launched every block over fixed buffers (a CUDA-graph runner's outputs, the session's inputs): the
+    host then launches one graph instead of its kernels one by one. ``fn`` runs only inside the
+    capture, so it may be work that must not run twice (a cache shift); what it returns (tensors
+    allocated in the graph's pool) is what every :meth:`replay` returns, refreshed."""
+
+    def __init__(self):
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.key: tuple[int, ...] = ()
+        self.result = None
+        self.captures = 0
+
+    def prepare(self, buffers: list[torch.Tensor], fn) -> "CapturedCall":
+        """Capture ``fn`` unless it was captured over these very buffers; nothing runs yet."""
+        key = tuple(t.data_ptr() for t in buffers)
+        if self.graph is None or key != self.key:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.result = fn()
+            self.key = key
+            self.captures += 1
+        return self
+
+    def replay(self):
+        self.graph.replay()
+        return self.result
+
+    def __call__(self, buffers: list[torch.Tensor], fn):
+        return self.prepare(buffers, fn).replay()

@@ -30,7 +30,18 @@ def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     names = [name for name, t in tensors.items() if t.numel() and (t.is_floating_point() or t.is_complex())]
     if not names:
         return None
-    largest = torch._foreach_norm([tensors[n] for n in names], float("inf"), dtype=torch.float32)
+    return first_flagged(names, largest_magnitudes([tensors[n] for n in names]))
+
+
+def largest_magnitudes(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Each tensor's largest magnitude, fp32 [len(tensors)] on the first one's device (NaN where a
+    tensor holds a NaN, Inf where it holds an Inf); no sync."""
+    largest = torch._foreach_norm(tensors, float("inf"), dtype=torch.float32)
     device = largest[0].device
-    finite = torch.isfinite(torch.stack([m.to(device) for m in largest])).tolist()
+    return torch.stack([m.to(device) for m in largest])
+
+
+def first_flagged(names: list[str], largest: torch.Tensor) -> str | None:
+    """The first of ``names`` whose :func:`largest_magnitudes` entry is not finite, or None (one sync)."""
+    finite = torch.isfinite(largest).tolist()
     return next((name for name, ok in zip(names, finite) if not ok), None)

@@ -8,7 +8,9 @@ Outputs may be fresh tensors (torch, AOTInductor) or the runner's own bound buff
 a runner that owns its output buffers says so with ``owns_outputs`` and accepts new
 ones through :meth:`rebind_output`, so a session can swap caches instead of copying.
 A runner that needs fixed input addresses (CUDA graphs) sets ``swap_inputs = False``
-and the session commits caches by copy into the same buffers.
+and the session commits caches by copy into the same buffers; one whose outputs also keep
+their addresses from call to call sets ``fixed_buffers``, and the session captures its own
+per-block work over them as CUDA graphs too.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class Runner(abc.ABC):
     name: str = "runner"
     owns_outputs: bool = False  # outputs are the runner's own buffers (see rebind_output)
     swap_inputs: bool = True  # the session may hand new tensors as inputs (cache swap); else it copies
+    fixed_buffers: bool = False  # inputs must keep, and outputs keep, their addresses (CUDA graphs)
 
     def __init__(self, spec: PassSpec, device: str | torch.device):
         self.spec = spec

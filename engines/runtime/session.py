@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
+from wan_trt.engines.runtime.cuda_graph import CapturedCall
 from wan_trt.engines.runtime.decoder import DecoderStream
-from wan_trt.engines.runtime.finite import NonFiniteBlock, first_non_finite
+from wan_trt.engines.runtime.finite import NonFiniteBlock, first_flagged, first_non_finite, largest_magnitudes
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, progress
@@ -93,6 +95,11 @@ class StreamingSession:
     ``step`` is atomic: it checks every input (and that :meth:`start` was called) before it
     changes any state, and a block whose latents or caches come out non-finite is refused
     without committing anything, so the session stays as it was before that step.
+
+    ``graph_block_end`` (default True): with a runner whose buffers keep their addresses (CUDA
+    graphs, ``fixed_buffers``), the check of a block's new cache entries and their commit each run
+    as one captured CUDA graph (:class:`~wan_trt.engines.runtime.cuda_graph.CapturedCall`); False
+    runs them op by op, as for every other runner.
     """
 
     def __init__(self, runner: Runner, seed: int = 0, noise: NoiseSource | None = None,
@@ -113,6 +120,9 @@ class StreamingSession:
         self.decoder: DecoderStream | None = None
         if decoder is not None:
             self.attach_decoder(decoder)
+        self.graph_block_end = True
+        self._captured = {"checks": CapturedCall(), "commit": CapturedCall()}
+        self._pairs = [pair for cache in self.spec.caches for pair in cache.pairs] if self.cfg.prev_frames else []
 
     def attach_decoder(self, decoder: DecoderStream) -> None:
         """Decode every later block to frames. Refused mid-stream: the decoder's histories start with the
@@ -186,13 +196,14 @@ class StreamingSession:
         clock.mark("passes")
         outputs = self._run(x0, self.schedule.clean_timestep, pass_seconds, time_passes)
         clock.mark("clean")
+        commit = self._prepare_commit(outputs)  # while the device runs the clean pass
         self._check_outputs(x0, outputs)
         clock.mark("checks")
         frames = None
         if self.decoder is not None:  # before the commit: a decode that fails leaves the caches as they were
             frames = self.decoder.decode(x0)
             clock.mark("decode")
-        self._commit(outputs)
+        commit()
         self.histories = block.histories
         clock.mark("commit")
         if self.device.type == "cuda":
@@ -265,9 +276,18 @@ class StreamingSession:
         if name is not None:
             raise WanTrtError(f"{name} {where} holds non-finite values (NaN or Inf); pass finite inputs")
 
+    def _graphed(self) -> bool:
+        return self.graph_block_end and self.runner.fixed_buffers and self.device.type == "cuda"
+
     def _check_outputs(self, x0: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
         """Refuse a block whose latents or new cache entries are non-finite, before they are committed."""
-        name = first_non_finite({LATENTS: x0, **{cur: outputs[cur] for _, cur in self._cache_pairs()}})
+        entries = {cur: outputs[cur] for _, cur in self._cache_pairs()}
+        if self._graphed() and entries:  # the entries' reduction replayed, the latents' beside it
+            tensors = list(entries.values())
+            largest = self._captured["checks"](tensors, lambda: largest_magnitudes(tensors))
+            name = first_flagged([LATENTS, *entries], torch.cat([largest_magnitudes([x0]), largest]))
+        else:
+            name = first_non_finite({LATENTS: x0, **entries})
         if name is not None:
             raise NonFiniteBlock(f"{name} of block {self.block} came out non-finite (NaN or Inf): the block was not "
                                  f"committed and the session is as before it; check the weights and the inputs "
@@ -319,14 +339,35 @@ class StreamingSession:
 
     def _cache_pairs(self) -> list[tuple[str, str]]:
         """(prev input, cur output) of every cache layer's K and V; none when there are no previous frames."""
-        return [pair for cache in self.spec.caches for pair in cache.pairs] if self.cfg.prev_frames else []
+        return self._pairs
+
+    def _prepare_commit(self, outputs: dict[str, torch.Tensor]) -> Callable[[], None]:
+        """The block's commit, to run once its outputs pass the check. With fixed buffers its graph is
+        captured here (or its buffers' addresses compared), so after the check's sync the commit is one
+        graph launch; a runner with fixed buffers never swaps, so its copies are the same every block."""
+        if not (self._graphed() and self._pairs):
+            return lambda: self._commit(outputs)
+        buffers = [t for prev, cur in self._pairs for t in (self.feeds[prev], outputs[cur])]
+        captured = self._captured["commit"].prepare(buffers, lambda: self._copy_caches(outputs))
+
+        def commit() -> None:
+            captured.replay()
+            self._advance_valid_frames()
+        return commit
 
     def _commit(self, outputs: dict[str, torch.Tensor]) -> None:
-        """prev <- last P frames of [prev ; cur]; valid <- min(P, valid + F). The copies of every
-        layer's K and V go in one multi-tensor copy (a launch per tensor left the GPU waiting)."""
+        """prev <- last P frames of [prev ; cur]; valid <- min(P, valid + F)."""
+        if self.cfg.prev_frames:
+            self._copy_caches(outputs)
+            self._advance_valid_frames()
+
+    def _advance_valid_frames(self) -> None:
+        self.valid_frames = min(self.cfg.prev_frames, self.valid_frames + self.cfg.block_frames)
+
+    def _copy_caches(self, outputs: dict[str, torch.Tensor]) -> None:
+        """The commit's swaps and copies. The copies of every layer's K and V go in one multi-tensor
+        copy (a launch per tensor left the GPU waiting)."""
         p, f = self.cfg.prev_frames, self.cfg.block_frames
-        if p == 0:
-            return
         targets, sources = [], []
         for cache in self.spec.caches:
             u = cache.units
@@ -346,7 +387,6 @@ class StreamingSession:
                     sources.append(new)
         if targets:
             torch._foreach_copy_(targets, sources)
-        self.valid_frames = min(p, self.valid_frames + f)
 
 
 def stream_blocks(session: StreamingSession, inputs, blocks: int, time_passes: bool = False, *,
