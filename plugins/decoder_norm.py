@@ -3,6 +3,9 @@ with the next convolution's history, in one pass over channels-last activations.
 
     norm_silu_join:      y = x + bias;                    joined = [history ; silu(norm(y) * gamma)]
     add_norm_silu_join:  y = x + bias + r (rounded: s);   returns (s, joined) with norm(s)
+    split_norm_silu_join, split_add_norm_silu_join: the same of x = [x ; x_tail] along channels, read
+        from the two outputs of a convolution computed as two (a 192-channel one as 128 + 64: cuDNN
+        tiles output channels by 128), without joining them first
 
 Activations are ``[B, C, T, H, W]`` tensors stored channels-last (``torch.channels_last_3d``: in
 memory ``[B, T, H, W, C]``), as the engine's convolutions take and give them: x ``[B, Cx, T, H, W]``
@@ -61,6 +64,19 @@ def reference_add_norm_silu_join(x: torch.Tensor, bias: torch.Tensor, r: torch.T
     return s.contiguous(memory_format=CHANNELS_LAST), _joined(history, s, gamma)
 
 
+def reference_split_norm_silu_join(x: torch.Tensor, x_tail: torch.Tensor, bias: torch.Tensor, gamma: torch.Tensor,
+                                   history: torch.Tensor) -> torch.Tensor:
+    """Pure PyTorch: :func:`reference_norm_silu_join` of [x ; x_tail] (channels)."""
+    return reference_norm_silu_join(torch.cat([x, x_tail], dim=1), bias, gamma, history)
+
+
+def reference_split_add_norm_silu_join(x: torch.Tensor, x_tail: torch.Tensor, bias: torch.Tensor, r: torch.Tensor,
+                                       gamma: torch.Tensor, history: torch.Tensor
+                                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure PyTorch: :func:`reference_add_norm_silu_join` of [x ; x_tail] (channels)."""
+    return reference_add_norm_silu_join(torch.cat([x, x_tail], dim=1), bias, r, gamma, history)
+
+
 @triton.jit
 def _rows(T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, BLOCK_R: tl.constexpr):
     """This program's rows of joined: (in range, a history row?, its history row, its activation row);
@@ -94,6 +110,15 @@ def _load_biased(X, XB, xrow, xm, cols, cmask, CX: tl.constexpr):
 
 
 @triton.jit
+def _load_split_biased(X, X2, XB, xrow, xm, cols, cmask, CX: tl.constexpr, CX2: tl.constexpr):
+    """As :func:`_load_biased`, of x's channels [0, CX) from X and [CX, CX + CX2) from X2."""
+    head = (cols < CX)[None, :]
+    y = tl.load(X + xrow[:, None] * CX + cols[None, :], mask=xm & head, other=0.0).to(tl.float32)
+    y += tl.load(X2 + xrow[:, None] * CX2 + (cols - CX)[None, :], mask=xm & ~head, other=0.0).to(tl.float32)
+    return y + tl.load(XB + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
 def _norm_silu_join_kernel(X, XB, G, H,  # inputs, then the output
                            J,
                            T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
@@ -121,23 +146,56 @@ def _add_norm_silu_join_kernel(X, XB, R, G, H,  # inputs, then the outputs
     _finish(s.to(tl.float32), rows, valid, is_history, hrow, cols, cmask, G, H, J, C)
 
 
-def _sizes(op: str, x, bias, r, gamma, history) -> dict[str, int]:
-    """The kernels' compile-time sizes; checks the shapes (tuples, so plans and launchers share it)."""
-    expected = "x [B, Cx, T, H, W], bias [Cx], gamma [C <= Cx], history [B, C, 2, H, W]" + (
+@triton.jit
+def _split_norm_silu_join_kernel(X, X2, XB, G, H,  # inputs, then the output
+                                 J,
+                                 T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
+                                 CX: tl.constexpr, CX2: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows, valid, is_history, hrow, xrow = _rows(T, HW, ROWS, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    y = _load_split_biased(X, X2, XB, xrow, (valid & ~is_history)[:, None] & cmask[None, :], cols, cmask, CX, CX2)
+    _finish(y, rows, valid, is_history, hrow, cols, cmask, G, H, J, C)
+
+
+@triton.jit
+def _split_add_norm_silu_join_kernel(X, X2, XB, R, G, H,  # inputs, then the outputs
+                                     S, J,
+                                     T: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, C: tl.constexpr,
+                                     CX: tl.constexpr, CX2: tl.constexpr, BLOCK_R: tl.constexpr,
+                                     BLOCK_C: tl.constexpr):
+    rows, valid, is_history, hrow, xrow = _rows(T, HW, ROWS, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    xm = (valid & ~is_history)[:, None] & cmask[None, :]
+    y = _load_split_biased(X, X2, XB, xrow, xm, cols, cmask, CX, CX2)
+    y += tl.load(R + xrow[:, None] * C + cols[None, :], mask=xm, other=0.0).to(tl.float32)
+    s = y.to(S.dtype.element_ty)
+    tl.store(S + xrow[:, None] * C + cols[None, :], s, mask=xm)
+    _finish(s.to(tl.float32), rows, valid, is_history, hrow, cols, cmask, G, H, J, C)
+
+
+def _sizes(op: str, x, bias, r, gamma, history, x_tail=None) -> dict[str, int]:
+    """The kernels' compile-time sizes; checks the shapes (tuples, so plans and launchers share it).
+    ``x_tail``: the split ops' second part of x (Cx2 channels: C > Cx, bias [Cx + Cx2])."""
+    split = x_tail is not None
+    expected = ("x [B, Cx, T, H, W], x_tail [B, Cx2, T, H, W], bias [Cx + Cx2], gamma [Cx < C <= Cx + Cx2]" if split
+                else "x [B, Cx, T, H, W], bias [Cx], gamma [C <= Cx]") + ", history [B, C, 2, H, W]" + (
         ", r [B, C, T, H, W]" if r is not None else "")
-    got = f"x {tuple(x)}, bias {tuple(bias)}, gamma {tuple(gamma)}, history {tuple(history)}" + (
-        f", r {tuple(r)}" if r is not None else "")
-    if len(x) != 5 or len(gamma) != 1:
+    got = f"x {tuple(x)}, " + (f"x_tail {tuple(x_tail)}, " if split else "") + \
+        f"bias {tuple(bias)}, gamma {tuple(gamma)}, history {tuple(history)}" + (f", r {tuple(r)}" if r is not None else "")
+    if len(x) != 5 or len(gamma) != 1 or (split and len(x_tail) != 5):
         raise WanTrtError(f"{op}: expected {expected}; got {got}")
     b, cx, t, h, w = x
-    c = gamma[0]
-    if tuple(bias) != (cx,) or c > cx or tuple(history) != (b, c, HISTORY, h, w) \
+    c, cx2 = gamma[0], x_tail[1] if split else 0
+    if tuple(bias) != (cx + cx2,) or not (cx < c <= cx + cx2 if split else c <= cx) \
+            or (split and tuple(x_tail) != (b, cx2, t, h, w)) or tuple(history) != (b, c, HISTORY, h, w) \
             or (r is not None and tuple(r) != (b, c, t, h, w)):
         raise WanTrtError(f"{op}: expected {expected}; got {got}")
     rows = b * (t + HISTORY) * h * w
-    if rows * cx >= 2 ** 31:
+    if rows * max(cx, c) >= 2 ** 31:
         raise WanTrtError(f"{op}: {tuple(x)} is too large for 32-bit offsets")
-    return {"T": t, "HW": h * w, "ROWS": rows, "C": c, "CX": cx}
+    return {"T": t, "HW": h * w, "ROWS": rows, "C": c, "CX": cx, **({"CX2": cx2} if split else {})}
 
 
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:
@@ -201,5 +259,57 @@ def add_norm_silu_join_plan(x: TensorArg, bias: TensorArg, r: TensorArg, gamma: 
     launch = rows_launch(sizes["C"])
     compiled = compile_ptx(_add_norm_silu_join_kernel, {"X": x.dtype, "XB": bias.dtype, "R": r.dtype,
                                                         "G": gamma.dtype, "H": history.dtype}, {},
+                           {"S": r.dtype, "J": history.dtype}, sizes, launch, arch)
+    return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])
+
+
+def split_norm_silu_join(x: torch.Tensor, x_tail: torch.Tensor, bias: torch.Tensor, gamma: torch.Tensor,
+                         history: torch.Tensor) -> torch.Tensor:
+    """[history ; silu(norm([x ; x_tail] + bias) * gamma)] in one pass (Triton)."""
+    sizes = _sizes("split_norm_silu_join", x.shape, bias.shape, None, gamma.shape, history.shape, x_tail.shape)
+    _check_tensors("split_norm_silu_join", {"x": x, "x_tail": x_tail, "history": history},
+                   {"bias": bias, "gamma": gamma})
+    b, _, t, h, w = x.shape
+    joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
+    launch = rows_launch(sizes["C"])
+    wrap_triton(_split_norm_silu_join_kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
+        x, x_tail, bias, gamma, history, joined, **sizes, **launch.kwargs())
+    return joined
+
+
+def split_add_norm_silu_join(x: torch.Tensor, x_tail: torch.Tensor, bias: torch.Tensor, r: torch.Tensor,
+                             gamma: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s = [x ; x_tail] + bias + r, [history ; silu(norm(s) * gamma)]) in one pass (Triton)."""
+    sizes = _sizes("split_add_norm_silu_join", x.shape, bias.shape, r.shape, gamma.shape, history.shape, x_tail.shape)
+    _check_tensors("split_add_norm_silu_join", {"x": x, "x_tail": x_tail, "r": r, "history": history},
+                   {"bias": bias, "gamma": gamma})
+    b, _, t, h, w = x.shape
+    s = _empty(r.shape, r)
+    joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
+    launch = rows_launch(sizes["C"])
+    wrap_triton(_split_add_norm_silu_join_kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
+        x, x_tail, bias, r, gamma, history, s, joined, **sizes, **launch.kwargs())
+    return s, joined
+
+
+def split_norm_silu_join_plan(x: TensorArg, x_tail: TensorArg, bias: TensorArg, gamma: TensorArg, history: TensorArg,
+                              *, tactic: int = 0, arch: int | None = None) -> Plan:
+    """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
+    sizes = _sizes("split_norm_silu_join", x.shape, bias.shape, None, gamma.shape, history.shape, x_tail.shape)
+    launch = rows_launch(sizes["C"])
+    compiled = compile_ptx(_split_norm_silu_join_kernel, {"X": x.dtype, "X2": x_tail.dtype, "XB": bias.dtype,
+                                                          "G": gamma.dtype, "H": history.dtype}, {},
+                           {"J": history.dtype}, sizes, launch, arch)
+    return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])
+
+
+def split_add_norm_silu_join_plan(x: TensorArg, x_tail: TensorArg, bias: TensorArg, r: TensorArg, gamma: TensorArg,
+                                  history: TensorArg, *, tactic: int = 0, arch: int | None = None) -> Plan:
+    """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
+    sizes = _sizes("split_add_norm_silu_join", x.shape, bias.shape, r.shape, gamma.shape, history.shape,
+                   x_tail.shape)
+    launch = rows_launch(sizes["C"])
+    compiled = compile_ptx(_split_add_norm_silu_join_kernel, {"X": x.dtype, "X2": x_tail.dtype, "XB": bias.dtype,
+                                                              "R": r.dtype, "G": gamma.dtype, "H": history.dtype}, {},
                            {"S": r.dtype, "J": history.dtype}, sizes, launch, arch)
     return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])

@@ -144,6 +144,13 @@ FUSED_OPS: tuple[FusedOp, ...] = (
     FusedOp("add_norm_silu_join", "decoder_norm",
             inputs=(Input("x"), Input("bias"), Input("r"), Input("gamma"), Input("history")),
             outputs=(Output("s", like="r"), _JOINED), attrs=(), channels_last=True),
+    # the same of a convolution computed as two (x = [x ; x_tail] along channels)
+    FusedOp("split_norm_silu_join", "decoder_norm",
+            inputs=(Input("x"), Input("x_tail"), Input("bias"), Input("gamma"), Input("history")),
+            outputs=(_JOINED,), attrs=(), channels_last=True),
+    FusedOp("split_add_norm_silu_join", "decoder_norm",
+            inputs=(Input("x"), Input("x_tail"), Input("bias"), Input("r"), Input("gamma"), Input("history")),
+            outputs=(Output("s", like="r"), _JOINED), attrs=(), channels_last=True),
 )
 
 

@@ -178,6 +178,53 @@ def test_the_engine_form_decodes_as_the_reference(fused):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+class ConvolutionWidths(TorchDispatchMode):
+    """The output channels of every convolution that runs inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.widths = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution.default and not args[6]:  # not transposed
+            self.widths.append(args[1].shape[0])
+        return func(*args, **(kwargs or {}))
+
+
+@torch.no_grad()
+def test_the_fused_form_computes_192_channel_convolutions_as_128_and_64():
+    """With the fused norms, each residual block's convolution with 192 outputs runs as two, of 128 and 64
+    outputs, which the split norms read without joining them; the stream decodes as the reference."""
+    torch.manual_seed(6)
+    reference = VideoDecoder(DecoderConfig(dim=48)).eval()  # stages of 192, 192, 192, 96, 48 channels
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    z = torch.randn(1, 16, 3, 2, 3)
+    widths, ops = {}, {}
+    for fused in (False, True):
+        engine = VideoDecoder(DecoderConfig(dim=48)).eval()
+        engine.load_state_dict(reference.state_dict())
+        engine.use_engine_form(fused).use_engine_form(fused)  # preparing twice changes nothing
+        got, want = engine.empty_history(1, 2, 3), reference.empty_history(1, 2, 3)
+        for start, end in ((0, 1), (1, 3)):
+            with ConvolutionWidths() as conv, OpCounter() as counter:
+                frames, got = engine(z[:, :, start:end], got, first=start == 0)
+            expected, want = reference(z[:, :, start:end], want, first=start == 0)
+            torch.testing.assert_close(frames, expected, rtol=1e-4, atol=1e-4)  # 192-channel sums: fp32 order
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        widths[fused], ops[fused] = conv.widths, counter.names
+    # the middle's 2 and the first two stages' 3 + 3 residual blocks: 16 convolutions of 192 outputs
+    assert widths[True].count(192) == widths[False].count(192) - 16
+    assert widths[True].count(64) == widths[False].count(64) + 16
+    assert widths[True].count(128) == widths[False].count(128) + 16
+    # each of those 8 blocks' second norm reads its first convolution's two parts; a first norm reads (and
+    # sums) them right after another of them: stage 0's 3 (its first after the middle's last) and stage 1's
+    # last 2, not after the attention or a resample
+    assert ops[True].count("split_norm_silu_join") == 8 and ops[True].count("split_add_norm_silu_join") == 3 + 2
+
+
 @pytest.mark.parametrize("mode", ["upsample2d", "upsample3d"])
 @torch.no_grad()
 def test_the_engine_form_upsamples_by_a_transposed_convolution_with_fewer_multiply_adds(mode):

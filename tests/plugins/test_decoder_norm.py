@@ -6,7 +6,9 @@ import torch
 
 from wan_trt.errors import WanTrtError
 from wan_trt.plugins.decoder_norm import (add_norm_silu_join, norm_silu_join, reference_add_norm_silu_join,
-                                          reference_norm_silu_join)
+                                          reference_norm_silu_join, reference_split_add_norm_silu_join,
+                                          reference_split_norm_silu_join, split_add_norm_silu_join,
+                                          split_norm_silu_join)
 from wan_trt.plugins.launch import INTERPRET
 from tests.conftest import assert_close
 
@@ -45,6 +47,30 @@ def test_norm_silu_join_matches_reference(dtype, batch, frames, h, w, c, cx):
     assert_close(joined, joined_ref, atol=TOL[dtype], rtol=TOL[dtype], what=f"add_norm_silu_join {dtype}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch, frames, h, w, c, cx, cx2", [
+    (1, 3, 2, 3, 24, 16, 8), (2, 1, 3, 5, 6, 4, 4), (1, 2, 1, 7, 192, 128, 64), (1, 1, 2, 2, 40, 32, 16)])
+def test_split_norm_silu_join_matches_reference(dtype, batch, frames, h, w, c, cx, cx2):
+    """x in two parts along channels (a convolution computed as two, the tail possibly padded): the same
+    as the unsplit ops of the joined x, and as the references."""
+    x, bias, r, gamma, history = _inputs(dtype, batch, frames, h, w, c, cx + cx2, c * frames)
+    head, tail = (t.contiguous(memory_format=CL) for t in (x[:, :cx], x[:, cx:]))
+    joined = split_norm_silu_join(head, tail, bias, gamma, history)
+    assert joined.shape == (batch, c, 2 + frames, h, w) and joined.is_contiguous(memory_format=CL)
+    unsplit = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]  # a GPU may contract
+    # the two loads' sums otherwise (one rounding apart): the unsplit op's numbers, but for that
+    torch.testing.assert_close(joined, norm_silu_join(x, bias, gamma, history), rtol=unsplit, atol=unsplit)
+    assert_close(joined, reference_split_norm_silu_join(head, tail, bias, gamma, history), atol=TOL[dtype],
+                 rtol=TOL[dtype], what=f"split_norm_silu_join {dtype}")
+    s, joined = split_add_norm_silu_join(head, tail, bias, r, gamma, history)
+    s_ref, joined_ref = reference_split_add_norm_silu_join(head, tail, bias, r, gamma, history)
+    s_whole, joined_whole = add_norm_silu_join(x, bias, r, gamma, history)
+    torch.testing.assert_close(s, s_whole, rtol=unsplit, atol=unsplit)
+    torch.testing.assert_close(joined, joined_whole, rtol=unsplit, atol=unsplit)
+    assert_close(s, s_ref, atol=TOL[dtype], rtol=TOL[dtype], what=f"split residual sum {dtype}")
+    assert_close(joined, joined_ref, atol=TOL[dtype], rtol=TOL[dtype], what=f"split_add_norm_silu_join {dtype}")
+
+
 def test_reference_is_the_decoders_norm_and_silu():
     """The reference equals the decoder's own modules: RMS_norm (F.normalize * sqrt(C) * gamma), SiLU."""
     from wan_trt.model.vae import RMS_norm
@@ -71,3 +97,10 @@ def test_bad_shapes_are_refused():
         add_norm_silu_join(x, bias, r.half(), gamma, history)
     with pytest.raises(WanTrtError, match="expected x"):
         norm_silu_join(x[0], bias, gamma, history)
+    head, tail = (t.contiguous(memory_format=CL) for t in (x[:, :16], x[:, 16:]))
+    with pytest.raises(WanTrtError, match="split_norm_silu_join: expected x .* x_tail"):
+        split_norm_silu_join(head, tail, bias[:24], gamma, history)  # bias of the first part only
+    with pytest.raises(WanTrtError, match="split_norm_silu_join: expected x .* gamma \\[Cx < C"):
+        split_norm_silu_join(x, tail, torch.cat([bias, bias[:16]]), gamma, history)  # C within the first part
+    with pytest.raises(WanTrtError, match="split_add_norm_silu_join: x_tail must be channels-last"):
+        split_add_norm_silu_join(head, x[:, 16:].contiguous(), bias, r, gamma, history)

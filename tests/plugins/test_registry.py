@@ -39,7 +39,10 @@ def example(op: FusedOp) -> tuple[list[torch.Tensor], list]:
             "adaln": ([x, mod, r(1, 2, 1, 8)], [2, 1e-6]),
             "add_adaln": ([x, r(1, 6, 8), r(1, 2, 1, 8), mod, r(8)], [2, 1e-6]),
             "norm_silu_join": ([cl(r(1, 8, 2, 2, 3)), r(8), r(6), cl(r(1, 6, 2, 2, 3))], []),
-            "add_norm_silu_join": ([cl(r(1, 8, 2, 2, 3)), r(8), cl(r(1, 6, 2, 2, 3)), r(6), cl(r(1, 6, 2, 2, 3))], [])
+            "add_norm_silu_join": ([cl(r(1, 8, 2, 2, 3)), r(8), cl(r(1, 6, 2, 2, 3)), r(6), cl(r(1, 6, 2, 2, 3))], []),
+            "split_norm_silu_join": ([cl(r(1, 4, 2, 2, 3)), cl(r(1, 4, 2, 2, 3)), r(8), r(6), cl(r(1, 6, 2, 2, 3))], []),
+            "split_add_norm_silu_join": ([cl(r(1, 4, 2, 2, 3)), cl(r(1, 4, 2, 2, 3)), r(8), cl(r(1, 6, 2, 2, 3)), r(6),
+                                          cl(r(1, 6, 2, 2, 3))], []),
             }[op.name]
 
 

@@ -34,12 +34,18 @@ def plan_examples() -> dict:
 
 
 def decoder_norm_examples() -> dict:
-    """The decoder's full-resolution norm (bf16): a 96-channel convolution computed as 128."""
+    """The decoder's full-resolution norm (bf16): a 96-channel convolution computed as 128; and the quarter
+    resolution's: a 192-channel one computed as 128 + 64."""
     from wan_trt.plugins.aot import TensorArg
     bf16 = torch.bfloat16
     x, bias, r = TensorArg((1, 128, 12, 352, 640), bf16), TensorArg((128,), bf16), TensorArg((1, 96, 12, 352, 640), bf16)
     gamma, history = TensorArg((96,), bf16), TensorArg((1, 96, 2, 352, 640), bf16)
-    return {"norm_silu_join": (x, bias, gamma, history), "add_norm_silu_join": (x, bias, r, gamma, history)}
+    x2, tail, bias2 = TensorArg((1, 128, 12, 176, 320), bf16), TensorArg((1, 64, 12, 176, 320), bf16), TensorArg((192,), bf16)
+    r2, gamma2, history2 = (TensorArg((1, 192, 12, 176, 320), bf16), TensorArg((192,), bf16),
+                            TensorArg((1, 192, 2, 176, 320), bf16))
+    return {"norm_silu_join": (x, bias, gamma, history), "add_norm_silu_join": (x, bias, r, gamma, history),
+            "split_norm_silu_join": (x2, tail, bias2, gamma2, history2),
+            "split_add_norm_silu_join": (x2, tail, bias2, r2, gamma2, history2)}
 
 
 def ptx_facts() -> None:
@@ -70,7 +76,8 @@ def test_aot_kernels_compile_to_ptx():
         fact = facts[f"window_attention{i}"]
         assert fact["grid"] == grid and fact["scalars"] == 18, f"tactic {i}: {fact}"
         assert fact["ptx"][".entry"] and fact["ptx"]["cp.async"] and fact["ptx"]["wgmma.mma_async"], f"tactic {i}"
-    for name in ("qk_norm_rope0", "adaln0", "add_adaln0", "norm_silu_join0", "add_norm_silu_join0"):
+    for name in ("qk_norm_rope0", "adaln0", "add_adaln0", "norm_silu_join0", "add_norm_silu_join0",
+                 "split_norm_silu_join0", "split_add_norm_silu_join0"):
         assert facts[name]["ptx"][".entry"] and facts[name]["ptx"]["ld.global.v4"], (name, facts[name])
 
 

@@ -74,6 +74,7 @@ class CausalConv3d(nn.Conv3d):
         self.spatial_pad = (pw, pw, ph, ph, 0, 0)
         self.padding = (0, 0, 0)
         self.engine_form = False  # see VideoDecoder.use_engine_form
+        self.split_at = 0  # see split_outputs
 
     def forward(self, x: torch.Tensor, history: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -96,10 +97,29 @@ class CausalConv3d(nn.Conv3d):
         pw, _, ph = self.spatial_pad[:3]
         return F.conv3d(joined, self.weight, bias, self.stride, (0, ph, pw))
 
-    def forward_joined(self, joined: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_joined(self, joined: torch.Tensor) -> "tuple[torch.Tensor | Split, torch.Tensor]":
         """Engine form, on an input that already starts with its history (``[history ; x]``, channels
-        last): (the output before its bias, with any padded channels, and the next history)."""
-        return self._engine_conv(joined, None), self.next_history(joined)
+        last): (the output before its bias, with any padded channels, or as a :class:`Split` after
+        :meth:`split_outputs`; and the next history)."""
+        if self.split_at:
+            pw, _, ph = self.spatial_pad[:3]
+            y = Split(*(F.conv3d(joined, w, None, self.stride, (0, ph, pw)) for w in (self.head_weight, self.tail_weight)))
+        else:
+            y = self._engine_conv(joined, None)
+        return y, self.next_history(joined)
+
+    def split_outputs(self) -> None:
+        """Engine form with the fused norms: over 128 output channels and not a multiple of 128 (the
+        quarter resolution's 192) compute as two convolutions, the multiple of 128 and the rest, whose
+        outputs the next norm reads as they are (:class:`Split`). cuDNN tiles output channels by 128:
+        a 192-channel convolution ran a 128-wide tile of which half was dropped, 128 + 64 runs 6 %
+        faster (2.11 vs 2.24 ms at 176x320 on an H100). After :meth:`use_engine_form`; once."""
+        c = self.out_channels
+        if self.split_at or c <= 128 or c % 128 == 0:
+            return
+        self.split_at = c - c % 128
+        for name, w in (("head_weight", self.weight[:self.split_at]), ("tail_weight", self.weight[self.split_at:])):
+            self.register_buffer(name, w.contiguous(memory_format=torch.channels_last_3d), persistent=False)
 
     def next_history(self, joined: torch.Tensor) -> torch.Tensor:
         """The history the next call takes: the last frames of this call's ``[history ; x]``."""
@@ -226,22 +246,37 @@ class Resample(nn.Module):
         return torch.cat([head, y], dim=2)
 
 
+class Split(NamedTuple):
+    """A convolution's output computed as two convolutions (:meth:`CausalConv3d.split_outputs`): its first
+    ``head.shape[1]`` channels and the rest, not joined; the fused norms read both."""
+    head: torch.Tensor
+    tail: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.dtype
+
+    def joined(self) -> torch.Tensor:
+        return torch.cat([self.head, self.tail], dim=1)
+
+
 class Pending(NamedTuple):
     """An output in the fused form, not yet summed: a convolution's output before its bias (with any
-    padded channels), its bias, and the shortcut to add (a residual block's) or None (an upsampling's).
-    The next norm sums it."""
-    y: torch.Tensor
+    padded channels, or a :class:`Split`), its bias, and the shortcut to add (a residual block's) or
+    None (an upsampling's). The next norm sums it."""
+    y: "torch.Tensor | Split"
     bias: torch.Tensor
     shortcut: torch.Tensor | None
 
     def total(self) -> torch.Tensor:
+        y = self.y.joined() if isinstance(self.y, Split) else self.y
         if self.shortcut is None:
-            return self.y + self.bias.view(-1, 1, 1, 1)
+            return y + self.bias.view(-1, 1, 1, 1)
         c = self.shortcut.shape[1]
-        return self.y[:, :c] + self.bias[:c].view(-1, 1, 1, 1) + self.shortcut
+        return y[:, :c] + self.bias[:c].view(-1, 1, 1, 1) + self.shortcut
 
     @staticmethod
-    def residual(y: torch.Tensor, bias: torch.Tensor, shortcut: "torch.Tensor | Pending") -> "Pending":
+    def residual(y: "torch.Tensor | Split", bias: torch.Tensor, shortcut: "torch.Tensor | Pending") -> "Pending":
         """y + bias + shortcut, unsummed. A shortcut that is itself an unsummed upsampling adds its bias to
         ``bias`` (rounded once, in the bias's dtype): the sum then reads the upsampling's output as is."""
         if isinstance(shortcut, Pending):
@@ -262,24 +297,42 @@ def channels_last_3d_strides(size) -> list[int]:
     return [d * h * w * c, 1, h * w * c, w * c, c]
 
 
-def fused_norm_join(norm: "RMS_norm", x: torch.Tensor | Pending, bias: torch.Tensor | None, history: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_norm_join(norm: "RMS_norm", x: "torch.Tensor | Split | Pending", bias: torch.Tensor | None,
+                    history: torch.Tensor) -> tuple[torch.Tensor, "torch.Tensor | Split | Pending"]:
     """Fused form of norm -> SiLU -> a causal convolution's join with its history, on ``x`` plus
     ``bias`` (a convolution's output before its bias) or on a pending sum (its own bias).
     Returns (the convolution's input ``[history ; silu(norm(x))]`` [B, C, 2 + T, h, w] channels-last,
     and x, the residual sum, or a pending upsampling's output as it came)."""
-    ops, gamma = torch.ops.wan_trt, norm.gamma.view(-1)
+    gamma = norm.gamma.view(-1)
     pending = isinstance(x, Pending)
-    history = _channels_last(history.to((x.y if pending else x).dtype))
+    y = x.y if pending else x
+    history = _channels_last(history.to(y.dtype))
     if pending:
         if bias is not None:
             raise ValueError("a pending sum carries its own bias")
         if x.shortcut is None:  # an upsampling's output: summed where it is read
-            return ops.norm_silu_join(_channels_last(x.y), x.bias, gamma, history), x
-        total, joined = ops.add_norm_silu_join(_channels_last(x.y), x.bias, _channels_last(x.shortcut), gamma, history)
+            return _norm_silu_join(y, x.bias, gamma, history), x
+        total, joined = _add_norm_silu_join(y, x.bias, _channels_last(x.shortcut), gamma, history)
         return joined, total
-    bias = x.new_zeros(x.shape[1]) if bias is None else bias
-    return ops.norm_silu_join(_channels_last(x), bias, gamma, history), x
+    if bias is None:
+        bias = (y.head if isinstance(y, Split) else y).new_zeros(gamma.shape[0] if isinstance(y, Split) else y.shape[1])
+    return _norm_silu_join(y, bias, gamma, history), x
+
+
+def _norm_silu_join(y: "torch.Tensor | Split", bias: torch.Tensor, gamma: torch.Tensor, history: torch.Tensor
+                    ) -> torch.Tensor:
+    ops = torch.ops.wan_trt
+    if isinstance(y, Split):
+        return ops.split_norm_silu_join(_channels_last(y.head), _channels_last(y.tail), bias, gamma, history)
+    return ops.norm_silu_join(_channels_last(y), bias, gamma, history)
+
+
+def _add_norm_silu_join(y: "torch.Tensor | Split", bias: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor,
+                        history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ops = torch.ops.wan_trt
+    if isinstance(y, Split):
+        return ops.split_add_norm_silu_join(_channels_last(y.head), _channels_last(y.tail), bias, r, gamma, history)
+    return ops.add_norm_silu_join(_channels_last(y), bias, r, gamma, history)
 
 
 def summed(x: torch.Tensor | Pending) -> torch.Tensor:
@@ -433,6 +486,8 @@ class VideoDecoder(nn.Module):
         the residual sum) and writes the next convolution's joined input in one pass. The upsamplings
         then hand their output on before its bias (:class:`Pending`): the next norm adds it, and the
         residual sum after it takes it into its own bias, so the output is never rewritten with it.
+        The residual blocks' 192-channel convolutions then compute as 128 + 64, read by the ``split_``
+        variants of those ops (:meth:`CausalConv3d.split_outputs`).
 
         cuDNN may pick other kernels for these forms, so roundings can differ from the reference.
         """
@@ -447,6 +502,10 @@ class VideoDecoder(nn.Module):
                 module.use_engine_form()
             if isinstance(module, (ResidualBlock, Decoder3d, Resample)):
                 module.fused = fused
+        for block in self.modules() if fused else ():  # their outputs go to the fused norms only
+            if isinstance(block, ResidualBlock):
+                block.residual[2].split_outputs()
+                block.residual[6].split_outputs()
         return self
 
     def history_layout(self, batch: int, height: int, width: int) -> list[tuple[str, tuple[int, ...]]]:
