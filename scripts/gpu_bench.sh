@@ -18,8 +18,9 @@
 #   scripts/gpu_bench.sh decoder-bench RESULTS  one wan-trt bench: the DiT engine (CUDA graphs), the decoder rows
 #                                            (PyTorch fp16 decoder eager / compiled / compiled with cuDNN
 #                                            benchmark, the engine with and without CUDA graphs) and DiT +
-#                                            decoder end to end, the decoder engine's profile by op class
-#                                            (needs `build` and `decoder` first)
+#                                            decoder end to end, the decoder engine's profile by op class; the
+#                                            GPU's clocks and power sampled beside it (nvidia-smi, CSV in RESULTS;
+#                                            needs `build` and `decoder` first)
 #   scripts/gpu_bench.sh cpp RESULTS         the C++ runtime (wan_stream) beside the Python session on the DiT and
 #                                            decoder engines: identical frames?, ms per block (scripts/cpp_stream.py;
 #                                            needs `build` and `decoder` first)
@@ -82,6 +83,11 @@ case "$step" in
     tail -1 "$results/check_decoder.log"
     ;;
   decoder-bench)
+    if command -v nvidia-smi > /dev/null; then  # the GPU's SM clock, power and throttle reasons beside the run
+      nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv -lms 200 \
+        > "$results/gpu_clocks_decoder_bench.csv" 2>&1 &
+      trap "kill $! 2> /dev/null" EXIT
+    fi
     run_step bench_decoder wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
       --backends aoti-plugins+cudagraph --decoder "$DECODER" --decoder-engine "$DECODER_ENGINE" \
       --end-to-end aoti-plugins+cudagraph --profile decoder --out "$results/bench_${tag}_decoder.json"

@@ -24,7 +24,7 @@ def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     One multi-tensor reduction reads each tensor once for its largest magnitude (``_foreach_norm``
     of order inf: NaN propagates into it, +-Inf becomes it), with no tensor-sized intermediate and
     a few launches for any number of tensors: a DiT pass has a K and a V output per cache layer,
-    121 tensors with the latents (bench/results/session_checks_universal_bf16_h100.json).
+    121 tensors with the latents (its cost: bench/results/block_end_universal_bf16_h100.json).
     """
     # an empty or integer tensor holds nothing non-finite
     names = [name for name, t in tensors.items() if t.numel() and (t.is_floating_point() or t.is_complex())]
