@@ -193,7 +193,7 @@ def _sizes(op: str, x, bias, r, gamma, history, x_tail=None) -> dict[str, int]:
             or (r is not None and tuple(r) != (b, c, t, h, w)):
         raise WanTrtError(f"{op}: expected {expected}; got {got}")
     rows = b * (t + HISTORY) * h * w
-    if rows * max(cx, c) >= 2 ** 31:
+    if rows * max(cx, cx2, c) >= 2 ** 31:
         raise WanTrtError(f"{op}: {tuple(x)} is too large for 32-bit offsets")
     return {"T": t, "HW": h * w, "ROWS": rows, "C": c, "CX": cx, **({"CX2": cx2} if split else {})}
 

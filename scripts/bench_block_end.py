@@ -1,7 +1,8 @@
 """What the end of a block costs on a GPU (the check of its latents and new cache entries, and their
 commit): whole blocks of one engine run with CUDA graphs, the session's block end captured as CUDA
-graphs (``graphed``, the default), op by op (``op-by-op``) and op by op without the check (``no-check``,
-for scale only: a session never skips it), in one process, rotating which goes first.
+graphs (``graphed``, the default), op by op (``op-by-op``) and op by op without any of the step's
+non-finite checks, its inputs' and its outputs' (``no-check``, for scale only: a session never skips
+them), in one process, rotating which goes first.
 
     python scripts/bench_block_end.py EXPORT_DIR ENGINE --out RESULT.json
 

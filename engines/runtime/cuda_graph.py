@@ -42,7 +42,8 @@ class CudaGraphRunner(Runner):
             self._capture(feeds)
         elif any(feeds[n].data_ptr() != p for n, p in self.pointers.items()):
             raise WanTrtError(f"{self.name}: inputs moved since capture; a CUDA-graph runner needs fixed buffers")
-        self.graph.replay()
+        with torch.cuda.device(self.device):  # graphs are captured and replayed on the runner's device
+            self.graph.replay()
         return dict(self.outputs)
 
     def _capture(self, feeds: dict[str, torch.Tensor]) -> None:
@@ -54,7 +55,7 @@ class CudaGraphRunner(Runner):
                 self.inner.infer(feeds)
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.no_grad():
+        with torch.cuda.device(self.device), torch.cuda.graph(self.graph), torch.no_grad():
             self.outputs = self.inner.infer(feeds)
         self.pointers = {n: t.data_ptr() for n, t in feeds.items()}
 
@@ -71,21 +72,29 @@ class CapturedCall:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key: tuple[int, ...] = ()
         self.result = None
+        self.device: torch.device | None = None
         self.captures = 0
 
     def prepare(self, buffers: list[torch.Tensor], fn) -> "CapturedCall":
-        """Capture ``fn`` unless it was captured over these very buffers; nothing runs yet."""
+        """Capture ``fn`` (on the buffers' device) unless it was captured over these very buffers;
+        nothing runs yet. A capture that fails leaves the previous one in place."""
         key = tuple(t.data_ptr() for t in buffers)
         if self.graph is None or key != self.key:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.result = fn()
-            self.key = key
+            self.device = buffers[0].device
+            graph, result = self._capture(fn)
+            self.graph, self.result, self.key = graph, result, key
             self.captures += 1
         return self
 
+    def _capture(self, fn):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(self.device), torch.cuda.graph(graph):
+            result = fn()
+        return graph, result
+
     def replay(self):
-        self.graph.replay()
+        with torch.cuda.device(self.device):
+            self.graph.replay()
         return self.result
 
     def __call__(self, buffers: list[torch.Tensor], fn):

@@ -277,7 +277,7 @@ class StreamingSession:
             raise WanTrtError(f"{name} {where} holds non-finite values (NaN or Inf); pass finite inputs")
 
     def _graphed(self) -> bool:
-        return self.graph_block_end and self.runner.fixed_buffers and self.device.type == "cuda"
+        return self.graph_block_end and self.runner.fixed_buffers
 
     def _check_outputs(self, x0: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
         """Refuse a block whose latents or new cache entries are non-finite, before they are committed."""

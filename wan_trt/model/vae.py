@@ -113,7 +113,8 @@ class CausalConv3d(nn.Conv3d):
         quarter resolution's 192) compute as two convolutions, the multiple of 128 and the rest, whose
         outputs the next norm reads as they are (:class:`Split`). cuDNN tiles output channels by 128:
         a 192-channel convolution ran a 128-wide tile of which half was dropped, 128 + 64 runs 6 %
-        faster (2.11 vs 2.24 ms at 176x320 on an H100). After :meth:`use_engine_form`; once."""
+        faster (2.11 vs 2.24 ms at 176x320 on an H100). After :meth:`use_engine_form`, once the weights
+        are loaded (the two parts are copies of them); once."""
         c = self.out_channels
         if self.split_at or c <= 128 or c % 128 == 0:
             return

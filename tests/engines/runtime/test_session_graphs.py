@@ -1,6 +1,10 @@
 """The session's block end as CUDA graphs, over a runner whose buffers keep their addresses: the
 output check and the cache commit captured once and replayed give the stream of the op-by-op path,
-and the replayed check still refuses a non-finite cache entry without committing it."""
+and the replayed check still refuses a non-finite cache entry without committing it.
+
+On the CPU (every run) the session's side is tested with a capture that records the work without
+running it and a replay that runs it, as a CUDA graph's capture launches nothing and its replay runs
+the captured kernels over the same buffers; on a GPU with real CUDA graphs."""
 import dataclasses
 
 import pytest
@@ -9,15 +13,109 @@ import torch
 from wan_trt.config import validate
 from wan_trt.config_load import load_config
 from wan_trt.engines.backends.torch import TorchRunner
-from wan_trt.engines.runtime.cuda_graph import CudaGraphRunner
+from wan_trt.engines.runtime.cuda_graph import CapturedCall, CudaGraphRunner
 from wan_trt.engines.runtime.finite import NonFiniteBlock
+from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.model import build_model
 from wan_trt.spec import PassSpec
 from wan_trt.stream import NoiseSource, synthetic_stream
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 BLOCKS = 5  # past every window of these configs: the commit's copies and shifts all replayed
+CASES = [("universal-small", None), ("gta_drive-small", None), ("universal-small", 9)]  # P == F, P < F, P > F
+
+
+class RecordedCall(CapturedCall):
+    """A CUDA graph's contract on the CPU: capturing records ``fn`` and runs nothing; a replay runs it."""
+
+    def _capture(self, fn):
+        return fn, None
+
+    def replay(self):
+        return self.graph()
+
+
+class FixedBuffers(Runner):
+    """A CPU runner with a CUDA-graph runner's buffers: its outputs are the same tensors every call."""
+    owns_outputs, swap_inputs, fixed_buffers = True, False, True
+
+    def __init__(self, inner: Runner):
+        super().__init__(inner.spec, inner.device)
+        self.inner, self.outputs = inner, None
+
+    def infer(self, feeds):
+        fresh = self.inner.infer(feeds)
+        if self.outputs is None:
+            self.outputs = {name: t.clone() for name, t in fresh.items()}
+        for name, t in fresh.items():
+            self.outputs[name].copy_(t)
+        return dict(self.outputs)
+
+
+def _cpu_session(cfg, model, graphed):
+    session = StreamingSession(FixedBuffers(TorchRunner(model, PassSpec.from_config(cfg, "fp32"))),
+                               noise=NoiseSource(2))
+    session.graph_block_end = graphed
+    session._captured = {stage: RecordedCall() for stage in session._captured}
+    return session
+
+
+def _persistent(session):
+    return (session.block, session.valid_frames,
+            {k: v.clone() for k, v in session.feeds.items() if "_prev_" in k})
+
+
+@pytest.mark.parametrize("name,local", CASES)
+def test_the_block_end_prepared_once_gives_the_op_by_op_stream(name, local):
+    cfg = _config(name, local)
+    model = build_model(cfg, seed=1)
+    inputs = synthetic_stream(cfg, BLOCKS, seed=2)
+    runs = {}
+    for graphed in (True, False):
+        session = _cpu_session(cfg, model, graphed)
+        latents = [r.latents for r in stream_blocks(session, inputs, BLOCKS)]
+        runs[graphed] = latents, _persistent(session), {k: c.captures for k, c in session._captured.items()}
+    assert runs[True][2] == {"checks": 1, "commit": 1} and runs[False][2] == {"checks": 0, "commit": 0}
+    for b, (a, e) in enumerate(zip(runs[True][0], runs[False][0])):
+        assert torch.equal(a, e), f"block {b}"
+    (block, valid, caches), (block_e, valid_e, caches_e) = runs[True][1], runs[False][1]
+    assert (block, valid) == (block_e, valid_e) and caches.keys() == caches_e.keys() and caches
+    for k in caches:
+        assert torch.equal(caches[k], caches_e[k]), k
+
+
+@pytest.mark.parametrize("refused_block", [0, 2])  # the block whose graphs are captured, and a replay
+def test_a_block_refused_by_the_prepared_check_commits_nothing(refused_block):
+    """An Inf in one new cache entry of the clean pass is named, nothing is committed (caches, valid
+    frames, block), and the block streamed again equals an unpoisoned stream's."""
+    cfg = load_config("gta_drive-small")  # P < F: valid_frames moves at the first commit
+    model = build_model(cfg, seed=1)
+    inputs = synthetic_stream(cfg, 4, seed=2)
+    want = [r.latents for r in stream_blocks(_cpu_session(cfg, model, True), inputs, 4)]
+    session = _cpu_session(cfg, model, True)
+    session.start(inputs.visual_context)
+    infer, passes, calls = session.runner.infer, len(session.schedule.timesteps) + 1, []
+
+    def poisoned(feeds):
+        outputs = infer(feeds)
+        calls.append(1)
+        if len(calls) == passes:  # the refused block's clean pass
+            outputs["self_v_cur_01"][0, 5, 1, 2] = float("inf")
+        return outputs
+
+    for b in range(4):
+        mouse, keyboard = inputs.block_actions(cfg, b)
+        cond = inputs.block_cond(cfg, b)
+        if b == refused_block:
+            session.runner.infer, before = poisoned, _persistent(session)
+            with pytest.raises(NonFiniteBlock, match=f"self_v_cur_01 of block {b}.*not committed"):
+                session.step(cond, mouse, keyboard)
+            session.runner.infer = infer
+            after = _persistent(session)
+            assert after[:2] == before[:2] and all(torch.equal(after[2][k], v) for k, v in before[2].items())
+        assert torch.equal(session.step(cond, mouse, keyboard).latents, want[b]), b
+    assert session._captured["commit"].captures == 1
 
 
 def _config(name, local):
@@ -37,9 +135,8 @@ def _stream(cfg, model, inputs, graphed):
         return latents, caches, {stage: c.captures for stage, c in session._captured.items()}
 
 
-# P == F (the whole cache copied), P < F (the block's last frames), P > F (shift, then copy)
-@pytest.mark.parametrize("name,local", [("universal-small", None), ("gta_drive-small", None),
-                                        ("universal-small", 9)])
+@CUDA
+@pytest.mark.parametrize("name,local", CASES)
 def test_graphed_block_end_equals_op_by_op(name, local):
     cfg = _config(name, local)
     model = build_model(cfg, seed=1).cuda()
@@ -54,6 +151,7 @@ def test_graphed_block_end_equals_op_by_op(name, local):
         assert torch.equal(caches[k], caches_eager[k]), k
 
 
+@CUDA
 def test_the_replayed_check_refuses_a_non_finite_entry_uncommitted():
     """After the graphs were captured, an Inf in one new cache entry of a block (written into the runner's
     output after its clean pass) is found by the replayed check, named, and nothing is committed."""
