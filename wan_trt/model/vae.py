@@ -315,8 +315,9 @@ def fused_norm_join(norm: "RMS_norm", x: "torch.Tensor | Split | Pending", bias:
             return _norm_silu_join(y, x.bias, gamma, history), x
         total, joined = _add_norm_silu_join(y, x.bias, _channels_last(x.shortcut), gamma, history)
         return joined, total
-    if bias is None:
-        bias = (y.head if isinstance(y, Split) else y).new_zeros(gamma.shape[0] if isinstance(y, Split) else y.shape[1])
+    if bias is None:  # x carries its bias already
+        parts = y if isinstance(y, Split) else (y,)
+        bias = parts[0].new_zeros(sum(p.shape[1] for p in parts))
     return _norm_silu_join(y, bias, gamma, history), x
 
 
