@@ -216,100 +216,82 @@ def _check_tensors(op: str, activations: dict[str, torch.Tensor], vectors: dict[
         raise WanTrtError(f"{op}: the activations must share one dtype; got {dtypes}")
 
 
+def _launch(op: str, kernel, x: torch.Tensor, x_tail: torch.Tensor | None, bias: torch.Tensor,
+            r: torch.Tensor | None, gamma: torch.Tensor, history: torch.Tensor):
+    """Checks the arguments of ``op`` and runs its kernel: joined, or (s, joined) with ``r``. The split
+    ops pass ``x_tail``, the adding ones ``r``."""
+    sizes = _sizes(op, x.shape, bias.shape, None if r is None else r.shape, gamma.shape, history.shape,
+                   None if x_tail is None else x_tail.shape)
+    activations = {name: t for name, t in (("x", x), ("x_tail", x_tail), ("r", r), ("history", history))
+                   if t is not None}
+    _check_tensors(op, activations, {"bias": bias, "gamma": gamma})
+    b, _, t, h, w = x.shape
+    s = None if r is None else _empty(r.shape, r)
+    joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
+    inputs = [a for a in (x, x_tail, bias, r, gamma, history) if a is not None]
+    launch = rows_launch(sizes["C"])
+    wrap_triton(kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
+        *inputs, *([joined] if s is None else [s, joined]), **sizes, **launch.kwargs())
+    return joined if s is None else (s, joined)
+
+
+def _plan(op: str, kernel, x: TensorArg, x_tail: TensorArg | None, bias: TensorArg, r: TensorArg | None,
+          gamma: TensorArg, history: TensorArg, arch: int | None) -> Plan:
+    """The TensorRT plan of ``op`` (5-D tensors in the DHWC format), for the current GPU or compute
+    capability ``arch``; arguments as :func:`_launch`'s."""
+    sizes = _sizes(op, x.shape, bias.shape, None if r is None else r.shape, gamma.shape, history.shape,
+                   None if x_tail is None else x_tail.shape)
+    launch = rows_launch(sizes["C"])
+    pointers = {name: a.dtype for name, a in (("X", x), ("X2", x_tail), ("XB", bias), ("R", r), ("G", gamma),
+                                             ("H", history)) if a is not None}
+    outputs = {"J": history.dtype} if r is None else {"S": r.dtype, "J": history.dtype}
+    compiled = compile_ptx(kernel, pointers, {}, outputs, sizes, launch, arch)
+    return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])
+
+
 def norm_silu_join(x: torch.Tensor, bias: torch.Tensor, gamma: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
     """[history ; silu(norm(x + bias) * gamma)] in one pass (Triton)."""
-    sizes = _sizes("norm_silu_join", x.shape, bias.shape, None, gamma.shape, history.shape)
-    _check_tensors("norm_silu_join", {"x": x, "history": history}, {"bias": bias, "gamma": gamma})
-    b, _, t, h, w = x.shape
-    joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
-    launch = rows_launch(sizes["C"])
-    wrap_triton(_norm_silu_join_kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
-        x, bias, gamma, history, joined, **sizes, **launch.kwargs())
-    return joined
+    return _launch("norm_silu_join", _norm_silu_join_kernel, x, None, bias, None, gamma, history)
 
 
 def add_norm_silu_join(x: torch.Tensor, bias: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor,
                        history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(s = x + bias + r, [history ; silu(norm(s) * gamma)]) in one pass (Triton)."""
-    sizes = _sizes("add_norm_silu_join", x.shape, bias.shape, r.shape, gamma.shape, history.shape)
-    _check_tensors("add_norm_silu_join", {"x": x, "r": r, "history": history}, {"bias": bias, "gamma": gamma})
-    b, _, t, h, w = x.shape
-    s = _empty(r.shape, r)
-    joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
-    launch = rows_launch(sizes["C"])
-    wrap_triton(_add_norm_silu_join_kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
-        x, bias, r, gamma, history, s, joined, **sizes, **launch.kwargs())
-    return s, joined
-
-
-def norm_silu_join_plan(x: TensorArg, bias: TensorArg, gamma: TensorArg, history: TensorArg, *, tactic: int = 0,
-                        arch: int | None = None) -> Plan:
-    """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
-    sizes = _sizes("norm_silu_join", x.shape, bias.shape, None, gamma.shape, history.shape)
-    launch = rows_launch(sizes["C"])
-    compiled = compile_ptx(_norm_silu_join_kernel, {"X": x.dtype, "XB": bias.dtype, "G": gamma.dtype,
-                                                    "H": history.dtype}, {}, {"J": history.dtype}, sizes, launch, arch)
-    return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])
-
-
-def add_norm_silu_join_plan(x: TensorArg, bias: TensorArg, r: TensorArg, gamma: TensorArg, history: TensorArg, *,
-                            tactic: int = 0, arch: int | None = None) -> Plan:
-    """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
-    sizes = _sizes("add_norm_silu_join", x.shape, bias.shape, r.shape, gamma.shape, history.shape)
-    launch = rows_launch(sizes["C"])
-    compiled = compile_ptx(_add_norm_silu_join_kernel, {"X": x.dtype, "XB": bias.dtype, "R": r.dtype,
-                                                        "G": gamma.dtype, "H": history.dtype}, {},
-                           {"S": r.dtype, "J": history.dtype}, sizes, launch, arch)
-    return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])
+    return _launch("add_norm_silu_join", _add_norm_silu_join_kernel, x, None, bias, r, gamma, history)
 
 
 def split_norm_silu_join(x: torch.Tensor, x_tail: torch.Tensor, bias: torch.Tensor, gamma: torch.Tensor,
                          history: torch.Tensor) -> torch.Tensor:
     """[history ; silu(norm([x ; x_tail] + bias) * gamma)] in one pass (Triton)."""
-    sizes = _sizes("split_norm_silu_join", x.shape, bias.shape, None, gamma.shape, history.shape, x_tail.shape)
-    _check_tensors("split_norm_silu_join", {"x": x, "x_tail": x_tail, "history": history},
-                   {"bias": bias, "gamma": gamma})
-    b, _, t, h, w = x.shape
-    joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
-    launch = rows_launch(sizes["C"])
-    wrap_triton(_split_norm_silu_join_kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
-        x, x_tail, bias, gamma, history, joined, **sizes, **launch.kwargs())
-    return joined
+    return _launch("split_norm_silu_join", _split_norm_silu_join_kernel, x, x_tail, bias, None, gamma, history)
 
 
 def split_add_norm_silu_join(x: torch.Tensor, x_tail: torch.Tensor, bias: torch.Tensor, r: torch.Tensor,
                              gamma: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(s = [x ; x_tail] + bias + r, [history ; silu(norm(s) * gamma)]) in one pass (Triton)."""
-    sizes = _sizes("split_add_norm_silu_join", x.shape, bias.shape, r.shape, gamma.shape, history.shape, x_tail.shape)
-    _check_tensors("split_add_norm_silu_join", {"x": x, "x_tail": x_tail, "r": r, "history": history},
-                   {"bias": bias, "gamma": gamma})
-    b, _, t, h, w = x.shape
-    s = _empty(r.shape, r)
-    joined = _empty((b, sizes["C"], t + HISTORY, h, w), history)
-    launch = rows_launch(sizes["C"])
-    wrap_triton(_split_add_norm_silu_join_kernel)[(triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),)](
-        x, x_tail, bias, r, gamma, history, s, joined, **sizes, **launch.kwargs())
-    return s, joined
+    return _launch("split_add_norm_silu_join", _split_add_norm_silu_join_kernel, x, x_tail, bias, r, gamma, history)
+
+
+def norm_silu_join_plan(x: TensorArg, bias: TensorArg, gamma: TensorArg, history: TensorArg, *, tactic: int = 0,
+                        arch: int | None = None) -> Plan:
+    """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
+    return _plan("norm_silu_join", _norm_silu_join_kernel, x, None, bias, None, gamma, history, arch)
+
+
+def add_norm_silu_join_plan(x: TensorArg, bias: TensorArg, r: TensorArg, gamma: TensorArg, history: TensorArg, *,
+                            tactic: int = 0, arch: int | None = None) -> Plan:
+    """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
+    return _plan("add_norm_silu_join", _add_norm_silu_join_kernel, x, None, bias, r, gamma, history, arch)
 
 
 def split_norm_silu_join_plan(x: TensorArg, x_tail: TensorArg, bias: TensorArg, gamma: TensorArg, history: TensorArg,
                               *, tactic: int = 0, arch: int | None = None) -> Plan:
     """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
-    sizes = _sizes("split_norm_silu_join", x.shape, bias.shape, None, gamma.shape, history.shape, x_tail.shape)
-    launch = rows_launch(sizes["C"])
-    compiled = compile_ptx(_split_norm_silu_join_kernel, {"X": x.dtype, "X2": x_tail.dtype, "XB": bias.dtype,
-                                                          "G": gamma.dtype, "H": history.dtype}, {},
-                           {"J": history.dtype}, sizes, launch, arch)
-    return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])
+    return _plan("split_norm_silu_join", _split_norm_silu_join_kernel, x, x_tail, bias, None, gamma, history, arch)
 
 
 def split_add_norm_silu_join_plan(x: TensorArg, x_tail: TensorArg, bias: TensorArg, r: TensorArg, gamma: TensorArg,
                                   history: TensorArg, *, tactic: int = 0, arch: int | None = None) -> Plan:
     """The TensorRT plan (5-D tensors in the DHWC format), for the current GPU or compute capability ``arch``."""
-    sizes = _sizes("split_add_norm_silu_join", x.shape, bias.shape, r.shape, gamma.shape, history.shape,
-                   x_tail.shape)
-    launch = rows_launch(sizes["C"])
-    compiled = compile_ptx(_split_add_norm_silu_join_kernel, {"X": x.dtype, "X2": x_tail.dtype, "XB": bias.dtype,
-                                                              "R": r.dtype, "G": gamma.dtype, "H": history.dtype}, {},
-                           {"S": r.dtype, "J": history.dtype}, sizes, launch, arch)
-    return Plan(compiled, (triton.cdiv(sizes["ROWS"], launch.blocks["BLOCK_R"]),), [])
+    return _plan("split_add_norm_silu_join", _split_add_norm_silu_join_kernel, x, x_tail, bias, r, gamma, history,
+                 arch)
