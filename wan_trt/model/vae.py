@@ -91,19 +91,19 @@ class CausalConv3d(nn.Conv3d):
             return y[:, :self.out_channels] if y.shape[1] != self.out_channels else y, history
         return super().forward(F.pad(x, self.spatial_pad)), history
 
-    def _engine_conv(self, joined: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _engine_conv(self, joined: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor | None = None
+                     ) -> torch.Tensor:
         """The engine form's convolution of a channels-last input that starts with its history: the border
-        zeros are the convolution's own padding, not a padded copy."""
+        zeros are the convolution's own padding, not a padded copy. ``weight``: some of the filters."""
         pw, _, ph = self.spatial_pad[:3]
-        return F.conv3d(joined, self.weight, bias, self.stride, (0, ph, pw))
+        return F.conv3d(joined, self.weight if weight is None else weight, bias, self.stride, (0, ph, pw))
 
     def forward_joined(self, joined: torch.Tensor) -> "tuple[torch.Tensor | Split, torch.Tensor]":
         """Engine form, on an input that already starts with its history (``[history ; x]``, channels
         last): (the output before its bias, with any padded channels, or as a :class:`Split` after
         :meth:`split_outputs`; and the next history)."""
         if self.split_at:
-            pw, _, ph = self.spatial_pad[:3]
-            y = Split(*(F.conv3d(joined, w, None, self.stride, (0, ph, pw)) for w in (self.head_weight, self.tail_weight)))
+            y = Split(*(self._engine_conv(joined, None, w) for w in (self.head_weight, self.tail_weight)))
         else:
             y = self._engine_conv(joined, None)
         return y, self.next_history(joined)
@@ -312,29 +312,20 @@ def fused_norm_join(norm: "RMS_norm", x: "torch.Tensor | Split | Pending", bias:
         if bias is not None:
             raise ValueError("a pending sum carries its own bias")
         if x.shortcut is None:  # an upsampling's output: summed where it is read
-            return _norm_silu_join(y, x.bias, gamma, history), x
-        total, joined = _add_norm_silu_join(y, x.bias, _channels_last(x.shortcut), gamma, history)
+            return _fused_norm("norm_silu_join", y, x.bias, gamma, history), x
+        total, joined = _fused_norm("add_norm_silu_join", y, x.bias, _channels_last(x.shortcut), gamma, history)
         return joined, total
     if bias is None:  # x carries its bias already
         parts = y if isinstance(y, Split) else (y,)
         bias = parts[0].new_zeros(sum(p.shape[1] for p in parts))
-    return _norm_silu_join(y, bias, gamma, history), x
+    return _fused_norm("norm_silu_join", y, bias, gamma, history), x
 
 
-def _norm_silu_join(y: "torch.Tensor | Split", bias: torch.Tensor, gamma: torch.Tensor, history: torch.Tensor
-                    ) -> torch.Tensor:
-    ops = torch.ops.wan_trt
+def _fused_norm(op: str, y: "torch.Tensor | Split", *args: torch.Tensor):
+    """``torch.ops.wan_trt.<op>`` of y (channels-last), or its ``split_`` variant of a Split's two parts."""
     if isinstance(y, Split):
-        return ops.split_norm_silu_join(_channels_last(y.head), _channels_last(y.tail), bias, gamma, history)
-    return ops.norm_silu_join(_channels_last(y), bias, gamma, history)
-
-
-def _add_norm_silu_join(y: "torch.Tensor | Split", bias: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor,
-                        history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    ops = torch.ops.wan_trt
-    if isinstance(y, Split):
-        return ops.split_add_norm_silu_join(_channels_last(y.head), _channels_last(y.tail), bias, r, gamma, history)
-    return ops.add_norm_silu_join(_channels_last(y), bias, r, gamma, history)
+        return getattr(torch.ops.wan_trt, f"split_{op}")(_channels_last(y.head), _channels_last(y.tail), *args)
+    return getattr(torch.ops.wan_trt, op)(_channels_last(y), *args)
 
 
 def summed(x: torch.Tensor | Pending) -> torch.Tensor:
