@@ -20,6 +20,7 @@ from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.model import build_model
 from wan_trt.spec import PassSpec
 from wan_trt.stream import NoiseSource, synthetic_stream
+from tests.engines.runtime.test_session import _assert_same_state, _persistent, _state
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 BLOCKS = 5  # past every window of these configs: the commit's copies and shifts all replayed
@@ -61,11 +62,6 @@ def _cpu_session(cfg, model, graphed):
     return session
 
 
-def _persistent(session):
-    return (session.block, session.valid_frames,
-            {k: v.clone() for k, v in session.feeds.items() if "_prev_" in k})
-
-
 @pytest.mark.parametrize("name,local", CASES)
 def test_the_block_end_prepared_once_gives_the_op_by_op_stream(name, local):
     cfg = _config(name, local)
@@ -75,14 +71,11 @@ def test_the_block_end_prepared_once_gives_the_op_by_op_stream(name, local):
     for graphed in (True, False):
         session = _cpu_session(cfg, model, graphed)
         latents = [r.latents for r in stream_blocks(session, inputs, BLOCKS)]
-        runs[graphed] = latents, _persistent(session), {k: c.captures for k, c in session._captured.items()}
+        runs[graphed] = latents, _persistent(_state(session)), {k: c.captures for k, c in session._captured.items()}
     assert runs[True][2] == {"checks": 1, "commit": 1} and runs[False][2] == {"checks": 0, "commit": 0}
     for b, (a, e) in enumerate(zip(runs[True][0], runs[False][0])):
         assert torch.equal(a, e), f"block {b}"
-    (block, valid, caches), (block_e, valid_e, caches_e) = runs[True][1], runs[False][1]
-    assert (block, valid) == (block_e, valid_e) and caches.keys() == caches_e.keys() and caches
-    for k in caches:
-        assert torch.equal(caches[k], caches_e[k]), k
+    _assert_same_state(runs[True][1], runs[False][1])
 
 
 @pytest.mark.parametrize("refused_block", [0, 2])  # the block whose graphs are captured, and a replay
@@ -108,12 +101,11 @@ def test_a_block_refused_by_the_prepared_check_commits_nothing(refused_block):
         mouse, keyboard = inputs.block_actions(cfg, b)
         cond = inputs.block_cond(cfg, b)
         if b == refused_block:
-            session.runner.infer, before = poisoned, _persistent(session)
+            session.runner.infer, before = poisoned, _state(session)
             with pytest.raises(NonFiniteBlock, match=f"self_v_cur_01 of block {b}.*not committed"):
                 session.step(cond, mouse, keyboard)
             session.runner.infer = infer
-            after = _persistent(session)
-            assert after[:2] == before[:2] and all(torch.equal(after[2][k], v) for k, v in before[2].items())
+            _assert_same_state(_persistent(before), _persistent(_state(session)))
         assert torch.equal(session.step(cond, mouse, keyboard).latents, want[b]), b
     assert session._captured["commit"].captures == 1
 
