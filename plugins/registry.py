@@ -131,6 +131,8 @@ FUSED_OPS: tuple[FusedOp, ...] = (
             inputs=(Input("q"), Input("k"), Input("w_q"), Input("w_k"), Input("cos", "F"), Input("sin", "F")),
             outputs=(Output("q_out", like="q"), Output("k_out", like="k")),
             attrs=(Attr("eps", float), Attr("group", int))),
+    FusedOp("norm_rope", "qk_norm_rope", inputs=(Input("x"), Input("w"), Input("cos", "F"), Input("sin", "F")),
+            outputs=(Output("out", like="x"),), attrs=(Attr("eps", float), Attr("group", int))),
     FusedOp("adaln", "adaln", inputs=(Input("x"), Input("a", "U"), Input("c", "U")),
             outputs=(Output("h", like="x", dtype_of="a"),), attrs=_NORM_ATTRS),
     FusedOp("add_adaln", "adaln",

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from wan_trt.errors import WanTrtError
-from wan_trt.plugins.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
+from wan_trt.plugins.qk_norm_rope import norm_rope, qk_norm_rope, reference_norm_rope, reference_qk_norm_rope
 from wan_trt.plugins.window_attention import INTERPRET
 from tests.conftest import assert_close
 
@@ -71,6 +71,45 @@ def test_matches_the_action_modules_norm_and_rope():
     ones = torch.ones(256, device=DEVICE)
     fused, _ = qk_norm_rope(x, x, ones, ones, ang.cos(), ang.sin(), 1e-6, 64)
     assert_close(fused, unfused, atol=1e-5, what="fused vs action module")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch, frames, tokens, heads, head_dim", [(1, 3, 5, 3, 16), (2, 2, 7, 16, 64),
+                                                                    (1, 1, 9, 12, 128), (1, 3, 4, 5, 32)])
+def test_norm_rope_rotates_each_run_of_rows_by_its_table_row(dtype, batch, frames, tokens, heads, head_dim):
+    """One tensor, rows in runs of L / T (the keyboard queries: [frame, token] rows, a rotation per
+    frame): the reference, and qk_norm_rope's q with the table row repeated for every row of a run."""
+    gen = torch.Generator().manual_seed(tokens)
+    c = heads * head_dim
+    x = (torch.randn(batch, frames * tokens, c, generator=gen) * 3).to(DEVICE, dtype)
+    w = (1 + 0.1 * torch.randn(c, generator=gen)).to(DEVICE, dtype)
+    ang = torch.randn(frames, head_dim // 2, generator=gen).to(DEVICE) * 10
+    out = norm_rope(x, w, ang.cos(), ang.sin(), 1e-6, head_dim)
+    ref = reference_norm_rope(x.float(), w.float(), ang.cos(), ang.sin(), 1e-6, head_dim)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close(out, ref, atol=TOL[dtype], rtol=TOL[dtype], what=f"norm_rope {dtype}")
+    per_row = ang.repeat_interleave(tokens, dim=0)
+    both, _ = qk_norm_rope(x, x, w, w, per_row.cos(), per_row.sin(), 1e-6, head_dim)
+    assert torch.equal(out, both)
+    if frames > 1:  # the run's table row, not the row's index, picks the rotation
+        assert (out - qk_norm_rope(x, x, w, w, ang.repeat(tokens, 1).cos(), ang.repeat(tokens, 1).sin(), 1e-6,
+                                   head_dim)[0]).abs().max() > 1e-2
+
+
+def test_norm_rope_limits():
+    x = torch.randn(1, 6, 64, device=DEVICE)
+    w = torch.ones(64, device=DEVICE)
+    for rows in (4, 0, 12):  # not dividing the 6 rows
+        ang = torch.randn(rows, 16, device=DEVICE)
+        with pytest.raises(WanTrtError, match="T dividing the 6 rows"):
+            norm_rope(x, w, ang.cos(), ang.sin(), 1e-6, 32)
+    ang = torch.randn(3, 16, device=DEVICE)
+    with pytest.raises(WanTrtError, match="norm_rope: weights"):
+        norm_rope(x, w[:32], ang.cos(), ang.sin(), 1e-6, 32)
+    with pytest.raises(WanTrtError, match="norm_rope: group 24"):
+        norm_rope(x, w, ang.cos(), ang.sin(), 1e-6, 24)
+    with pytest.raises(WanTrtError, match="norm_rope: rows"):
+        norm_rope(x.transpose(1, 2).contiguous().transpose(1, 2), w, ang.cos(), ang.sin(), 1e-6, 32)
 
 
 def test_limits():

@@ -36,6 +36,7 @@ def example(op: FusedOp) -> tuple[list[torch.Tensor], list]:
             "few_key_attention": ([r(4, 3, 2, 16), r(4, 2, 2, 16), r(4, 2, 2, 16), r(4, 3, 2, 16), r(4, 3, 2, 16),
                                    torch.tensor([1], dtype=torch.int32)], [2, 1]),
             "qk_norm_rope": ([r(1, 6, 32), r(1, 6, 32), r(32), r(32), angles.cos(), angles.sin()], [1e-6, 16]),
+            "norm_rope": ([r(2, 6, 32), r(32), angles[:3].cos(), angles[:3].sin()], [1e-6, 16]),
             "adaln": ([x, mod, r(1, 2, 1, 8)], [2, 1e-6]),
             "add_adaln": ([x, r(1, 6, 8), r(1, 2, 1, 8), mod, r(8)], [2, 1e-6]),
             "norm_silu_join": ([cl(r(1, 8, 2, 2, 3)), r(8), r(6), cl(r(1, 6, 2, 2, 3))], []),

@@ -26,9 +26,11 @@ def plan_examples() -> dict:
     qkv, x, w = TensorArg((1, 2640, 12, 128), bf16), TensorArg((1, 2640, 1536), bf16), TensorArg((1536,), bf16)
     table, mod = TensorArg((2640, 64), torch.float32), TensorArg((1, 3, 1, 1536), bf16)
     few = TensorArg((880, 3, 16, 64), bf16)  # the mouse path's queries and keys: per token, 3 frames
+    frames = TensorArg((3, 32), torch.float32)  # the keyboard queries' rotation: per frame, heads of 64
     return {"window_attention": (qkv, qkv, qkv, qkv, qkv, TensorArg((1,), torch.int32), 3, 880),
             "few_key_attention": (few, few, few, few, few, TensorArg((1,), torch.int32), 3, 1),
             "qk_norm_rope": (x, x, w, w, table, table, 1e-6, 1536),
+            "norm_rope": (TensorArg((1, 2640, 1024), bf16), TensorArg((1024,), bf16), frames, frames, 1e-6, 64),
             "adaln": (x, mod, mod, 3, 1e-6), "add_adaln": (x, x, mod, mod, mod, 3, 1e-6),
             **decoder_norm_examples()}
 
@@ -76,7 +78,7 @@ def test_aot_kernels_compile_to_ptx():
         fact = facts[f"window_attention{i}"]
         assert fact["grid"] == grid and fact["scalars"] == 18, f"tactic {i}: {fact}"
         assert fact["ptx"][".entry"] and fact["ptx"]["cp.async"] and fact["ptx"]["wgmma.mma_async"], f"tactic {i}"
-    for name in ("qk_norm_rope0", "adaln0", "add_adaln0", "norm_silu_join0", "add_norm_silu_join0",
+    for name in ("qk_norm_rope0", "norm_rope0", "adaln0", "add_adaln0", "norm_silu_join0", "add_norm_silu_join0",
                  "split_norm_silu_join0", "split_add_norm_silu_join0"):
         assert facts[name]["ptx"][".entry"] and facts[name]["ptx"]["ld.global.v4"], (name, facts[name])
 

@@ -36,7 +36,7 @@ class MouseShare(NamedTuple):
 
 
 class ActionModule(nn.Module):
-    plugins = False  # the fused ops (few-key attention, qk norm + RoPE) where the caches allow them
+    plugins = False  # fused ops: the queries' norm + RoPE; the mouse keys' and few-key attention where caches allow
 
     def __init__(self, a: ActionConfig):
         super().__init__()
@@ -128,9 +128,14 @@ class ActionModule(nn.Module):
     def _keyboard(self, x, frames, kv, cos, sin, caches, layer):
         b, length, _ = x.shape
         s = length // frames
-        q = self.mouse_attn_q(x).unflatten(-1, (self.heads, -1))  # [B, F*S, Hh, Dh]
-        q = self.key_attn_q_norm(q).unflatten(1, (frames, s))  # [B, F, S, Hh, Dh]
-        q = apply_rope(q, cos[:, None, None, :], sin[:, None, None, :]).flatten(1, 2)
+        q = self.mouse_attn_q(x)  # [B, F*S, Hh*Dh]
+        if self.plugins:  # per-head norm + RoPE in one kernel, a frame's rotation over its S rows
+            head_dim = q.shape[-1] // self.heads
+            q = torch.ops.wan_trt.norm_rope(q, q.new_ones(q.shape[-1]), cos, sin, self.key_attn_q_norm.eps, head_dim)
+            q = q.unflatten(-1, (self.heads, -1))  # [B, F*S, Hh, Dh]
+        else:
+            q = self.key_attn_q_norm(q.unflatten(-1, (self.heads, -1))).unflatten(1, (frames, s))  # [B, F, S, Hh, Dh]
+            q = apply_rope(q, cos[:, None, None, :], sin[:, None, None, :]).flatten(1, 2)
         out = self._attend("keyboard", q, *kv, caches, layer)  # [B, F*S, Hh, Dh]
         return self.proj_keyboard(out.flatten(2))
 
