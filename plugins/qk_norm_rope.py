@@ -130,7 +130,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch
     """Launch the kernel; q, k [B, L, C] rows with unit last stride, cos/sin fp32 [L, D/2]."""
     b, length, c = q.shape
     if k.shape != q.shape or k.dtype != q.dtype or k.stride() != q.stride():
-        raise WanTrtError(f"qk_norm_rope: q {tuple(q.shape)} and k {tuple(k.shape)} must match with unit last stride")
+        raise WanTrtError(f"qk_norm_rope: q {tuple(q.shape)} and k {tuple(k.shape)} must match in shape, dtype and "
+                          "strides")
     launch = _check("qk_norm_rope", q, (w_q, w_k), cos, sin, length, group)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty_like(q_out)
@@ -172,8 +173,12 @@ def norm_rope_plan(x: TensorArg, w: TensorArg, cos: TensorArg, sin: TensorArg, e
                    tactic: int = 0, arch: int | None = None) -> Plan:
     """The TensorRT plan of a contiguous x [B, L, C], for the current GPU or compute capability ``arch``."""
     b, length, c = x.shape
+    if length % cos.shape[0]:  # the kernel would read past the tables
+        raise WanTrtError(f"norm_rope: cos/sin must be [T, D/2] with T dividing the {length} rows of x; "
+                          f"got {tuple(cos.shape)}")
     scalars = {"L": length, "C": c, "HALF_D": cos.shape[1], "GROUP": group, "RUN": length // cos.shape[0],
                "stride_row": c, "stride_out_row": c}
     compiled = compile_ptx(_norm_rope_kernel, {"X": x.dtype, "W": w.dtype, "COS": cos.dtype, "SIN": sin.dtype},
-                           scalars, {"OUT": x.dtype}, {"eps": eps}, group_launch(c, cos.shape[1], group), arch)
+                           scalars, {"OUT": x.dtype}, {"eps": eps}, group_launch(c, cos.shape[1], group, "norm_rope"),
+                           arch)
     return Plan(compiled, (b * length,), list(scalars.values()))

@@ -96,6 +96,21 @@ def test_norm_rope_rotates_each_run_of_rows_by_its_table_row(dtype, batch, frame
                                    head_dim)[0]).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_norm_rope_matches_the_keyboard_attentions_queries(batch):
+    """Same numbers as the keyboard path's ActionRMSNorm (per head, no weight) + apply_rope of
+    [frame, spatial token] rows, a rotation per frame; batches included."""
+    from wan_trt.model.layers import ActionRMSNorm
+    from wan_trt.model.rope import apply_rope
+    frames, tokens, heads, head_dim = 3, 5, 4, 32
+    x = torch.randn(batch, frames * tokens, heads * head_dim, device=DEVICE) * 3
+    ang = torch.randn(frames, head_dim // 2, device=DEVICE)
+    q = ActionRMSNorm(head_dim, eps=1e-6)(x.unflatten(-1, (heads, head_dim))).unflatten(1, (frames, tokens))
+    unfused = apply_rope(q, ang.cos()[:, None, None, :], ang.sin()[:, None, None, :]).flatten(1, 2).flatten(-2)
+    fused = norm_rope(x, torch.ones(heads * head_dim, device=DEVICE), ang.cos(), ang.sin(), 1e-6, head_dim)
+    assert_close(fused, unfused, atol=1e-5, what=f"fused vs keyboard path, batch {batch}")
+
+
 def test_norm_rope_limits():
     x = torch.randn(1, 6, 64, device=DEVICE)
     w = torch.ones(64, device=DEVICE)
@@ -110,6 +125,11 @@ def test_norm_rope_limits():
         norm_rope(x, w, ang.cos(), ang.sin(), 1e-6, 24)
     with pytest.raises(WanTrtError, match="norm_rope: rows"):
         norm_rope(x.transpose(1, 2).contiguous().transpose(1, 2), w, ang.cos(), ang.sin(), 1e-6, 32)
+    from wan_trt.plugins.aot import TensorArg
+    from wan_trt.plugins.qk_norm_rope import norm_rope_plan
+    table = TensorArg((4, 16), torch.float32)  # the engine's plan: 4 table rows for 6 rows of x
+    with pytest.raises(WanTrtError, match="T dividing the 6 rows"):
+        norm_rope_plan(TensorArg((1, 6, 64), torch.float32), TensorArg((64,), torch.float32), table, table, 1e-6, 32)
 
 
 def test_limits():

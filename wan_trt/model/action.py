@@ -36,7 +36,8 @@ class MouseShare(NamedTuple):
 
 
 class ActionModule(nn.Module):
-    plugins = False  # fused ops: the queries' norm + RoPE; the mouse keys' and few-key attention where caches allow
+    plugins = False  # fused ops: the keyboard queries' norm + RoPE; the mouse q/k norm + RoPE and few-key
+    # attention where the caches allow them
 
     def __init__(self, a: ActionConfig):
         super().__init__()
