@@ -17,6 +17,7 @@ session refuses as non-finite is a failing row.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,9 +80,11 @@ class CheckReport:
             if not o.ok:
                 lines.append(f"{o.name}: rel-L2 {o.stats.rel_l2:.3e} > allowed {o.allowed_rel_l2:.3e}"
                              f"{f', {o.stats.non_finite} NaN/Inf' if o.stats.non_finite else ''}"
-                             f"{'' if o.polygraphy_ok else ', Polygraphy mean-error check failed'}")
+                             f"{'' if o.polygraphy_ok else ', Polygraphy mean-error check failed'}"
+                             + _no_allowance(o.yardstick, self.precision))
         lines += [f"stream block {b['block']}: " + (b["error"] if "error" in b else
-                                                     f"rel-L2 {b['rel_l2']:.3e} > allowed {b['allowed_rel_l2']:.3e}")
+                                                     f"rel-L2 {b['rel_l2']:.3e} > allowed {b['allowed_rel_l2']:.3e}"
+                                                     + _stream_no_allowance(b))
                   for b in self.stream if not b["ok"]]
         non_finite = any(o.stats.non_finite for o in self.outputs) or any(b["non_finite"] for b in self.stream)
         if self.precision == "fp16" and non_finite:
@@ -100,6 +103,24 @@ class CheckReport:
                         f"{b['rel_l2']:10.3e} {b['allowed_rel_l2']:10.3e} {b['cosine']:10.6f} {b['non_finite']:8d}  "
                         f"{'ok' if b['ok'] else 'FAIL'}")
         return "\n".join(rows)
+
+
+def _no_allowance(yardstick: ErrorStats, precision: str) -> str:
+    """Why an output had no allowance to be judged by, if so."""
+    if yardstick.reference_non_finite:
+        return f"; the fp32 PyTorch reference itself gives {yardstick.reference_non_finite} NaN/Inf: nothing to compare with"
+    if yardstick.non_finite:
+        return (f"; the yardstick (the PyTorch {pytorch_precision(precision)} model) itself gives "
+                f"{yardstick.non_finite} NaN/Inf: no allowance")
+    return ""
+
+
+def _stream_no_allowance(row: dict[str, Any]) -> str:
+    if row.get("reference_non_finite"):
+        return "; the upstream-semantics reference stream itself gives NaN/Inf"
+    if not math.isfinite(row["yardstick_rel_l2"]):
+        return "; the yardstick's stream (the PyTorch model in this precision) gives NaN/Inf: no allowance"
+    return ""
 
 
 def _sample_feeds(directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:

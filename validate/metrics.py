@@ -14,6 +14,7 @@ bf16/fp16 the floor (1e-3) only matters where the yardstick's own error is tiny.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -24,11 +25,14 @@ FACTOR = 2.0
 
 @dataclass(frozen=True)
 class ErrorStats:
+    """``non_finite``: NaN/Inf values of the compared output; ``reference_non_finite``: of its reference.
+    Where either is non-zero the error statistics are NaN: nothing is forgiven as a zero."""
     max_abs: float
     mean_abs: float
     rel_l2: float
     cosine: float
     non_finite: int
+    reference_non_finite: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -40,8 +44,10 @@ def error_stats(actual, reference) -> ErrorStats:
     r = torch.as_tensor(reference).detach().to("cpu", torch.float64).flatten()
     if a.shape != r.shape:
         raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(reference.shape)}")
-    non_finite = int((~torch.isfinite(a)).sum())
-    a = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+    non_finite, reference_non_finite = (int((~torch.isfinite(t)).sum()) for t in (a, r))
+    if non_finite or reference_non_finite:
+        nan = float("nan")
+        return ErrorStats(nan, nan, nan, nan, non_finite, reference_non_finite)
     diff = a - r
     r_norm = float(r.norm())
     denom = float(a.norm()) * r_norm
@@ -62,9 +68,14 @@ def rel_l2_floor(precision: str) -> float:
 
 
 def tolerance(baseline_rel_l2: float, precision: str, factor: float = FACTOR) -> float:
-    """Allowed relative L2 given the yardstick's (the PyTorch model in ``precision``) own error."""
+    """Allowed relative L2 given the yardstick's (the PyTorch model in ``precision``) own error; NaN (no
+    allowance: nothing passes) where that error is not a finite number."""
+    if not math.isfinite(baseline_rel_l2):
+        return float("nan")
     return max(factor * baseline_rel_l2, rel_l2_floor(precision))
 
 
 def passes(stats: ErrorStats, allowed_rel_l2: float) -> bool:
-    return stats.non_finite == 0 and stats.rel_l2 <= allowed_rel_l2
+    """Both sides finite, a finite allowance, and the error within it."""
+    return (stats.non_finite == 0 and stats.reference_non_finite == 0 and math.isfinite(allowed_rel_l2)
+            and stats.rel_l2 <= allowed_rel_l2)

@@ -1,6 +1,7 @@
 """Multi-block check: a backend's static-cache stream against the upstream-semantics reference pipeline."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,8 @@ class StreamReport:
 
     @property
     def worst(self) -> ErrorStats:
-        return max(self.blocks, key=lambda s: (s.non_finite, s.rel_l2))
+        return max(self.blocks, key=lambda s: (s.non_finite + s.reference_non_finite,
+                                               s.rel_l2 if math.isfinite(s.rel_l2) else math.inf))
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "blocks": [b.as_dict() for b in self.blocks],

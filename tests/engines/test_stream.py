@@ -19,6 +19,25 @@ def test_stream_command_matches_reference(tmp_path):
     assert (tmp_path / "latents.pt").is_file()
 
 
+def test_a_reference_block_that_is_not_finite_is_no_match(tmp_path, monkeypatch):
+    """A NaN in a later block's reference gave rel-L2 NaN, which max() passed over: a match, exit 0."""
+    import wan_trt.engines.stream as run
+
+    real = run.reference_stream
+
+    def broken(*args, **kwargs):
+        blocks = real(*args, **kwargs)
+        blocks[1] = torch.full_like(blocks[1], float("nan"))
+        return blocks
+    monkeypatch.setattr(run, "reference_stream", broken)
+    res = CliRunner().invoke(main, ["stream", "--config", "gta_drive-small", "--blocks", "3", "--reference",
+                                    "--device", "cpu", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 1, res.output
+    report = json.loads((tmp_path / "s" / "report.json").read_text())
+    assert report["summary"]["reference_match"] is False
+    assert report["reference"][1]["reference_non_finite"] > 0
+
+
 def _refused(tmp_path, monkeypatch, *args):
     """Run `stream` with ``args``; it must fail with one error line, build no model and write nothing."""
     import wan_trt.engines.stream as run

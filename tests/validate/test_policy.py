@@ -91,3 +91,48 @@ def test_every_precision_has_a_pytorch_precision_of_its_dtype():
         ours = pytorch_precision(name)
         assert ours not in ENGINE_ONLY and PRECISIONS[ours] == PRECISIONS[name]
     assert pytorch_precision("fp8") == "bf16" and pytorch_precision("fp16") == "fp16"
+
+
+def test_statistics_against_a_non_finite_side_are_nan_and_never_pass():
+    from wan_trt.validate.metrics import error_stats, passes
+    reference = torch.ones(8)
+    broken = reference.clone()
+    broken[3] = float("nan")
+    zeros = torch.zeros(8)
+    against_broken_reference = error_stats(zeros, broken)
+    assert against_broken_reference.reference_non_finite == 1 and against_broken_reference.rel_l2 != 0.0
+    assert not passes(against_broken_reference, 10.0)
+    broken_yardstick = error_stats(broken, reference)  # its NaN is not a zero that rel-L2 forgives
+    assert broken_yardstick.non_finite == 1 and not broken_yardstick.rel_l2 <= 1.0
+    assert not passes(error_stats(reference, reference), tolerance(broken_yardstick.rel_l2, "bf16"))
+    assert not passes(error_stats(reference, reference), float("inf"))
+
+
+def test_a_yardstick_that_overflows_gives_no_allowance(export_dir, monkeypatch):
+    """The PyTorch model in the graph's precision gives NaN: its error is no yardstick, so even a backend
+    whose flow is all zeros passed (rel-L2 1 <= 2 x 1) before; now every output it judges fails."""
+    from wan_trt.validate import check as check_module
+
+    manifest, backend = _backend(export_dir, None)
+    real_run = TorchRunner.infer
+
+    def infer(self, feeds):
+        outputs = real_run(self, feeds)
+        if self is broken_yardstick[0]:
+            outputs = {n: torch.full_like(t, float("nan")) for n, t in outputs.items()}
+        if self is backend:
+            outputs = {n: torch.zeros_like(t) for n, t in outputs.items()}
+        return outputs
+
+    broken_yardstick = []
+    real_check = check_module.check_single_pass
+
+    def check_single_pass(backend_, reference, yardstick, *args):
+        broken_yardstick.append(yardstick)
+        return real_check(backend_, reference, yardstick, *args)
+
+    monkeypatch.setattr(TorchRunner, "infer", infer)
+    monkeypatch.setattr(check_module, "check_single_pass", check_single_pass)
+    report = check_runner(export_dir, manifest, backend, CheckOptions(stream=False, save_results=False))
+    assert report.outputs and not any(o.ok for o in report.outputs)
+    assert any("yardstick" in p and "NaN/Inf" in p for p in report.problems()), report.problems()
