@@ -25,7 +25,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, tool_versions
 from wan_trt.log import logger
 from wan_trt.model.fp8 import FP8_SCHEME
-from wan_trt.outputs import check_parent_chain, written_by_build
+from wan_trt.outputs import check_parent_chain, remove_stale_partials, written_by_build
 
 REBUILD = "rebuild it with `wan-trt build`"
 _NONE = type(None)
@@ -196,7 +196,9 @@ def install_engine(partial: Path, engine: Path, meta: EngineMetadata) -> None:
 
 @contextlib.contextmanager
 def staged_file(engine: Path) -> Iterator[Path]:
-    """A fresh file next to ``engine`` (same suffix) to build into; removed unless installed."""
+    """A fresh file next to ``engine`` (same suffix) to build into; removed unless installed. Call it holding
+    the engine's lock: the staging files a killed build left are removed first."""
+    remove_stale_partials(engine)
     fd, name = tempfile.mkstemp(prefix=f".{engine.name}.partial-", suffix=engine.suffix, dir=engine.parent)
     os.close(fd)
     try:

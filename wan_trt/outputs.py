@@ -18,6 +18,7 @@ import fcntl
 import glob
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -75,6 +76,63 @@ def output_lock(target: Path, what: str) -> Iterator[None]:
         os.close(fd)
 
 
+# What `wan-trt build` writes beside an engine while it runs: its (empty) lock file ``.<engine>.lock`` and
+# staging files from mkstemp, ``.<engine>.partial-XXXXXXXX<suffix>`` (the engine, its metadata)
+BUILD_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:lock|partial-[A-Za-z0-9_]{8}(?:\..*)?)$")
+
+
+def lock_held(lock: Path) -> bool:
+    """Whether a process holds ``lock`` (a lock file of :func:`output_lock`) now."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases it if we got it
+    return False
+
+
+def build_leftovers(directory: Path) -> tuple[list[Path], list[Path]]:
+    """(stale files a killed build left in ``directory``, lock files a running build holds). While any
+    build holds its lock, none of its files is stale."""
+    leftovers, locks = [], []
+    for path in directory.iterdir():
+        if BUILD_LEFTOVER.match(path.name) is None or path.is_symlink() or not path.is_file():
+            continue
+        if path.name.endswith(".lock"):
+            if path.stat().st_size:
+                continue  # not one of ours: our lock files are empty
+            locks.append(path)
+        leftovers.append(path)
+    held = [lock for lock in locks if lock_held(lock)]
+    return ([] if held else leftovers), held
+
+
+def remove_stale_partials(engine: Path) -> None:
+    """The staging files a killed build of ``engine`` left beside it; call while holding its lock."""
+    for path in engine.parent.glob(f".{glob.escape(engine.name)}.*partial-*"):
+        if BUILD_LEFTOVER.match(path.name) and path.is_file() and not path.is_symlink():
+            logger.info("removing %s, left by an interrupted build", path)
+            path.unlink(missing_ok=True)
+
+
+def followed(out: Path, flag: str = "--out") -> Path:
+    """``out``, or where it points if it is a symbolic link: an output replaces its folder by renames, which
+    would replace the link itself (the user's link gone, the folder it pointed to emptied)."""
+    if not out.is_symlink():
+        return out
+    target = Path(os.path.realpath(out))
+    if not target.exists():
+        raise WanTrtError(f"{flag} {out} is a symbolic link to {target}, which does not exist; create that "
+                          f"folder or pass another {flag}")
+    logger.info("%s %s is a link: writing %s", flag, out, target)
+    return target
+
+
 def written_by_build(meta: Path) -> bool:
     """Whether ``meta`` is engine metadata `wan-trt build` wrote (also a damaged or older one)."""
     try:
@@ -111,9 +169,11 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
 
     Refused: a path under a file or in an unwritable folder, a file, the current directory or a folder
     holding it, a folder holding a file in ``protect`` (the input checkpoint), a folder holding files
-    wan-trt did not write (``owned_files`` of the folder), and an existing export without ``overwrite``.
-    An empty folder is used as is.
+    wan-trt did not write (``owned_files`` of the folder), one a build is writing into, and an existing
+    export without ``overwrite``. An empty folder is used as is; a symbolic link stands for its target.
+    What a killed build left (its lock and staging files, nobody holding the lock) counts as wan-trt's.
     """
+    out = followed(out)
     resolved = out.resolve()
     check_parent_chain(resolved, "--out")
     cwd = Path.cwd().resolve()
@@ -130,11 +190,11 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
         raise WanTrtError(f"--out {out} is a file, not a folder; pick another --out")
     if not any(out.iterdir()):
         return []
+    stale, held = build_leftovers(out)
+    if held:
+        raise WanTrtError(f"--out {out}: a wan-trt build is writing into it ({held[0].name}); wait for it to finish")
     owned = owned_files(out)
-    foreign = foreign_files(out, owned or [])
-    busy = [f for f in foreign if f.startswith(".") and (f.endswith(".lock") or ".partial-" in f)]
-    if busy:
-        raise WanTrtError(f"--out {out}: a wan-trt build is writing into it ({busy[0]}); wait for it to finish")
+    foreign = foreign_files(out, (owned or []) + stale)
     if owned is None or foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         what = "is not a wan-trt export" if owned is None else "holds files wan-trt did not write"
@@ -142,7 +202,7 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
                           "another --out, or move those files away yourself")
     if not overwrite:
         raise WanTrtError(f"--out {out} already holds an export; pass --overwrite to replace it")
-    return owned
+    return owned + stale
 
 
 @contextlib.contextmanager
@@ -154,6 +214,7 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
     A failed or interrupted block removes only its own staging folder; the previous export survives.
     OSErrors a user can fix (disk full, permissions) become one WanTrtError naming ``out``.
     """
+    out = followed(out)
     check_parent_chain(out.resolve(), "--out")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

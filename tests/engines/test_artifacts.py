@@ -128,3 +128,17 @@ def test_engine_key_changes_with_the_code_that_makes_the_graph(tmp_path, monkeyp
     key = engine_key(manifest, "aoti", "cpu", {"ops": "native"})
     monkeypatch.setattr(artifact, "graph_code_digest", lambda: "other code")
     assert engine_key(manifest, "aoti", "cpu", {"ops": "native"}) != key
+
+
+def test_a_build_removes_what_a_killed_build_of_its_engine_left(tmp_path):
+    from wan_trt.engines.artifact import staged_file
+    from wan_trt.outputs import output_lock
+
+    engine = tmp_path / "engine_aoti_cpu.pt2"
+    stale = [tmp_path / ".engine_aoti_cpu.pt2.partial-h8ea2z25.pt2", tmp_path / ".engine_aoti_cpu.pt2.json.partial-q1w2e3r4"]
+    others = [tmp_path / ".other.pt2.partial-h8ea2z25.pt2", tmp_path / "engine_aoti_cpu.pt2.partial-notes.txt"]
+    for path in stale + others:
+        path.write_bytes(b"half")
+    with output_lock(engine, "build"), staged_file(engine) as partial:
+        assert partial.is_file()
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in others)

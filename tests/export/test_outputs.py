@@ -165,3 +165,33 @@ def test_overwrite_waits_for_no_build_writing_into_the_export(tmp_path, plain_ex
         with pytest.raises(WanTrtError, match="a wan-trt build is writing into it"):
             _export(out, overwrite=True)
     _export(out, overwrite=True)
+
+
+def test_a_symlinked_out_is_written_where_it_points_and_stays_a_link(tmp_path, plain_export):
+    """The link was renamed aside and replaced by a folder: the user's link was gone and the export it
+    pointed to emptied."""
+    target = tmp_path / "real"
+    shutil.copytree(plain_export, target)
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "cur").symlink_to(target)
+    _export(links / "cur", overwrite=True)
+    assert (links / "cur").is_symlink() and (links / "cur").resolve() == target.resolve()
+    assert _tree(target) == _tree(plain_export) and Manifest.read(target)
+    assert sorted(p.name for p in links.iterdir()) == ["cur"]  # nothing moved aside next to the link
+    dangling = links / "gone"
+    dangling.symlink_to(tmp_path / "missing")
+    with pytest.raises(WanTrtError, match="symbolic link to .*missing"):
+        _export(dangling, overwrite=True)
+    assert dangling.is_symlink() and not (tmp_path / "missing").exists()
+
+
+def test_what_a_killed_build_left_does_not_block_an_overwrite(tmp_path, plain_export):
+    """A build killed mid-write leaves its lock file and its partial engine: nobody holds the lock, so they
+    are stale leftovers of wan-trt's own, removed with the export they are in (they blocked it for good)."""
+    out = tmp_path / "export"
+    shutil.copytree(plain_export, out)
+    (out / ".engine_aoti_cpu.pt2.lock").write_text("")
+    (out / ".engine_aoti_cpu.pt2.partial-h8ea2z25.pt2").write_bytes(b"half an engine")
+    _export(out, overwrite=True)
+    assert _tree(out) == _tree(plain_export)
