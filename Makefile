@@ -25,8 +25,8 @@ demo: setup
 	$(WAN) build $(DEMO_OUT)/export --backend aoti --fp32 --device cpu
 	$(WAN) check $(DEMO_OUT)/export/engine_aoti_cpu.pt2 --blocks 8
 	$(WAN) bench $(DEMO_OUT)/export --device cpu --blocks 4 --aoti-engine $(DEMO_OUT)/export/engine_aoti_cpu.pt2 \
-		--backends reference-eager,torch-eager,onnxruntime,aoti --out $(DEMO_OUT)/bench.json
-	$(WAN) stream --config $(DEMO_CONFIG) --blocks 8 --out $(DEMO_OUT)/stream
+		--backends reference-eager,torch-eager,onnxruntime,aoti --out $(DEMO_OUT)/bench.json --overwrite
+	$(WAN) stream --config $(DEMO_CONFIG) --blocks 8 --out $(DEMO_OUT)/stream --overwrite
 	@echo "demo: video of 8 streamed blocks (93 frames; random weights, so noise) in $(DEMO_OUT)/stream/video.mp4"
 
 test: setup

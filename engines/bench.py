@@ -20,8 +20,10 @@ the bf16 export's rows) run in the same process, each on its own export's inputs
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import statistics
+import struct
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -47,7 +49,11 @@ from wan_trt.log import logger, stage
 from wan_trt.pipeline import ReferencePipeline
 from wan_trt.profiling import (allocated_memory_gib, op_class_profile, peak_memory_gib, provenance,
                                reset_peak_memory, summarize_ms, synchronize)
+from wan_trt.outputs import check_out_file, write_file
 from wan_trt.stream import NoiseSource, synthetic_stream
+
+REPORT_KEYS = {"command", "environment", "backends", "skipped", "failed"}  # in every results file
+CHART_SOFTWARE = "wan-trt bench"  # the charts' PNG tEXt Software
 
 
 def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: int, warmup: int = 1
@@ -205,6 +211,8 @@ class BenchOptions:
         also_engines: engines of other exports of the same config (e.g. other precisions), benched in
             this run too: ``<backend>@<precision>`` rows (their CUDA-graph variant skipped off CUDA).
         out: JSON results file. chart: PNG chart of ms per block.
+        overwrite: replace an earlier report / chart of `wan-trt bench` at ``out`` / ``chart`` (nothing
+            else is ever replaced).
     """
 
     backends: tuple[str, ...] | None = None
@@ -218,6 +226,7 @@ class BenchOptions:
     also_engines: tuple[Path, ...] = ()
     out: Path | None = None
     chart: Path | None = None
+    overwrite: bool = False
 
 
 def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
@@ -262,6 +271,10 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if o.decoder_engine is not None:
         paired_engines(o.decoder_engine)
     blocks, out, chart = o.blocks, o.out, o.chart
+    for flag, path, written, what in (("--out", out, is_report, "wan-trt bench report"),
+                                      ("--chart", chart, is_chart, "chart wan-trt bench drew")):
+        if path is not None:
+            check_out_file(Path(path), flag, written, what, overwrite=o.overwrite)
     bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
     cfg = bench.spec.config
     if o.end_to_end:
@@ -275,8 +288,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
 
     def save() -> None:
         if out:
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
-            Path(out).write_text(json.dumps(report, indent=2))
+            write_file(Path(out), json.dumps(report, indent=2).encode())
 
     save()  # an unwritable --out fails now, not after minutes of benchmarking
     for backend in backends:
@@ -349,7 +361,36 @@ def write_chart(report: dict[str, Any], path: Path) -> Path | None:
     ax.set_xlabel("ms per steady-state block (lower is better)")
     ax.set_title(f"{report['config']} {report['precision']} on {report['environment'].get('device', '?')}")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, metadata={"Software": CHART_SOFTWARE})
     plt.close(fig)
+    write_file(path, png.getvalue())
     return path
+
+
+def is_report(path: Path) -> bool:
+    """Whether ``path`` is a results file `wan-trt bench` wrote."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and REPORT_KEYS <= set(data)
+
+
+def is_chart(path: Path) -> bool:
+    """Whether ``path`` is a PNG chart `wan-trt bench` drew (its tEXt chunk ``Software``)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return False
+    at = 8
+    while at + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        if kind == b"tEXt" and data[at + 8:at + 8 + length] == b"Software\0" + CHART_SOFTWARE.encode():
+            return True
+        if kind == b"IEND":
+            break
+        at += 12 + length
+    return False

@@ -23,6 +23,7 @@ from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
+from wan_trt.outputs import MARKER, check_out_dir, staged_dir
 from wan_trt.model import build_decoder, build_model
 from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.rotary import MAX_STREAM_FRAMES
@@ -32,12 +33,16 @@ from wan_trt.validate.metrics import error_stats, passes
 from wan_trt.validate.stream import reference_stream
 from wan_trt.video import FPS, write_mp4
 
+OUTPUT = "stream output"
+STREAM_FILES = ("latents.pt", "video.mp4", "report.json")  # what --out gets
+STREAM_REPORT_KEYS = {"config", "precision", "device", "block_ms", "summary"}
 # rel-L2 allowed between the two pipelines: same model, same precision, different cache form
 PIPELINE_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}
 
 
 def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device: str, weights: str | None,
-                         out: Path | None, vae_weights: str | None = None) -> None:
+                         out: Path | None, vae_weights: str | None = None, overwrite: bool = False,
+                         actions: Path | None = None) -> None:
     """Everything about a stream that can be known before the model is built: refuse it up front."""
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
         raise WanTrtError(f"--blocks: expected an int >= 1, got {blocks!r}")
@@ -60,8 +65,9 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
     for flag, path in (("--weights", weights), ("--vae-weights", vae_weights)):
         if path is not None and not Path(path).is_file():
             raise WanTrtError(f"{flag} {path}: no such file")
-    if out is not None and out.exists() and not out.is_dir():
-        raise WanTrtError(f"--out {out}: exists and is not a directory; pass a directory")
+    if out is not None:
+        check_out_dir(out, owned_stream_files, overwrite=overwrite, protect=_inputs(weights, vae_weights, actions),
+                      what=OUTPUT)
 
 
 def bytes_per_block(cfg: WanConfig) -> int:
@@ -87,6 +93,7 @@ class StreamOptions:
         video: decode the latents to frames and write them as ``out/video.mp4``.
         vae_weights: the Wan2.1 VAE checkpoint for the decoder; seeded random weights when None.
         actions: a JSON-lines file of the blocks' actions (:mod:`wan_trt.actions`); synthetic when None.
+        overwrite: replace an earlier stream output at ``out`` (a folder with other files is never replaced).
     """
 
     blocks: int = 8
@@ -100,6 +107,7 @@ class StreamOptions:
     video: bool = True
     vae_weights: str | None = None
     actions: Path | None = None
+    overwrite: bool = False
 
 
 def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
@@ -110,7 +118,7 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     o = options
     blocks, precision, device, seed, out = o.blocks, o.precision, o.device, o.seed, o.out
     check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=o.weights, out=out,
-                         vae_weights=o.vae_weights)
+                         vae_weights=o.vae_weights, overwrite=o.overwrite, actions=o.actions)
     actions = read_actions(o.actions, cfg, blocks) if o.actions is not None else {}  # before the model is built
     with stage(f"build {cfg.name} ({precision}, {device})"):
         model = build_model(cfg, precision_dtype(precision), device, o.weights, seed)
@@ -143,13 +151,31 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         summary["video_frames"] = int(frames.shape[0])
     report["summary"] = summary
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        torch.save(torch.cat([r.latents.cpu() for r in results], dim=2), out / "latents.pt")
+        with staged_dir(out, owned_stream_files, overwrite=o.overwrite, protect=_inputs(o.weights, o.vae_weights, o.actions),
+                        what=OUTPUT) as staging:
+            torch.save(torch.cat([r.latents.cpu() for r in results], dim=2), staging / "latents.pt")
+            if frames is not None:
+                write_mp4(frames, staging / "video.mp4")
+            (staging / "report.json").write_text(json.dumps(report, indent=2))
         if frames is not None:
-            write_mp4(frames, out / "video.mp4")
             logger.info("wrote %s: %d frames at %d fps", out / "video.mp4", frames.shape[0], FPS)
-        (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def _inputs(*paths: str | Path | None) -> list[Path]:
+    """The files a stream reads, which its --out may never hold."""
+    return [Path(p) for p in paths if p is not None]
+
+
+def owned_stream_files(directory: Path) -> list[Path] | None:
+    """The files `wan-trt stream` wrote into ``directory``, or None if it is not a stream output."""
+    try:
+        report = json.loads((directory / "report.json").read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not (directory / MARKER).is_file() or not isinstance(report, dict) or not STREAM_REPORT_KEYS <= set(report):
+        return None
+    return [p for p in (directory / n for n in (MARKER, *STREAM_FILES)) if p.is_file() and not p.is_symlink()]
 
 
 def stream_decoder(cfg: WanConfig, o: StreamOptions) -> DecoderStream:

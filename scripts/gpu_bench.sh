@@ -70,7 +70,7 @@ case "$step" in
     ;;
   bench)
     run_step bench wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
-      --backends "$BACKENDS" --out "$results/bench_${tag}_engines.json" --chart "$results/bench_${tag}_engines.png"
+      --backends "$BACKENDS" --overwrite --out "$results/bench_${tag}_engines.json" --chart "$results/bench_${tag}_engines.png"
     ;;
   check)
     wan-trt check "$ENGINE" --blocks 4 --json --no-save-results > "$results/check_${tag}_aoti_plugins.json" \
@@ -94,7 +94,7 @@ case "$step" in
     fi
     run_step bench_decoder wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
       --backends aoti-plugins+cudagraph --decoder "$DECODER" --decoder-engine "$DECODER_ENGINE" \
-      --end-to-end aoti-plugins+cudagraph --profile decoder --out "$results/bench_${tag}_decoder.json"
+      --end-to-end aoti-plugins+cudagraph --profile decoder --overwrite --out "$results/bench_${tag}_decoder.json"
     ;;
   cpp)
     python3 scripts/cpp_stream.py "$EXPORT" "$ENGINE" "$DECODER_ENGINE" --blocks "${CPP_BLOCKS:-12}" \
@@ -116,7 +116,7 @@ case "$step" in
     done
     run_step bench_precisions wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
       --backends aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager "${also[@]}" \
-      --profile aoti-plugins,aoti-plugins@fp16,aoti-plugins@fp8 --out "$results/bench_${CONFIG}_precisions.json"
+      --profile aoti-plugins,aoti-plugins@fp16,aoti-plugins@fp8 --overwrite --out "$results/bench_${CONFIG}_precisions.json"
     ;;
   conv-tiles)
     python3 scripts/conv_tiles.py bench --config "$CONFIG" --out "$results/conv_tiles_${CONFIG}.json" \

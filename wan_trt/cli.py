@@ -86,6 +86,8 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
               help="Also run the upstream-semantics pipeline and report per-block errors.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Write latents.pt, report.json and video.mp4 here.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace --out if it holds an earlier stream output (a folder with other files is never replaced).")
 @click.option("--video/--no-video", default=True, show_default=True, help="With --out: decode and write video.mp4.")
 @click.option("--vae-weights", type=click.Path(dir_okay=False), default=None,
               help="Wan2.1 VAE checkpoint (Wan2.1_VAE.pth) for the video decoder; seeded random if omitted.")
@@ -93,7 +95,7 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
               help="JSON-lines file, one line per block: {\"mouse\": [dx, dy], \"keyboard\": [...]}, each one "
                    "action held for the block or one row per video frame (9, then 12). Synthetic if omitted.")
 @user_errors
-def stream(config_name, weights, precision, device, seed, blocks, reference, out, video, vae_weights,
+def stream(config_name, weights, precision, device, seed, blocks, reference, out, overwrite, video, vae_weights,
            actions) -> None:
     """Stream blocks of synthetic input through the static-cache runtime (PyTorch backend)."""
     from wan_trt.config_load import load_config
@@ -101,7 +103,8 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
 
     options = StreamOptions(blocks=blocks, precision=precision, device=pick_device(device), weights=weights,
                             seed=seed, reference=reference, out=Path(out) if out else None, video=video,
-                            vae_weights=vae_weights, actions=Path(actions) if actions else None)
+                            vae_weights=vae_weights, actions=Path(actions) if actions else None,
+                            overwrite=overwrite)
     report = run_stream(load_config(config_name), options)
     click.echo(json.dumps(report["summary"], indent=2))
     if reference and not report["summary"]["reference_match"]:
@@ -275,9 +278,11 @@ def inspect(engine, as_json) -> None:
                    "run too: rows BACKEND@PRECISION (--profile takes those names). Repeatable.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="JSON results file.")
 @click.option("--chart", type=click.Path(dir_okay=False), default=None, help="PNG chart of ms per block.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an earlier report / chart of wan-trt bench at --out / --chart (nothing else is replaced).")
 @user_errors
 def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine, trt_engine, profile, decoder,
-          decoder_engine, end_to_end, also_engines, out, chart) -> None:
+          decoder_engine, end_to_end, also_engines, out, chart, overwrite) -> None:
     """ms per pass / block, FPS, P50/P95 and memory for every backend available, side by side."""
     from wan_trt.engines.bench import BenchOptions, run_bench
 
@@ -290,7 +295,7 @@ def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine,
                            decoder_engine=Path(decoder_engine) if decoder_engine else None,
                            end_to_end=tuple(b for b in end_to_end.split(",") if b),
                            also_engines=tuple(Path(e) for e in also_engines), out=Path(out) if out else None,
-                           chart=Path(chart) if chart else None)
+                           chart=Path(chart) if chart else None, overwrite=overwrite)
     report = run_bench(directory, options)
     for name, r in report["backends"].items():
         click.echo(f"{name:28} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "

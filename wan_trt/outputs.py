@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Sequence
 from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger
 
-MARKER = ".wan-trt-export"  # inside every staging and finished export directory
+MARKER = ".wan-trt-export"  # inside every staging and finished output folder (exports, stream outputs)
 CHECK_FILES = ("check/report_*.json", "check/run_results_*.json")  # what `wan-trt check` adds to an export
 # the files wan-trt wrote into an existing output folder, or None if it is not wan-trt's
 OwnedFiles = Callable[[Path], list[Path] | None]
@@ -164,13 +164,15 @@ def foreign_files(directory: Path, owned: list[Path]) -> list[str]:
     return sorted(found)
 
 
-def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: Sequence[Path] = ()) -> list[Path]:
+def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: Sequence[Path] = (),
+                  what: str = "export") -> list[Path]:
     """Refuse an ``--out`` that may not be (re)written; return the old export's files to remove (if any).
 
     Refused: a path under a file or in an unwritable folder, a file, the current directory or a folder
     holding it, a folder holding a file in ``protect`` (the input checkpoint), a folder holding files
     wan-trt did not write (``owned_files`` of the folder), one a build is writing into, and an existing
     export without ``overwrite``. An empty folder is used as is; a symbolic link stands for its target.
+    ``what`` names the kind of output in messages ("export", "stream output").
     What a killed build left (its lock and staging files, nobody holding the lock) counts as wan-trt's.
     """
     out = followed(out)
@@ -178,11 +180,11 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
     check_parent_chain(resolved, "--out")
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
-        raise WanTrtError(f"--out {out} is the current directory or holds it; an export replaces its whole --out "
-                          "folder: pick a new folder, e.g. --out out/export")
+        raise WanTrtError(f"--out {out} is the current directory or holds it; an {what} replaces its whole --out "
+                          "folder: pick a new folder, e.g. --out out/new")
     for path in filter(None, protect):
         if resolved in Path(path).resolve().parents:
-            raise WanTrtError(f"--out {out} holds the input checkpoint {path}, which an export never deletes; "
+            raise WanTrtError(f"--out {out} holds the input file {path}, which an {what} never deletes; "
                               "pick another --out")
     if not out.exists():
         return []
@@ -197,16 +199,17 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
     foreign = foreign_files(out, (owned or []) + stale)
     if owned is None or foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        what = "is not a wan-trt export" if owned is None else "holds files wan-trt did not write"
-        raise WanTrtError(f"--out {out} {what} ({shown}); --overwrite replaces only wan-trt exports: pick "
+        why = f"is not a wan-trt {what}" if owned is None else "holds files wan-trt did not write"
+        raise WanTrtError(f"--out {out} {why} ({shown}); --overwrite replaces only wan-trt {what}s: pick "
                           "another --out, or move those files away yourself")
     if not overwrite:
-        raise WanTrtError(f"--out {out} already holds an export; pass --overwrite to replace it")
+        raise WanTrtError(f"--out {out} already holds an {what}; pass --overwrite to replace it")
     return owned + stale
 
 
 @contextlib.contextmanager
-def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: Sequence[Path] = ()) -> Iterator[Path]:
+def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: Sequence[Path] = (),
+               what: str = "export") -> Iterator[Path]:
     """Lock ``out``, yield a fresh staging folder, and swap it into place when the block succeeds.
 
     ``owned_files`` says what in an existing ``out`` wan-trt wrote (:func:`check_out_dir`).
@@ -220,19 +223,19 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise os_error_message(exc, f"creating the folder of --out {out}", "pick another --out") or exc
-    with output_lock(out, "export"):
-        old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect)  # again, now that we hold the lock
+    with output_lock(out, what):
+        old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect, what=what)  # again, now locked
         _remove_stale_staging(out)
         staging = None
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
             staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export gets the usual mode
-            (staging / MARKER).write_text("wan-trt export staging folder\n")
+            (staging / MARKER).write_text(f"wan-trt {what} folder\n")
             yield staging
             _swap_into_place(staging, out, old)
         except OSError as exc:
-            raise os_error_message(exc, f"writing the export --out {out}",
-                                   "free space there or pick another --out; the previous export, if any, "
+            raise os_error_message(exc, f"writing the {what} --out {out}",
+                                   f"free space there or pick another --out; the previous {what}, if any, "
                                    "is unchanged") or exc
         finally:
             if staging is not None and staging.exists():
@@ -279,3 +282,35 @@ def remove_owned(directory: Path, files: list[Path]) -> None:
             os.rmdir(root)
     if directory.exists():
         logger.warning("kept %s: it holds files the old export did not have", directory)
+
+
+def check_out_file(path: Path, flag: str, written: Callable[[Path], bool], what: str, *, overwrite: bool) -> None:
+    """Refuse a file output that would replace anything but an earlier ``what`` of wan-trt's (``written``
+    says which; replaced only with ``overwrite``), a symbolic link (a rename would replace the link, a
+    write would change what it points to) or a folder, or that lies where nothing can be written."""
+    if path.is_symlink():
+        raise WanTrtError(f"{flag} {path} is a symbolic link (to {os.path.realpath(path)}); name the file to write "
+                          "itself")
+    check_parent_chain(path.resolve(), flag)
+    if not path.exists():
+        return
+    if path.is_dir():
+        raise WanTrtError(f"{flag} {path} is a folder; name a file")
+    if not written(path):
+        raise WanTrtError(f"{flag} {path} exists and is not a {what}; pick another {flag} or move that file "
+                          "away yourself")
+    if not overwrite:
+        raise WanTrtError(f"{flag} {path} holds an earlier {what}; pass --overwrite to replace it")
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` whole or not at all: a staging file beside it, renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the output gets the usual mode
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

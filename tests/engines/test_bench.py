@@ -104,3 +104,38 @@ def test_an_engine_of_another_export_is_benched_beside_the_runs_rows(plain_expor
         res = _bench([str(plain_export), "--device", "cpu", "--backends", "torch-eager", "--also-engine", str(engine),
                       "--profile", profile])
         assert res.exit_code == 1 and message in res.output, res.output
+
+
+def test_out_and_chart_never_replace_a_file_bench_did_not_write(plain_export, tmp_path):
+    """bench --out EXPORT/manifest.json wrote its report over the export's manifest, exit 0."""
+    import shutil
+
+    export = tmp_path / "export"
+    shutil.copytree(plain_export, export)
+    manifest = (export / "manifest.json").read_bytes()
+    mine = tmp_path / "notes.png"
+    mine.write_bytes(b"my picture")
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    for flag, path, expected in (("--out", export / "manifest.json", "not a wan-trt bench report"),
+                                 ("--chart", mine, "not a chart wan-trt bench drew"),
+                                 ("--out", link, "symbolic link")):
+        res = _bench([str(export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager", flag, str(path)])
+        assert res.exit_code == 1 and res.output.startswith("error: ") and expected in res.output, res.output
+        assert f"{flag} {path}" in res.output
+    assert (export / "manifest.json").read_bytes() == manifest and mine.read_bytes() == b"my picture"
+    assert link.is_symlink() and not (tmp_path / "elsewhere.json").exists()
+
+
+def test_an_earlier_report_is_replaced_only_with_overwrite(plain_export, tmp_path):
+    out, chart = tmp_path / "bench.json", tmp_path / "bench.png"
+    args = [str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager", "--out", str(out),
+            "--chart", str(chart)]
+    assert _bench(args).exit_code == 0
+    first = out.read_bytes()
+    res = _bench(args)
+    assert res.exit_code == 1 and "--overwrite" in res.output and out.read_bytes() == first, res.output
+    res = _bench(args + ["--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["backends"].keys() == {"torch-eager"} and out.read_bytes() != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.png"]  # no staging files left

@@ -38,6 +38,40 @@ def test_a_reference_block_that_is_not_finite_is_no_match(tmp_path, monkeypatch)
     assert report["reference"][1]["reference_non_finite"] > 0
 
 
+def test_out_never_replaces_what_wan_trt_did_not_write(tmp_path, monkeypatch):
+    """--out holding a user's video.mp4 had it overwritten, and a link there had its target outside --out
+    overwritten with the latents."""
+    import wan_trt.engines.stream as run
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was built before --out was checked")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "video.mp4").write_text("my holiday video")
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    (out / "latents.pt").symlink_to(outside)
+    with monkeypatch.context() as patch:
+        patch.setattr(run, "build_model", no_model)
+        res = CliRunner().invoke(main, ["stream", "--config", "gta_drive-small", "--blocks", "1", "--device", "cpu",
+                                        "--out", str(out), "--overwrite"])
+    assert res.exit_code == 1 and res.output.startswith("error: --out ") and "video.mp4" in res.output, res.output
+    assert (out / "video.mp4").read_text() == "my holiday video" and outside.read_text() == "keep me"
+
+
+def test_an_earlier_stream_output_is_replaced_only_with_overwrite(tmp_path):
+    out = tmp_path / "s"
+    args = ["stream", "--config", "gta_drive-small", "--blocks", "1", "--device", "cpu", "--no-video", "--out", str(out)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    first = (out / "report.json").read_text()
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and "--overwrite" in res.output and (out / "report.json").read_text() == first
+    res = CliRunner().invoke(main, args + ["--seed", "3", "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert (out / "report.json").read_text() != first and (out / "latents.pt").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no staging folder or lock left
+
+
 def _refused(tmp_path, monkeypatch, *args):
     """Run `stream` with ``args``; it must fail with one error line, build no model and write nothing."""
     import wan_trt.engines.stream as run
@@ -88,7 +122,7 @@ def test_stream_request_checks(tmp_path):
     for bad, message in ((dict(blocks=0), "--blocks: expected an int >= 1, got 0"),
                          (dict(precision="int8"), "--precision 'int8': expected one of fp32, bf16, fp16"),
                          (dict(weights=str(tmp_path / "missing.safetensors")), "missing.safetensors: no such file"),
-                         (dict(out=file), "exists and is not a directory")):
+                         (dict(out=file), "is a file, not a folder")):
         with pytest.raises(WanTrtError, match=message):
             check_stream_request(cfg, **{**good, **bad})
 

@@ -46,7 +46,7 @@ def test_overwrite_refuses_a_folder_of_user_files(tmp_path, plain_export):
 def test_out_holding_the_checkpoint_is_refused(tmp_path):
     (tmp_path / "proj").mkdir()
     ckpt = save_checkpoint(build_model(load_config(CFG)), tmp_path / "proj" / "model.safetensors")
-    with pytest.raises(WanTrtError, match="holds the input checkpoint"):
+    with pytest.raises(WanTrtError, match="holds the input file"):
         export_transformer(load_config(CFG), tmp_path / "proj", "fp32", weights=str(ckpt), overwrite=True,
                            onnx=False)
     assert ckpt.is_file()
