@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wan_trt.config import WanConfig
 from wan_trt.config_load import load_config
 from wan_trt.digest import file_digest
 from wan_trt.engines.artifact import EngineMetadata
@@ -33,6 +34,8 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
             return path
     path = Path(directory) if directory is not None else path
     manifest = Manifest.read(path)
+    if directory is not None and config_name is not None:
+        check_config_flag(path, manifest.spec.config, config_name)
     if manifest.spec.precision != precision:
         raise WanTrtError(f"{path} holds a {manifest.spec.precision} graph but --{precision} was asked: re-export "
                           f"with `wan-trt export --precision {precision}` or build with --{manifest.spec.precision}")
@@ -40,6 +43,13 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
         raise WanTrtError(f"{path} holds a --ops {manifest.ops} graph but --ops {ops} was asked; re-export")
     check_weight_flags(path, manifest, weights, seed)
     return path
+
+
+def check_config_flag(path: Path, exported: WanConfig, config_name: str) -> None:
+    """Refuse a ``--config`` other than the one the export at ``path`` was made from."""
+    if load_config(config_name) != exported:
+        raise WanTrtError(f"--config {config_name}: {path} was exported from config {exported.name!r}; drop "
+                          f"--config to build that export, or export {config_name} first")
 
 
 def check_weight_flags(path: Path, manifest: Manifest, weights: str | None, seed: int | None) -> None:
@@ -82,6 +92,8 @@ def build_engine(directory: str | None, config_name: str | None, options: BuildO
                           f"expected one of {', '.join(BUILDABLE)}")
     backend = get_backend(options.backend)
     if directory is not None and decoder_dirs(directory) is not None:
+        if config_name is not None:
+            check_config_flag(Path(directory), read_decoder(directory)["steady"].spec.config, config_name)
         if weights is not None:
             raise WanTrtError(f"--weights {weights}: {directory} is a decoder export, whose weights were fixed at "
                               "export (`wan-trt export --graph decoder --vae-weights`); drop --weights")

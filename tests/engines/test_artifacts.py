@@ -48,6 +48,14 @@ def test_build_with_config_checks_the_existing_export(plain_export, tmp_path, mo
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
+def test_build_refuses_a_config_the_export_was_not_made_with(plain_export, backend):
+    """build DIR --config OTHER built DIR's config and said nothing."""
+    res = _build(str(plain_export), "--config", "gta_drive-small", "--fp32", "--backend", backend, "--device", "cpu")
+    assert res.exit_code == 1 and res.output.startswith("error: --config gta_drive-small"), res.output
+    assert CFG in res.output and not list(plain_export.glob("engine*"))
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
 def test_engine_out_never_replaces_a_file_build_did_not_write(plain_export, tmp_path, backend):
     notes = tmp_path / "notes.plan"
     notes.write_text("mine")
@@ -142,3 +150,9 @@ def test_a_build_removes_what_a_killed_build_of_its_engine_left(tmp_path):
     with output_lock(engine, "build"), staged_file(engine) as partial:
         assert partial.is_file()
     assert not any(p.exists() for p in stale) and all(p.exists() for p in others)
+
+
+def test_build_takes_the_config_the_export_was_made_with(plain_export):
+    from wan_trt.engines.build import check_config_flag
+
+    check_config_flag(plain_export, Manifest.read(plain_export).spec.config, CFG)  # no error
