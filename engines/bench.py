@@ -43,7 +43,7 @@ from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable, pai
 from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
-from wan_trt.export.decoder import read_decoder
+from wan_trt.export.decoder import read_decoder, read_transformer
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
 from wan_trt.pipeline import ReferencePipeline
@@ -104,7 +104,7 @@ class Bench:
 
     def __init__(self, directory: Path, device: str, engines: dict[str, Path | None]):
         self.directory = directory
-        self.manifest = Manifest.read(directory)
+        self.manifest = read_transformer(directory, "bench")
         self.spec = self.manifest.spec
         self.device = device
         self.sources = RunnerSources(self.spec, device, self.model, self.manifest, directory, engines)
@@ -239,7 +239,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     named = o.backends is not None
     backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))
     backend_profiles = [p for p in o.profile if p != DECODER_PROFILE]  # the decoder's is in report["decoder"]
-    config_name = Manifest.read(directory, verify=False).spec.config.name
+    config_name = read_transformer(directory, "bench", verify=False).spec.config.name
     others = [OtherEngine.of(Path(e), o.device, config_name) for e in o.also_engines]
     pairs = [(other.row(b), (other, b)) for other in others for b in other.backends]
     rows = [row for row, _ in pairs]

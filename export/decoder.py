@@ -38,6 +38,26 @@ def decoder_dirs(directory: str | Path) -> dict[str, Path] | None:
     return {call: directory / call for call in CALLS}
 
 
+def read_transformer(directory: str | Path, command: str, verify: bool = True) -> Manifest:
+    """The manifest of the DiT export ``directory`` (its files verified unless ``verify`` is False), for
+    ``command`` ('check' or 'bench'); a decoder export or one of its two graphs is refused, saying where it
+    goes instead."""
+    directory = Path(directory)
+    if decoder_dirs(directory) is not None:
+        _refuse_decoder(f"{directory} is a decoder export", directory, command)
+    manifest = Manifest.read(directory, verify=verify)
+    if isinstance(manifest.spec, DecoderSpec):
+        _refuse_decoder(f"{directory} is one graph ({manifest.spec.call}) of the decoder export {directory.parent}",
+                        directory.parent, command)
+    return manifest
+
+
+def _refuse_decoder(what: str, decoder: Path, command: str) -> None:
+    where = {"check": f"check the decoder (both graphs and a stream) with `wan-trt check {decoder}`",
+             "bench": f"bench the decoder beside its DiT with `wan-trt bench DIT_EXPORT --decoder {decoder}`"}
+    raise WanTrtError(f"{what}; `wan-trt {command}` takes a DiT export here: {where[command]}")
+
+
 def read_decoder(directory: str | Path) -> dict[str, Manifest]:
     """Both manifests of a decoder export, verified and refused unless they are one decoder's two calls."""
     dirs = decoder_dirs(directory)

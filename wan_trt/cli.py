@@ -48,7 +48,30 @@ def _fail(message: str) -> None:
     sys.exit(1)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Commands(click.Group):
+    """The command group: what click itself refuses while it parses (a flag value out of its choices, a path
+    that does not exist, an unknown flag) ends as the commands' own user errors do, one 'error: ...' line and
+    exit status 1, pointing at the command's help instead of printing its usage."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "wan-trt"
+            click.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
+            sys.exit(1)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(1)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(name="wan-trt", cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Debug-level log.")
 def main(verbose: bool) -> None:
     """wan-trt: Matrix-Game 2.0 (CausalWanModel) from PyTorch to deployable engines."""

@@ -44,3 +44,27 @@ def test_verbose_shows_the_traceback_of_a_user_error():
     res = _run(["-v", "info", "--config", "no-such-preset"])
     assert res.exit_code == 1 and "error: --config 'no-such-preset'" in res.output
     assert "Traceback" in res.output
+
+
+@pytest.mark.parametrize("args, phrases", [
+    (["check", "no/such/export"], ["'no/such/export' does not exist", "wan-trt check --help"]),
+    (["export", "--config", "universal-small", "--opset", "7"], ["--opset", "wan-trt export --help"]),
+    (["bench", ".", "--no-such-flag"], ["No such option", "--no-such-flag", "wan-trt bench --help"]),
+])
+def test_what_click_refuses_is_one_error_line_too(args, phrases):
+    """Click's own refusals (a path that does not exist, a value out of its choices, an unknown flag) printed a
+    usage block and exited 2."""
+    _one_error_line(_run(args), *phrases)
+
+
+def test_one_graph_of_a_decoder_export_is_refused_by_name(decoder_export):
+    """check DEC/steady was taken for a DiT export and crashed (KeyError 'timestep')."""
+    _one_error_line(_run(["check", str(decoder_export / "steady")]), "one graph (steady) of the decoder export",
+                    f"wan-trt check {decoder_export}")
+
+
+def test_a_decoder_export_given_to_bench_says_where_it_goes(decoder_export):
+    """bench DEC said it held no manifest.json, and bench DEC/steady failed its rows with an AttributeError."""
+    for target in (decoder_export, decoder_export / "steady"):
+        _one_error_line(_run(["bench", str(target), "--device", "cpu", "--backends", "torch-eager"]),
+                        f"--decoder {decoder_export}")
