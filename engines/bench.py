@@ -37,9 +37,9 @@ from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
                                      parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
-from wan_trt.engines.bench_decoder import DECODER_PROFILE, bench_decoder, engine_variants
+from wan_trt.engines.bench_decoder import DECODER_PROFILE, bench_decoder, check_decoder_request, engine_variants
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
-from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable, paired_engines
+from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable
 from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
@@ -268,8 +268,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if o.decoder_engine is not None and o.decoder is None:
         raise WanTrtError("--decoder-engine: give the decoder export with --decoder too")
     decoder_spec = read_decoder(o.decoder)["steady"].spec if o.decoder is not None else None  # before any benching
-    if o.decoder_engine is not None:
-        paired_engines(o.decoder_engine)
+    if o.decoder is not None:
+        check_decoder_request(o.decoder, o.decoder_engine, o.device)
     blocks, out, chart = o.blocks, o.out, o.chart
     for flag, path, written, what in (("--out", out, is_report, "wan-trt bench report"),
                                       ("--chart", chart, is_chart, "chart wan-trt bench drew")):

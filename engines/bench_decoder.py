@@ -28,7 +28,8 @@ from wan_trt.decoder_spec import DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import BY_NAME
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
-from wan_trt.engines.runtime.decoder import DecoderStream
+from wan_trt.engines.runtime.decoder import DecoderStream, paired_engines
+from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_decoder
 from wan_trt.export.manifest import reference_model
 from wan_trt.log import logger, stage
@@ -37,6 +38,26 @@ from wan_trt.profiling import op_class_profile, peak_memory_gib, reset_peak_memo
 from wan_trt.validate.check_decoder import stream_latents
 
 DECODER_PROFILE = "decoder"  # the name `wan-trt bench --profile` gives the decoder engine
+REFERENCE_ROWS = {  # name: (torch.compile, cuDNN benchmark mode); CUDA only
+    "reference-fp16-eager": (False, False),
+    "reference-fp16-compile": (True, False),
+    "reference-fp16-compile-cudnn-benchmark": (True, True),
+}
+
+
+def check_decoder_request(directory: Path, engine: Path | None, device: str) -> None:
+    """Refuse, before any work, a decoder bench that would run no row, or an engine of another decoder export."""
+    if engine is None and not str(device).startswith("cuda"):
+        raise WanTrtError(f"--decoder {directory}: on --device {device} no decoder row can run (PyTorch's fp16 "
+                          "decoder rows run on CUDA only); give the decoder's engine (--decoder-engine) or run "
+                          "on --device cuda")
+    if engine is None:
+        return
+    manifests = read_decoder(directory)
+    for call, paired in paired_engines(engine).items():
+        if paired.manifest.sha256 != manifests[call].sha256:
+            raise WanTrtError(f"--decoder-engine {engine} was built from another decoder export ({paired.directory}) "
+                              f"than --decoder {directory}; give the export it was built from, or build this one")
 
 
 def time_blocks(decode: Callable[[int, torch.Tensor], Any], latents: torch.Tensor, block_frames: int) -> list[float]:
@@ -83,6 +104,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
     flops = {call: graph_flops(manifest.spec) for call, manifest in manifests.items()}
     latents = stream_latents(spec, blocks, seed=0).to(device)
     rows: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
 
     def record(name: str, seconds: list[float]) -> None:
         steady = summarize_ms([1e3 * s for s in seconds[2:] or seconds[1:]])
@@ -94,9 +116,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
 
     if device.startswith("cuda"):
         before = torch.backends.cudnn.benchmark  # process-wide: restored for the rows after these
-        for name, compile, benchmark in (("reference-fp16-eager", False, False),
-                                         ("reference-fp16-compile", True, False),
-                                         ("reference-fp16-compile-cudnn-benchmark", True, True)):
+        for name, (compile, benchmark) in REFERENCE_ROWS.items():
             with stage(f"bench decoder {name}"):
                 torch.backends.cudnn.benchmark = benchmark
                 reset_peak_memory()
@@ -104,13 +124,18 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
                 record(name, time_blocks(reference_decode(module, compile), latents.half(), cfg.block_frames))
                 del module
         torch.backends.cudnn.benchmark = before
+    else:
+        skipped.update({name: f"PyTorch's fp16 decoder runs on CUDA only (--device {device})" for name in REFERENCE_ROWS})
     if engine is not None:
-        for name in engine_variants(engine, device):
+        variants = engine_variants(engine, device)
+        skipped.update({f"{variants[0]}+cudagraph": f"CUDA graphs need CUDA (--device {device})"}
+                       if len(variants) == 1 and f"{variants[0]}+cudagraph" in BY_NAME else {})
+        for name in variants:
             with stage(f"bench decoder {name}"), DecoderStream.from_engine(engine, name, device) as stream:
                 reset_peak_memory()
                 record(name, time_blocks(lambda b, z: stream.decode(z), latents.to(spec.dtype), cfg.block_frames))
     report = {"export": str(directory), "precision": spec.precision, "flops_per_block": flops,
-              "roofline_ms_dense_bf16_h100": roofline_ms(flops["steady"]), "rows": rows}
+              "roofline_ms_dense_bf16_h100": roofline_ms(flops["steady"]), "rows": rows, "skipped": skipped}
     if profile:
         with stage("profile the decoder engine"):
             report["profile"] = profile_decode(engine, device, spec)

@@ -327,6 +327,8 @@ def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine,
                    "dense bf16)")
     for name, r in report.get("decoder", {}).get("rows", {}).items():
         click.echo(f"{'decoder ' + name:16} {r['block_ms']['p50']:9.1f} ms/block p50 {r['tflops']:6.1f} TFLOP/s")
+    for name, why in report.get("decoder", {}).get("skipped", {}).items():
+        click.echo(f"{'decoder ' + name:16} skipped: {why}")
     for name, r in report["end_to_end"].items():
         click.echo(f"{name:16} {r['block_ms']['p50']:9.1f} ms/block p50 (stages: "
                    + ", ".join(f"{k} {v:.1f}" for k, v in r["stage_ms"].items()) + f") {r['video_fps']:6.1f} fps")

@@ -139,3 +139,27 @@ def test_an_earlier_report_is_replaced_only_with_overwrite(plain_export, tmp_pat
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["backends"].keys() == {"torch-eager"} and out.read_bytes() != first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.png"]  # no staging files left
+
+
+def test_every_decoder_row_runs_or_says_why_not(plain_export, decoder_export, decoder_aoti, tmp_path):
+    """--decoder on a CPU ran nothing and said nothing (rows {}, exit 0); an engine of another decoder export
+    was benched under --decoder's name, precision and FLOPs."""
+    from wan_trt.config_load import load_config
+    from wan_trt.export.decoder import export_decoder
+
+    base = [str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager"]
+    res = _bench(base + ["--decoder", str(decoder_export), "--out", str(tmp_path / "none.json")])
+    assert res.exit_code == 1 and "--decoder-engine" in res.output and "CUDA" in res.output, res.output
+    assert not (tmp_path / "none.json").exists()
+    out = tmp_path / "bench.json"
+    res = _bench(base + ["--decoder", str(decoder_export), "--decoder-engine", str(decoder_aoti), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    decoder = json.loads(out.read_text())["decoder"]
+    assert set(decoder["rows"]) == {"aoti"}
+    assert set(decoder["skipped"]) == {"reference-fp16-eager", "reference-fp16-compile",
+                                       "reference-fp16-compile-cudnn-benchmark", "aoti+cudagraph"}
+    assert all("CUDA" in why for why in decoder["skipped"].values())
+    other = tmp_path / "other_decoder"
+    export_decoder(load_config("universal-small"), other, "fp32", seed=9, onnx=False)
+    res = _bench(base + ["--decoder", str(other), "--decoder-engine", str(decoder_aoti)])
+    assert res.exit_code == 1 and f"--decoder {other}" in res.output and "built from another" in res.output, res.output
