@@ -26,6 +26,7 @@ import argparse
 import concurrent.futures
 import ctypes
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -76,10 +77,13 @@ def nvcc() -> str:
 
 
 def library_path(cache: Path) -> Path:
-    """Where the library of TILES lives: keyed by everything that goes into it."""
+    """Where the library of TILES lives: keyed by everything that goes into it (the source, the tiles, nvcc's
+    version and CUTLASS's), so that one built on another machine is found here."""
     version = subprocess.run([nvcc(), "--version"], capture_output=True, text=True, check=True).stdout
+    cutlass_include()  # installed
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), repr(TILES).encode(), version.encode(), str(cutlass_include()).encode()):
+    for part in (SOURCE.read_bytes(), repr(TILES).encode(), version.encode(),
+                 importlib.metadata.version("nvidia-cutlass").encode()):
         key.update(part)
     return cache / key.hexdigest()[:16] / "libconvtiles.so"
 
