@@ -76,19 +76,42 @@ def output_lock(target: Path, what: str) -> Iterator[None]:
         os.close(fd)
 
 
-# What `wan-trt build` writes beside an engine while it runs: its (empty) lock file ``.<engine>.lock`` and
-# staging files from mkstemp, ``.<engine>.partial-XXXXXXXX<suffix>`` (the engine, its metadata)
-BUILD_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:lock|partial-[A-Za-z0-9_]{8}(?:\..*)?)$")
+# What `wan-trt build` writes beside an engine E while it runs: its lock file ``.E.lock`` (empty) and
+# mkstemp's staging files ``.E.partial-XXXXXXXX<E's suffix>`` (the engine) and ``.E.json.partial-XXXXXXXX``
+# (its metadata), XXXXXXXX in mkstemp's alphabet.
+BUILD_FILE = re.compile(r"^\.(?P<engine>.+?)(?:\.lock|(?P<meta>\.json)?\.partial-[a-z0-9_]{8}(?P<suffix>.*))$")
+DEFAULT_ENGINE = re.compile(r"^engine_[a-z0-9_-]+\.(?:pt2|plan)$")  # engines/artifact.default_engine_path's names
+
+
+def build_file_of(path: Path) -> str | None:
+    """The engine name whose build wrote ``path`` (a lock or staging file of the shape above; a lock file
+    empty), or None if it is not such a file."""
+    match = BUILD_FILE.match(path.name)
+    if match is None or path.is_symlink() or not path.is_file():
+        return None
+    engine = match["engine"]
+    if path.name.endswith(".lock"):
+        shaped = path.name == f".{engine}.lock" and path.stat().st_size == 0
+    else:
+        shaped = match["suffix"] == ("" if match["meta"] else Path(engine).suffix)
+    return engine if shaped else None
+
+
+def is_known_engine(directory: Path, name: str) -> bool:
+    """Whether ``name`` in ``directory`` is an engine `wan-trt build` makes there: a default name, or one whose
+    build metadata is beside it."""
+    return DEFAULT_ENGINE.match(name) is not None or written_by_build(directory / f"{name}.json")
 
 
 def lock_held(lock: Path) -> bool:
-    """Whether a process holds ``lock`` (a lock file of :func:`output_lock`) now."""
+    """Whether a process holds ``lock`` (a lock file of :func:`output_lock`) now. The probe asks for a shared
+    lock, so that two probes never see each other as holders."""
     try:
         fd = os.open(lock, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     finally:
@@ -99,23 +122,16 @@ def lock_held(lock: Path) -> bool:
 def build_leftovers(directory: Path) -> tuple[list[Path], list[Path]]:
     """(stale files a killed build left in ``directory``, lock files a running build holds). While any
     build holds its lock, none of its files is stale."""
-    leftovers, locks = [], []
-    for path in directory.iterdir():
-        if BUILD_LEFTOVER.match(path.name) is None or path.is_symlink() or not path.is_file():
-            continue
-        if path.name.endswith(".lock"):
-            if path.stat().st_size:
-                continue  # not one of ours: our lock files are empty
-            locks.append(path)
-        leftovers.append(path)
-    held = [lock for lock in locks if lock_held(lock)]
+    leftovers = [path for path in directory.iterdir()
+                 if (engine := build_file_of(path)) is not None and is_known_engine(directory, engine)]
+    held = [path for path in leftovers if path.name.endswith(".lock") and lock_held(path)]
     return ([] if held else leftovers), held
 
 
 def remove_stale_partials(engine: Path) -> None:
     """The staging files a killed build of ``engine`` left beside it; call while holding its lock."""
     for path in engine.parent.glob(f".{glob.escape(engine.name)}.*partial-*"):
-        if BUILD_LEFTOVER.match(path.name) and path.is_file() and not path.is_symlink():
+        if build_file_of(path) == engine.name:
             logger.info("removing %s, left by an interrupted build", path)
             path.unlink(missing_ok=True)
 

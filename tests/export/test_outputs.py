@@ -195,3 +195,37 @@ def test_what_a_killed_build_left_does_not_block_an_overwrite(tmp_path, plain_ex
     (out / ".engine_aoti_cpu.pt2.partial-h8ea2z25.pt2").write_bytes(b"half an engine")
     _export(out, overwrite=True)
     assert _tree(out) == _tree(plain_export)
+
+
+def test_only_files_shaped_exactly_as_a_builds_own_count_as_its_leftovers(tmp_path, plain_export):
+    """A user's dated backup or an empty note whose names merely resemble a build's files are foreign: the
+    folder is refused, not emptied of them."""
+    for name in (".engine_tensorrt_cuda.plan.partial-20241127.bak", ".notes.lock",
+                 ".engine_aoti_cpu.pt2.partial-h8ea2z25.plan", ".my_model.pt2.partial-h8ea2z25.pt2"):
+        out = tmp_path / name.strip(".")
+        shutil.copytree(plain_export, out)
+        (out / name).write_bytes(b"")
+        with pytest.raises(WanTrtError, match="holds files wan-trt did not write"):
+            _export(out, overwrite=True)
+        assert (out / name).is_file()
+
+
+def test_a_lock_is_held_while_a_build_holds_it_and_probes_do_not_hold_it_for_each_other(tmp_path):
+    import fcntl
+    import os
+
+    from wan_trt.outputs import lock_held, output_lock
+
+    engine = tmp_path / "engine_aoti_cpu.pt2"
+    lock = tmp_path / ".engine_aoti_cpu.pt2.lock"
+    lock.write_text("")
+    assert not lock_held(lock)
+    with output_lock(engine, "build"):
+        assert lock_held(lock) and lock_held(lock)
+    lock.write_text("")
+    fd = os.open(lock, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # another probe, mid-way (an exclusive probe was seen as a holder)
+    try:
+        assert not lock_held(lock)
+    finally:
+        os.close(fd)
