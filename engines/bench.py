@@ -272,7 +272,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         check_decoder_request(o.decoder, o.decoder_engine, o.device)
     blocks, out, chart = o.blocks, o.out, o.chart
     for flag, path, written, what in (("--out", out, is_report, "wan-trt bench report"),
-                                      ("--chart", chart, is_chart, "chart wan-trt bench drew")):
+                                      ("--chart", chart, is_chart,
+                                       "chart wan-trt bench drew (an older wan-trt's charts carry no mark)")):
         if path is not None:
             check_out_file(Path(path), flag, written, what, overwrite=o.overwrite)
     bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})

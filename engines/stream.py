@@ -168,12 +168,16 @@ def _inputs(*paths: str | Path | None) -> list[Path]:
 
 
 def owned_stream_files(directory: Path) -> list[Path] | None:
-    """The files `wan-trt stream` wrote into ``directory``, or None if it is not a stream output."""
+    """The files `wan-trt stream` wrote into ``directory``, or None if it is not a stream output: its
+    report.json, and its marker file (a folder an older wan-trt wrote has none: then it must hold nothing
+    but the stream's own files)."""
     try:
         report = json.loads((directory / "report.json").read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not (directory / MARKER).is_file() or not isinstance(report, dict) or not STREAM_REPORT_KEYS <= set(report):
+    if not isinstance(report, dict) or not STREAM_REPORT_KEYS <= set(report):
+        return None
+    if not (directory / MARKER).is_file() and not {p.name for p in directory.iterdir()} <= set(STREAM_FILES):
         return None
     return [p for p in (directory / n for n in (MARKER, *STREAM_FILES)) if p.is_file() and not p.is_symlink()]
 

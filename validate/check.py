@@ -117,7 +117,7 @@ def _no_allowance(yardstick: ErrorStats, precision: str) -> str:
 
 def _stream_no_allowance(row: dict[str, Any]) -> str:
     if row.get("reference_non_finite"):
-        return "; the upstream-semantics reference stream itself gives NaN/Inf"
+        return "; the fp32 reference itself gives NaN/Inf"
     if not math.isfinite(row["yardstick_rel_l2"]):
         return "; the yardstick's stream (the PyTorch model in this precision) gives NaN/Inf: no allowance"
     return ""

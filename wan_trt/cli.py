@@ -51,16 +51,20 @@ def _fail(message: str) -> None:
 class Commands(click.Group):
     """The command group: what click itself refuses while it parses (a flag value out of its choices, a path
     that does not exist, an unknown flag) ends as the commands' own user errors do, one 'error: ...' line and
-    exit status 1, pointing at the command's help instead of printing its usage."""
+    exit status 1, pointing at the command's help instead of printing its usage. No command at all shows
+    the help."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
+        except NO_ARGS_IS_HELP as exc:
+            click.echo(exc.format_message())
+            sys.exit(0)
         except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx is not None else "wan-trt"
-            click.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
+            argv = kwargs.get("args", args[0] if args else None)
+            click.echo(f"error: {exc.format_message()} (see `{self._command_path(exc, argv)} --help`)", err=True)
             sys.exit(1)
         except click.ClickException as exc:
             click.echo(f"error: {exc.format_message()}", err=True)
@@ -69,6 +73,16 @@ class Commands(click.Group):
             click.echo("error: aborted", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+    def _command_path(self, exc: click.UsageError, argv) -> str:
+        """The command a usage error is about (click leaves out the context of a flag missing its value)."""
+        if exc.ctx is not None:
+            return exc.ctx.command_path
+        named = [a for a in (sys.argv[1:] if argv is None else argv) if a in self.commands]
+        return f"{self.name} {named[0]}" if named else self.name
+
+
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2+
 
 
 @click.group(name="wan-trt", cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})

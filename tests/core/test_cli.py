@@ -50,6 +50,7 @@ def test_verbose_shows_the_traceback_of_a_user_error():
     (["check", "no/such/export"], ["'no/such/export' does not exist", "wan-trt check --help"]),
     (["export", "--config", "universal-small", "--opset", "7"], ["--opset", "wan-trt export --help"]),
     (["bench", ".", "--no-such-flag"], ["No such option", "--no-such-flag", "wan-trt bench --help"]),
+    (["info", "--config"], ["'--config' requires an argument", "wan-trt info --help"]),
 ])
 def test_what_click_refuses_is_one_error_line_too(args, phrases):
     """Click's own refusals (a path that does not exist, a value out of its choices, an unknown flag) printed a
@@ -68,3 +69,9 @@ def test_a_decoder_export_given_to_bench_says_where_it_goes(decoder_export):
     for target in (decoder_export, decoder_export / "steady"):
         _one_error_line(_run(["bench", str(target), "--device", "cpu", "--backends", "torch-eager"]),
                         f"--decoder {decoder_export}")
+
+
+def test_help_and_no_command_show_the_help_and_succeed():
+    for args in ([], ["--help"], ["info", "--help"]):
+        res = _run(args)
+        assert res.exit_code == 0 and "Usage: wan-trt" in res.output and "error" not in res.output, (args, res.output)

@@ -212,3 +212,18 @@ def test_actions_come_from_a_json_lines_file(tmp_path):
     path.write_bytes(b"\xff\xfe{}")
     with pytest.raises(WanTrtError, match="not UTF-8"):
         read_actions(path, cfg, 1)
+
+
+def test_a_stream_output_of_an_older_wan_trt_is_still_its_own(tmp_path):
+    """Folders an older wan-trt wrote have no marker file: holding only the stream's files, they are still
+    replaced with --overwrite (they were refused as not a stream output)."""
+    out = tmp_path / "s"
+    args = ["stream", "--config", "gta_drive-small", "--blocks", "1", "--device", "cpu", "--no-video", "--out", str(out)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    (out / ".wan-trt-export").unlink()
+    res = CliRunner().invoke(main, args + ["--overwrite"])
+    assert res.exit_code == 0, res.output
+    (out / ".wan-trt-export").unlink()
+    (out / "notes.txt").write_text("mine")
+    res = CliRunner().invoke(main, args + ["--overwrite"])
+    assert res.exit_code == 1 and "not a wan-trt stream output" in res.output and (out / "notes.txt").is_file()
