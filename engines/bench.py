@@ -49,7 +49,7 @@ from wan_trt.log import logger, stage
 from wan_trt.pipeline import ReferencePipeline
 from wan_trt.profiling import (allocated_memory_gib, op_class_profile, peak_memory_gib, provenance,
                                reset_peak_memory, summarize_ms, synchronize)
-from wan_trt.outputs import check_out_file, write_file
+from wan_trt.outputs import check_out_file, json_with_keys, write_file
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 REPORT_KEYS = {"command", "environment", "backends", "skipped", "failed"}  # in every results file
@@ -267,9 +267,11 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
                           f"among the benched ones ({', '.join(backends)}; the reference pipeline has no session)")
     if o.decoder_engine is not None and o.decoder is None:
         raise WanTrtError("--decoder-engine: give the decoder export with --decoder too")
-    decoder_spec = read_decoder(o.decoder)["steady"].spec if o.decoder is not None else None  # before any benching
-    if o.decoder is not None:
-        check_decoder_request(o.decoder, o.decoder_engine, o.device)
+    decoder_spec = None
+    if o.decoder is not None:  # before any benching
+        decoder_manifests = read_decoder(o.decoder)
+        decoder_spec = decoder_manifests["steady"].spec
+        check_decoder_request(o.decoder, decoder_manifests, o.decoder_engine, o.device)
     blocks, out, chart = o.blocks, o.out, o.chart
     for flag, path, written, what in (("--out", out, is_report, "wan-trt bench report"),
                                       ("--chart", chart, is_chart,
@@ -371,11 +373,7 @@ def write_chart(report: dict[str, Any], path: Path) -> Path | None:
 
 def is_report(path: Path) -> bool:
     """Whether ``path`` is a results file `wan-trt bench` wrote."""
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and REPORT_KEYS <= set(data)
+    return json_with_keys(path, REPORT_KEYS)
 
 
 def is_chart(path: Path) -> bool:

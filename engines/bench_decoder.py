@@ -31,7 +31,7 @@ from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.decoder import DecoderStream, paired_engines
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_decoder
-from wan_trt.export.manifest import reference_model
+from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
 from wan_trt.model.vae import VideoDecoder
 from wan_trt.profiling import op_class_profile, peak_memory_gib, reset_peak_memory, summarize_ms, synchronize
@@ -45,15 +45,15 @@ REFERENCE_ROWS = {  # name: (torch.compile, cuDNN benchmark mode); CUDA only
 }
 
 
-def check_decoder_request(directory: Path, engine: Path | None, device: str) -> None:
-    """Refuse, before any work, a decoder bench that would run no row, or an engine of another decoder export."""
+def check_decoder_request(directory: Path, manifests: dict[str, Manifest], engine: Path | None, device: str) -> None:
+    """Refuse, before any work, a decoder bench that would run no row, or an engine of another decoder export
+    than ``directory`` (whose ``manifests``, by call, :func:`read_decoder` gave)."""
     if engine is None and not str(device).startswith("cuda"):
         raise WanTrtError(f"--decoder {directory}: on --device {device} no decoder row can run (PyTorch's fp16 "
                           "decoder rows run on CUDA only); give the decoder's engine (--decoder-engine) or run "
                           "on --device cuda")
     if engine is None:
         return
-    manifests = read_decoder(directory)
     for call, paired in paired_engines(engine).items():
         if paired.manifest.sha256 != manifests[call].sha256:
             raise WanTrtError(f"--decoder-engine {engine} was built from another decoder export ({paired.directory}) "

@@ -23,7 +23,7 @@ from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
-from wan_trt.outputs import MARKER, check_out_dir, staged_dir
+from wan_trt.outputs import MARKER, check_out_dir, json_with_keys, staged_dir
 from wan_trt.model import build_decoder, build_model
 from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.rotary import MAX_STREAM_FRAMES
@@ -171,11 +171,7 @@ def owned_stream_files(directory: Path) -> list[Path] | None:
     """The files `wan-trt stream` wrote into ``directory``, or None if it is not a stream output: its
     report.json, and its marker file (a folder an older wan-trt wrote has none: then it must hold nothing
     but the stream's own files)."""
-    try:
-        report = json.loads((directory / "report.json").read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(report, dict) or not STREAM_REPORT_KEYS <= set(report):
+    if not json_with_keys(directory / "report.json", STREAM_REPORT_KEYS):
         return None
     if not (directory / MARKER).is_file() and not {p.name for p in directory.iterdir()} <= set(STREAM_FILES):
         return None

@@ -32,6 +32,7 @@ from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.errors import WanTrtError
+from wan_trt.export.decoder import read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.precisions import pytorch_precision
@@ -290,7 +291,8 @@ def check_export(directory: str | Path, options: CheckOptions = CheckOptions()) 
     The manifest and the size + sha256 of every file it names are verified before any parse.
     """
     directory = Path(directory)
-    manifest = Manifest.read(directory)  # verifies the graph, external data and sample inputs
+    # verifies the graph, external data and sample inputs; refuses a decoder export's graph by name
+    manifest = read_transformer(directory, "check")
     onnxruntime = backend_module(get_backend("onnxruntime"))
     backend, single_pass = onnxruntime.check_runners(directory, manifest, options.provider)
     return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass)

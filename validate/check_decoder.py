@@ -26,7 +26,7 @@ from wan_trt.engines.backends import backend_module, get_backend
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.runtime.decoder import DecoderStream, paired_engines
 from wan_trt.engines.runtime.runner import Runner
-from wan_trt.export.decoder import decoder_dirs, read_decoder, read_transformer
+from wan_trt.export.decoder import decoder_dirs, read_decoder
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
@@ -123,7 +123,6 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
     if target.is_dir():
         dirs = decoder_dirs(target)
         if dirs is None:
-            read_transformer(target, "check", verify=False)  # a decoder's graph is refused by name; verified next
             return check_export(target, options)
         manifests = read_decoder(target)
         onnxruntime = backend_module(get_backend("onnxruntime"))

@@ -149,13 +149,18 @@ def followed(out: Path, flag: str = "--out") -> Path:
     return target
 
 
-def written_by_build(meta: Path) -> bool:
-    """Whether ``meta`` is engine metadata `wan-trt build` wrote (also a damaged or older one)."""
+def json_with_keys(path: Path, keys: set[str]) -> bool:
+    """Whether ``path`` is a JSON object holding (at least) ``keys``: how wan-trt knows a file it wrote."""
     try:
-        data = json.loads(meta.read_bytes().decode("utf-8"))
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return isinstance(data, dict) and {"backend", "key", "spec_fingerprint", "export_dir"} <= set(data)
+    return isinstance(data, dict) and keys <= set(data)
+
+
+def written_by_build(meta: Path) -> bool:
+    """Whether ``meta`` is engine metadata `wan-trt build` wrote (also a damaged or older one)."""
+    return json_with_keys(meta, {"backend", "key", "spec_fingerprint", "export_dir"})
 
 
 def engine_files_in(directory: Path) -> list[Path]:
