@@ -33,7 +33,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -131,7 +130,7 @@ def distinct_convolutions(config: str) -> list[tuple[ConvolutionCall, list[str]]
     with torch.device("meta"):
         decoder = VideoDecoder(decoder_config(cfg))
     calls = decoder.convolution_calls(cfg.block_frames, cfg.inference.latent_height, cfg.inference.latent_width)
-    groups: OrderedDict[tuple, tuple[ConvolutionCall, list[str]]] = OrderedDict()
+    groups: dict[tuple, tuple[ConvolutionCall, list[str]]] = {}
     for call in calls:
         if call.kernel[0] != 3 or call.out_channels < TAPS_BELOW:
             continue  # 1x1x1 convolutions (no history); the head's 3 outputs run as one GEMM of taps

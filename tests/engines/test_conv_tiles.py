@@ -1,7 +1,6 @@
 """scripts/conv_tiles.py: the decoder's convolutions it measures, and its CUTLASS kernels compile."""
 import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def conv_tiles():
     spec = importlib.util.spec_from_file_location("conv_tiles", ROOT / "scripts" / "conv_tiles.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("conv_tiles", module)
     spec.loader.exec_module(module)
     return module
 
