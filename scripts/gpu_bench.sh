@@ -27,10 +27,6 @@
 #   scripts/gpu_bench.sh precisions RESULTS  one wan-trt bench of the PRECISION (bf16) engine beside the fp16 and fp8
 #                                            engines (--also-engine; built here if missing), torch.compile and
 #                                            eager, with the profile of each engine (needs `build` first)
-#   scripts/gpu_bench.sh conv-tiles RESULTS  the decoder's 3-D convolutions one by one: cuDNN as the engine runs them
-#                                            beside CUTLASS kernels with 96- and 192-wide tiles (scripts/conv_tiles.py;
-#                                            needs nvcc and nvidia-cutlass; a library built elsewhere is reused
-#                                            from out/conv_tiles)
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
@@ -46,7 +42,7 @@ ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 DECODER=out/${CONFIG}_${PRECISION}_decoder
 DECODER_OPS=${DECODER_OPS:-plugins}
 DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
-step=${1:?"step: setup | build | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | conv-tiles | all"}
+step=${1:?"step: setup | build | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || mkdir -p "$results"
 tag=${CONFIG}_${PRECISION}
@@ -117,10 +113,6 @@ case "$step" in
     run_step bench_precisions wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
       --backends aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager "${also[@]}" \
       --profile aoti-plugins,aoti-plugins@fp16,aoti-plugins@fp8 --overwrite --out "$results/bench_${CONFIG}_precisions.json"
-    ;;
-  conv-tiles)
-    python3 scripts/conv_tiles.py bench --config "$CONFIG" --out "$results/conv_tiles_${CONFIG}.json" \
-      2> "$results/conv_tiles.log" || { tail -20 "$results/conv_tiles.log"; exit 1; }
     ;;
   all)
     for s in build bench check; do "$0" "$s" "$results"; done

@@ -362,27 +362,3 @@ def test_a_corrupted_vae_checkpoint_names_its_keys(tmp_path):
                  "decoder.upsamples.3.time_conv.weight: checkpoint (1, 2, 3)"):
         assert part in message, message
 
-
-@pytest.mark.parametrize("first", [False, True])
-def test_convolution_calls_list_every_causal_convolution_as_a_decode_runs_it(first):
-    """Paths, channels and output sizes as a real decode (CPU) runs them, and FLOPs as PyTorch counts them."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    torch.manual_seed(0)
-    decoder = VideoDecoder(SMALL).eval()
-    frames = 1 if first else 3
-    calls = decoder.convolution_calls(frames, 4, 6, first=first)
-    seen = []
-    paths = {m: name for name, m in decoder.named_modules() if isinstance(m, CausalConv3d)}
-    hooks = [m.register_forward_hook(lambda m, a, out: seen.append((paths[m], tuple(out[0].shape)))) for m in paths]
-    z = torch.randn(1, SMALL.z_dim, frames, 4, 6)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        decoder(z, decoder.empty_history(1, 4, 6), first)
-    for hook in hooks:
-        hook.remove()
-    assert [(c.path, (1, c.out_channels, c.frames, c.height, c.width)) for c in calls] == seen
-    counted = counter.get_flop_counts()
-    for call in calls:
-        assert call.flops == counted[f"VideoDecoder.{call.path}"][torch.ops.aten.convolution]
-    assert len(calls) == len(paths) - first * sum(isinstance(m, Resample) and m.mode == "upsample3d"
-                                                  for m in decoder.modules())

@@ -247,24 +247,6 @@ class Resample(nn.Module):
         return torch.cat([head, y], dim=2)
 
 
-class ConvolutionCall(NamedTuple):
-    """One causal convolution of a decode call (:meth:`VideoDecoder.convolution_calls`): its module path,
-    channels, kernel [t, h, w] and output size (batch 1)."""
-    path: str
-    in_channels: int
-    out_channels: int
-    kernel: tuple[int, int, int]
-    frames: int
-    height: int
-    width: int
-
-    @property
-    def flops(self) -> int:
-        """Multiply-adds x 2."""
-        kt, kh, kw = self.kernel
-        return 2 * self.frames * self.height * self.width * self.in_channels * self.out_channels * kt * kh * kw
-
-
 class Split(NamedTuple):
     """A convolution's output computed as two convolutions (:meth:`CausalConv3d.split_outputs`): its first
     ``head.shape[1]`` channels and the rest, not joined; the fused norms read both."""
@@ -540,29 +522,6 @@ class VideoDecoder(nn.Module):
                 scale *= 2
         conv("decoder.head.2", self.decoder.head[2])
         return layout
-
-    def convolution_calls(self, latent_frames: int, height: int, width: int, first: bool = False
-                          ) -> list["ConvolutionCall"]:
-        """The causal convolutions one call on ``latent_frames`` latents of h x w runs, in call order, as
-        the reference form computes them (shapes only: a copy of this decoder runs on the meta device)."""
-        with torch.device("meta"):
-            decoder = VideoDecoder(self.cfg).to("meta")  # its latent statistics are made on the CPU
-        paths = {m: name for name, m in decoder.named_modules() if isinstance(m, CausalConv3d)}
-        calls = []
-
-        def record(conv: CausalConv3d, args, output) -> None:
-            frames, h, w = output[0].shape[2:]
-            calls.append(ConvolutionCall(paths[conv], conv.in_channels, conv.out_channels,
-                                         tuple(conv.kernel_size), frames, h, w))
-
-        handles = [conv.register_forward_hook(record) for conv in paths]
-        try:
-            z = torch.empty(1, self.cfg.z_dim, latent_frames, height, width, device="meta")
-            decoder(z, decoder.empty_history(1, height, width, device="meta"), first)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return calls
 
     def history_shapes(self, batch: int, height: int, width: int) -> list[tuple[int, ...]]:
         """[B, C, 2, h', w'] of each causal convolution's history, in call order, for latents h x w."""
