@@ -16,7 +16,7 @@ from typing import Callable
 
 import click
 
-from wan_trt.cli_options import (config_option, device_option, pick_device, pick_precision, precision_aliases,
+from wan_trt.cli_options import (PathArg, config_option, device_option, pick_device, pick_precision, precision_aliases,
                                  precision_option, seed_option, weights_option)
 from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS, parse_backends
 from wan_trt.errors import USER_ERRNOS, WanTrtError
@@ -121,14 +121,14 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
 @click.option("--blocks", type=click.IntRange(1), default=8, show_default=True, help="Blocks to stream.")
 @click.option("--reference/--no-reference", default=False, show_default=True,
               help="Also run the upstream-semantics pipeline and report per-block errors.")
-@click.option("--out", type=click.Path(file_okay=False), default=None,
+@click.option("--out", type=PathArg(file_okay=False), default=None,
               help="Write latents.pt, report.json and video.mp4 here.")
 @click.option("--overwrite", is_flag=True,
               help="Replace --out if it holds an earlier stream output (a folder with other files is never replaced).")
 @click.option("--video/--no-video", default=True, show_default=True, help="With --out: decode and write video.mp4.")
-@click.option("--vae-weights", type=click.Path(dir_okay=False), default=None,
+@click.option("--vae-weights", type=PathArg(dir_okay=False), default=None,
               help="Wan2.1 VAE checkpoint (Wan2.1_VAE.pth) for the video decoder; seeded random if omitted.")
-@click.option("--actions", type=click.Path(dir_okay=False), default=None,
+@click.option("--actions", type=PathArg(dir_okay=False), default=None,
               help="JSON-lines file, one line per block: {\"mouse\": [dx, dy], \"keyboard\": [...]}, each one "
                    "action held for the block or one row per video frame (9, then 12). Synthetic if omitted.")
 @user_errors
@@ -157,7 +157,7 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
               help="Graph flavour: plain ONNX ops, or the fused ops as wan_trt::* plugin nodes.")
 @click.option("--opset", type=click.Choice(["23", "18"]), default="23", show_default=True,
               help="23: fused Attention/RMSNormalization (TensorRT 11); 18: decomposed (TensorRT 10.x).")
-@click.option("--out", type=click.Path(file_okay=False), default=None,
+@click.option("--out", type=PathArg(file_okay=False), default=None,
               help="Output directory. Defaults to out/<config>_<precision>_<ops>.")
 @click.option("--overwrite", is_flag=True,
               help="Replace --out if it holds a wan-trt export (a folder with other files is never replaced).")
@@ -166,7 +166,7 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
 @click.option("--graph", type=click.Choice(["dit", "decoder"]), default="dit", show_default=True,
               help="dit: one denoising pass. decoder: the video decoder's two graphs (first block, later blocks) "
                    "into OUT/first and OUT/steady.")
-@click.option("--vae-weights", type=click.Path(dir_okay=False), default=None,
+@click.option("--vae-weights", type=PathArg(dir_okay=False), default=None,
               help="With --graph decoder: Wan2.1 VAE checkpoint (Wan2.1_VAE.pth); seeded random if omitted.")
 @user_errors
 def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no_onnx, graph, vae_weights) -> None:
@@ -199,7 +199,7 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
 
 
 @main.command()
-@click.argument("target", type=click.Path(exists=True))
+@click.argument("target", type=PathArg(exists=True))
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="ONNX Runtime execution provider for an export directory (bf16/fp16 graphs need cuda: "
                    "ORT-CPU has no bf16 kernels).")
@@ -236,7 +236,7 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
 
 
 @main.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False))
+@click.argument("directory", required=False, type=PathArg(file_okay=False))
 @click.option("--config", "config_name", default=None,
               help="Without DIRECTORY: export this config first (into out/<config>_<precision>_<ops>).")
 @click.option("--backend", type=click.Choice(BUILDABLE), default=DEFAULT_BUILD, show_default=True)
@@ -247,11 +247,11 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
                    "the video decoder's norms; CUDA only).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="AOTInductor target device (TensorRT is always cuda).")
-@click.option("--timing-cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file.")
+@click.option("--timing-cache", type=PathArg(dir_okay=False), default=None, help="TensorRT timing cache file.")
 @click.option("--opt-level", type=click.IntRange(0, 5), default=3, show_default=True,
               help="TensorRT builder optimization level.")
 @click.option("--weak-typing", is_flag=True, help="TensorRT 10.x only: untyped network + precision builder flag.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", type=PathArg(dir_okay=False), default=None,
               help="Engine path. Defaults to DIRECTORY/engine_<backend>_<device>.<pt2|plan>.")
 @click.option("--force", is_flag=True, help="Rebuild even if an up-to-date engine exists.")
 @weights_option
@@ -275,7 +275,7 @@ def build(directory, config_name, backend, precision, precision_alias, ops, devi
 
 
 @main.command()
-@click.argument("engine", type=click.Path(exists=True, dir_okay=False))
+@click.argument("engine", type=PathArg(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @user_errors
 def inspect(engine, as_json) -> None:
@@ -287,34 +287,34 @@ def inspect(engine, as_json) -> None:
 
 
 @main.command(epilog="\b\nBackends:\n" + "\n".join(f"  {b.name:24} {b.summary}" for b in BACKENDS))
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("directory", type=PathArg(exists=True, file_okay=False))
 @click.option("--backends", default=None,
               help="Comma-separated backends, each of which must run (an error otherwise). Default: every "
                    "backend, skipping with the reason those this machine cannot run. Choices: "
                    + ", ".join(ALL_BACKENDS) + ".")
 @click.option("--blocks", type=click.IntRange(2), default=6, show_default=True)
 @device_option
-@click.option(ENGINE_FLAGS["aoti"], "aoti_engine", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option(ENGINE_FLAGS["aoti"], "aoti_engine", type=PathArg(exists=True, dir_okay=False), default=None,
               help="AOTInductor package (`wan-trt build DIR --backend aoti`).")
-@click.option(ENGINE_FLAGS["aoti-plugins"], "aoti_plugins_engine", type=click.Path(exists=True, dir_okay=False),
+@click.option(ENGINE_FLAGS["aoti-plugins"], "aoti_plugins_engine", type=PathArg(exists=True, dir_okay=False),
               default=None, help="AOTInductor package built with --ops plugins.")
-@click.option(ENGINE_FLAGS["tensorrt"], "trt_engine", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option(ENGINE_FLAGS["tensorrt"], "trt_engine", type=PathArg(exists=True, dir_okay=False), default=None,
               help="TensorRT engine (`wan-trt build DIR`).")
 @click.option("--profile", "profile", default="",
               help="Comma-separated benched backends to profile by op class (CUDA only), and 'decoder' for one "
                    "steady block of the decoder engine.")
-@click.option("--decoder", type=click.Path(exists=True, file_okay=False), default=None,
+@click.option("--decoder", type=PathArg(exists=True, file_okay=False), default=None,
               help="A decoder export (`wan-trt export --graph decoder`): bench the video decoder too, beside "
                    "PyTorch's fp16 decoder eager and compiled (on CUDA).")
-@click.option("--decoder-engine", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--decoder-engine", type=PathArg(exists=True, dir_okay=False), default=None,
               help="Either engine file of that decoder (`wan-trt build DECODER`).")
 @click.option("--end-to-end", "end_to_end", default="",
               help="Comma-separated benched backends to run again with the decoder engine decoding every block.")
-@click.option("--also-engine", "also_engines", type=click.Path(exists=True, dir_okay=False), multiple=True,
+@click.option("--also-engine", "also_engines", type=PathArg(exists=True, dir_okay=False), multiple=True,
               help="An engine of another export of the same config (e.g. its fp16 or fp8 build), benched in this "
                    "run too: rows BACKEND@PRECISION (--profile takes those names). Repeatable.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="JSON results file.")
-@click.option("--chart", type=click.Path(dir_okay=False), default=None, help="PNG chart of ms per block.")
+@click.option("--out", type=PathArg(dir_okay=False), default=None, help="JSON results file.")
+@click.option("--chart", type=PathArg(dir_okay=False), default=None, help="PNG chart of ms per block.")
 @click.option("--overwrite", is_flag=True,
               help="Replace an earlier report / chart of wan-trt bench at --out / --chart (nothing else is replaced).")
 @user_errors

@@ -13,6 +13,19 @@ from wan_trt.errors import WanTrtError
 from wan_trt.precisions import PRECISIONS as PRECISION_DTYPES
 
 
+MAX_SEED = 2 ** 32 - 1  # a noise draw's seed is seed * 1000003 + block * 1009 + step: within int64 for any stream
+
+
+class PathArg(click.Path):
+    """A click path that refuses an empty value: `--out ""` (an unset shell variable) is a mistake, not 'no
+    --out'."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value:
+            self.fail("an empty path; give a path or leave the option out", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def config_option(fn: Callable) -> Callable:
     """``--config``: a preset name or a config.json path."""
     return click.option("--config", "config_name", default="universal", show_default=True,
@@ -21,7 +34,7 @@ def config_option(fn: Callable) -> Callable:
 
 def weights_option(fn: Callable) -> Callable:
     """``--weights``: an upstream checkpoint; seeded random weights without it."""
-    return click.option("--weights", type=click.Path(dir_okay=False), default=None,
+    return click.option("--weights", type=PathArg(dir_okay=False), default=None,
                         help="Checkpoint (.safetensors/.pt) with upstream keys; seeded random weights if omitted.")(fn)
 
 
@@ -56,7 +69,7 @@ def device_option(fn: Callable) -> Callable:
 
 def seed_option(fn: Callable) -> Callable:
     """``--seed`` of random weights, inputs and noise."""
-    return click.option("--seed", type=int, default=0, show_default=True,
+    return click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
                         help="Seed of random weights, inputs and noise.")(fn)
 
 

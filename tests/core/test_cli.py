@@ -75,3 +75,22 @@ def test_help_and_no_command_show_the_help_and_succeed():
     for args in ([], ["--help"], ["info", "--help"]):
         res = _run(args)
         assert res.exit_code == 0 and "Usage: wan-trt" in res.output and "error" not in res.output, (args, res.output)
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["stream", "--config", "universal-small", "--blocks", "1", "--actions", ""], "--actions"),
+    (["stream", "--config", "universal-small", "--blocks", "1", "--out", ""], "--out"),
+    (["stream", "--config", "universal-small", "--blocks", "1", "--vae-weights", ""], "--vae-weights"),
+    (["export", "--config", "universal-small", "--no-onnx", "--out", ""], "--out"),
+    (["bench", ".", "--out", ""], "--out"),
+    (["bench", ".", "--chart", ""], "--chart"),
+])
+def test_an_empty_path_is_refused_not_taken_for_none(args, flag):
+    """`--actions ""` (an unset shell variable) streamed synthetic actions and `--out ""` wrote nothing, exit 0."""
+    _one_error_line(_run(args), flag, "empty path")
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 32), "99999999999999999999"])
+def test_a_seed_out_of_range_is_refused_before_any_work(seed):
+    """A seed past int64 / 1000003 overflowed inside the noise source (a traceback, after the model was built)."""
+    _one_error_line(_run(["stream", "--config", "universal-small", "--blocks", "1", "--seed", seed]), "--seed")
