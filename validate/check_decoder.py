@@ -10,7 +10,8 @@ Stream: ``blocks`` blocks of seeded latents decoded block by block through both 
 carried), each block's frames compared with the fp32 decoder's decode of the whole clip at once
 (upstream's semantics: one call, the first-frame rule once), the yardstick being the PyTorch decoder
 in the graph's precision streamed the same way. The stream thus also proves the histories: a graph
-that drops or misplaces one drifts from the whole-clip decode.
+that drops or misplaces one drifts from the whole-clip decode. So a decoder check always streams, at
+least 2 blocks (the steady graph reads histories from the second on); fewer, or none, is refused.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from wan_trt.engines.backends import backend_module, get_backend
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.runtime.decoder import DecoderStream, paired_engines
 from wan_trt.engines.runtime.runner import Runner
+from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import decoder_dirs, read_decoder
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
@@ -35,10 +37,20 @@ from wan_trt.validate.check import (RESULTS_DIR, CheckOptions, CheckReport, Outp
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
+def require_history_check(options: CheckOptions) -> None:
+    """The single calls judge ``rgb`` only; the histories are judged by the stream from its second block on,
+    where the steady graph first reads them: a decoder check streams at least 2 blocks."""
+    if not options.stream or options.blocks < 2:
+        asked = "--no-stream" if not options.stream else f"--blocks {options.blocks}"
+        raise WanTrtError(f"{asked}: a decoder's histories are judged by the stream check from its second block on "
+                          "(where the steady graph reads them); check a decoder with --blocks 2 or more")
+
+
 def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners: dict[str, Runner],
                   options: CheckOptions) -> CheckReport:
     """Check the decoder graphs run by ``runners`` (by call) against the PyTorch decoder; the report is
     written to ``<steady export>/check/report_<backend>.json``."""
+    require_history_check(options)
     require_polygraphy()
     spec = manifests["steady"].spec
     device = str(runners["steady"].device)
@@ -124,6 +136,7 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
         dirs = decoder_dirs(target)
         if dirs is None:
             return check_export(target, options)
+        require_history_check(options)
         manifests = read_decoder(target)
         onnxruntime = backend_module(get_backend("onnxruntime"))
         runners = {c: onnxruntime.check_runners(dirs[c], manifests[c], options.provider)[0] for c in CALLS}
@@ -132,6 +145,7 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
     directory, manifest = export_for_engine(target, meta)
     if not isinstance(manifest.spec, DecoderSpec):
         return check_engine(target, options)
+    require_history_check(options)
     pair = paired_engines(target)  # the two engines, of one decoder's two exports
     for e in pair.values():
         e.meta.check_against(e.manifest, e.path)

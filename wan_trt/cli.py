@@ -204,8 +204,9 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
               help="ONNX Runtime execution provider for an export directory (bf16/fp16 graphs need cuda: "
                    "ORT-CPU has no bf16 kernels).")
 @click.option("--blocks", type=click.IntRange(1), default=8, show_default=True,
-              help="Blocks of the multi-block stream check.")
-@click.option("--stream/--no-stream", default=True, show_default=True, help="Run the multi-block stream check.")
+              help="Blocks of the multi-block stream check (a decoder's: 2 or more).")
+@click.option("--stream/--no-stream", default=True, show_default=True,
+              help="Run the multi-block stream check (a decoder's histories are judged there: never skipped).")
 @seed_option
 @click.option("--save-results/--no-save-results", default=True, show_default=True,
               help="Save Polygraphy's RunResults (every output of the three runners) under check/; at full "

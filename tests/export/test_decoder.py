@@ -81,6 +81,16 @@ def test_onnx_export_passes_the_check_on_onnxruntime(decoder_export):
     assert all(b["rel_l2"] < 1e-5 for b in report["stream"])
 
 
+@pytest.mark.parametrize("args", [["--blocks", "1"], ["--no-stream"]])
+def test_a_decoder_check_that_would_leave_its_histories_unjudged_is_refused(decoder_export, args):
+    """The single calls judge rgb only: the histories are judged by the stream from its second block, where the
+    steady graph first reads them. With one block, or none, a decoder whose history outputs were all wrong
+    passed its check."""
+    res = CliRunner().invoke(main, ["check", str(decoder_export), *args])
+    assert res.exit_code == 1, res.output
+    assert "histories" in res.output and "--blocks 2" in res.output, res.output
+
+
 def test_a_plugins_decoder_engine_is_benched_under_its_own_backend_name(decoder_aoti, tmp_path):
     """A decoder engine built with --ops plugins is run and named by the registry's aoti-plugins entries,
     as the DiT's is, not as a plain AOTInductor package."""
