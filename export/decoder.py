@@ -1,7 +1,8 @@
 """``wan-trt export --graph decoder``: the video decoder's two graphs (:mod:`wan_trt.decoder_spec`).
 
 ``OUT/first`` and ``OUT/steady`` are each a complete export (manifest, graph, sample inputs; the
-manifest's spec says which call it serves), written and replaced under the same rules as the DiT's.
+manifest's spec says which call it serves), written and replaced under the same rules as the DiT's, and
+as one: both folders are checked before any work and swapped in only when both are written.
 ``OUT`` itself only holds them: build, check and stream take ``OUT`` and find both.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from wan_trt.config import WanConfig
 from wan_trt.decoder_spec import CALLS, DecoderSpec
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import MANIFEST, Manifest
-from wan_trt.export.writer import export_graph
+from wan_trt.export.writer import export_graphs
 
 
 def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", weights: str | None = None,
@@ -26,8 +27,9 @@ def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", wei
     if (out / MANIFEST).is_file():
         raise WanTrtError(f"--out {out} holds a single-graph export ({MANIFEST}); the decoder's two graphs go into "
                           "a folder of their own: pick another --out")
-    return {call: export_graph(DecoderSpec.from_config(cfg, precision, call), out / call, weights=weights, seed=seed,
-                               opset=opset, overwrite=overwrite, onnx=onnx) for call in CALLS}
+    graphs = [(DecoderSpec.from_config(cfg, precision, call), out / call) for call in CALLS]
+    manifests = export_graphs(graphs, weights=weights, seed=seed, opset=opset, overwrite=overwrite, onnx=onnx)
+    return dict(zip(CALLS, manifests))
 
 
 def decoder_dirs(directory: str | Path) -> dict[str, Path] | None:

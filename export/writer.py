@@ -8,6 +8,7 @@ failed or interrupted export never leaves a directory that looks done (wan_trt/o
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -43,7 +44,32 @@ def export_graph(spec: GraphSpec, out: str | Path, *, weights: str | None = None
         WanTrtError: bad flag value, an ``out`` that may not be written, checkpoint mismatch, a graph
             that breaks its spec, or a write that failed (disk full, permissions).
     """
-    out = Path(out)
+    return export_graphs([(spec, Path(out))], weights=weights, seed=seed, ops=ops, opset=opset, overwrite=overwrite,
+                         onnx=onnx)[0]
+
+
+def export_graphs(graphs: list[tuple[GraphSpec, Path]], *, weights: str | None = None, seed: int = 0,
+                  ops: str = "native", opset: int = 23, overwrite: bool = False, onnx: bool = True) -> list[Manifest]:
+    """Export several graphs of one model (``(spec, out)`` each, as :func:`export_graph`) as one unit: every
+    ``out`` is checked before any work, all are written into staging folders, and they are swapped into
+    place only when every one is complete. A refusal or a failed write leaves every ``out`` as it was."""
+    for spec, _ in graphs:
+        _check_flags(spec, weights, ops, opset)
+    protect = [Path(weights)] if weights else []
+    for _, out in graphs:  # before minutes of work; again under the locks
+        check_out_dir(out, owned_export_files, overwrite=overwrite, protect=protect)
+    with contextlib.ExitStack() as staged:  # swapped in reverse order once all are written; none if one fails
+        stagings = [staged.enter_context(staged_dir(out, owned_export_files, overwrite=overwrite, protect=protect))
+                    for _, out in graphs]
+        manifests = [_export_into(staging, spec, weights=weights, seed=seed, ops=ops, opset=opset, onnx=onnx)
+                     for staging, (spec, _) in zip(stagings, graphs)]
+    for spec, out in graphs:
+        logger.info("exported %s %s (%s, %s, opset %d%s) to %s", spec.config.name, graph_kind(spec).name,
+                    spec.precision, ops, opset, "" if onnx else ", no ONNX graph", out)
+    return manifests
+
+
+def _check_flags(spec: GraphSpec, weights: str | None, ops: str, opset: int) -> None:
     kind = graph_kind(spec)
     if ops not in OPS:
         raise WanTrtError(f"--ops {ops!r}: this build exports {', '.join(OPS)}")
@@ -55,14 +81,6 @@ def export_graph(spec: GraphSpec, out: str | Path, *, weights: str | None = None
                           f"row is QuantizeLinear's block_size); export it with --opset 23")
     if weights is not None and not Path(weights).is_file():
         raise WanTrtError(f"{kind.weights_flag} {weights}: no such file")
-    protect = [Path(weights)] if weights else []
-    # before minutes of work; again under the lock
-    check_out_dir(out, owned_export_files, overwrite=overwrite, protect=protect)
-    with staged_dir(out, owned_export_files, overwrite=overwrite, protect=protect) as staging:
-        manifest = _export_into(staging, spec, weights=weights, seed=seed, ops=ops, opset=opset, onnx=onnx)
-    logger.info("exported %s %s (%s, %s, opset %d%s) to %s", spec.config.name, kind.name, spec.precision, ops, opset,
-                "" if onnx else ", no ONNX graph", out)
-    return manifest
 
 
 def _export_into(staging: Path, spec: GraphSpec, *, weights: str | None, seed: int, ops: str, opset: int,

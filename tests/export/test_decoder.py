@@ -169,3 +169,40 @@ def test_bad_decoder_exports_and_flags_are_refused(decoder_export, tmp_path):
         res = CliRunner().invoke(main, ["export", "--config", CFG, "--graph", "decoder", "--out",
                                         str(tmp_path / "x"), *extra])
         assert res.exit_code == 1 and message in res.output, res.output
+
+
+def _decoder_seeds(out):
+    return {call: m.weights["seed"] for call, m in read_decoder(out).items()}
+
+
+def test_a_refused_decoder_re_export_leaves_both_graphs_as_they_were(tmp_path):
+    """The two graphs were exported in turn, each folder checked when its turn came: with a user's file in
+    steady/, a re-export replaced first/ and then refused steady/, leaving a pair of two different decoders."""
+    out = tmp_path / "dec"
+    export_decoder(load_config(CFG), out, "fp32", seed=4, onnx=False)
+    (out / "steady" / "notes.txt").write_text("mine")
+    res = CliRunner().invoke(main, ["export", "--config", CFG, "--graph", "decoder", "--precision", "fp32",
+                                    "--no-onnx", "--seed", "5", "--out", str(out), "--overwrite"])
+    assert res.exit_code == 1 and "notes.txt" in res.output, res.output
+    assert _decoder_seeds(out) == {"first": 4, "steady": 4}
+
+
+def test_a_decoder_re_export_that_fails_midway_changes_neither_graph(tmp_path, monkeypatch):
+    """A write that fails while the second graph is exported (a full disk, a kill) left the first replaced."""
+    import errno
+
+    import wan_trt.export.writer as writer
+    out = tmp_path / "dec"
+    export_decoder(load_config(CFG), out, "fp32", seed=4, onnx=False)
+    real = writer._export_into
+
+    def full_disk_on_steady(staging, spec, **kwargs):
+        if spec.call == "steady":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(staging, spec, **kwargs)
+
+    monkeypatch.setattr(writer, "_export_into", full_disk_on_steady)
+    with pytest.raises(WanTrtError, match="No space left"):
+        export_decoder(load_config(CFG), out, "fp32", seed=5, onnx=False, overwrite=True)
+    assert _decoder_seeds(out) == {"first": 4, "steady": 4}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dec"]  # no staging folders left
