@@ -294,14 +294,23 @@ def _swap_into_place(staging: Path, out: Path, old_files: list[Path]) -> None:
 
 
 def remove_owned(directory: Path, files: list[Path]) -> None:
-    """Delete ``files`` then the folders they leave empty; anything else found is kept and reported."""
+    """Delete ``files`` then the folders they leave empty; anything else found, or a file that cannot be
+    deleted, is kept and reported (a warning: the new output is in place by then)."""
+    failed = []
     for path in files:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            failed.append(f"{path.name}: {exc.strerror or exc}")
     for root, _, _ in sorted(os.walk(directory), key=lambda entry: -len(entry[0])):
         with contextlib.suppress(OSError):
             os.rmdir(root)
-    if directory.exists():
+    if failed:
+        logger.warning("could not remove %s, the previous output moved aside (%s); delete it yourself",
+                       directory, "; ".join(failed[:3]))
+    elif directory.exists():
         logger.warning("kept %s: it holds files the old export did not have", directory)
 
 

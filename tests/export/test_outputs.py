@@ -229,3 +229,24 @@ def test_a_lock_is_held_while_a_build_holds_it_and_probes_do_not_hold_it_for_eac
         assert not lock_held(lock)
     finally:
         os.close(fd)
+
+
+def test_an_old_export_that_cannot_be_removed_after_the_swap_is_reported_as_kept(tmp_path, plain_export,
+                                                                                 monkeypatch, caplog):
+    """A file of the old export that could not be deleted after the new one was in place (read-only, immutable)
+    failed the export with 'the previous export, if any, is unchanged', while --out held the new export."""
+    import pathlib
+    out = tmp_path / "export"
+    shutil.copytree(plain_export, out)
+    real_unlink = pathlib.Path.unlink
+
+    def unlink(path, missing_ok=False):
+        if path.name == "sample_inputs.safetensors" and ".old-" in path.parent.name:
+            raise PermissionError(1, "Operation not permitted", str(path))
+        return real_unlink(path, missing_ok)
+
+    monkeypatch.setattr(pathlib.Path, "unlink", unlink)
+    export_transformer(load_config(CFG), out, "fp32", seed=3, onnx=False, overwrite=True)  # no error
+    assert Manifest.read(out).weights["seed"] == 3  # the new export is in place
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith(".export.old-")]
+    assert len(kept) == 1 and any("could not remove" in r.message and str(kept[0]) in r.message for r in caplog.records)
