@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -23,11 +24,13 @@ from typing import Any, Iterator
 from wan_trt.digest import check_digest_record, file_digest, verify_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, tool_versions
+from wan_trt.export.manifest_schema import OPS
 from wan_trt.log import logger
 from wan_trt.model.fp8 import FP8_SCHEME
 from wan_trt.outputs import check_parent_chain, remove_stale_partials, written_by_build
 
 REBUILD = "rebuild it with `wan-trt build`"
+DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # the devices an engine is built for
 _NONE = type(None)
 
 
@@ -141,6 +144,15 @@ class EngineMetadata:
                 raise WanTrtError(f"{meta}: field {name!r} should be {' or '.join(t.__name__ for t in types)}, got "
                                   f"{type(data[name]).__name__}; {REBUILD} --force")
         check_digest_record(data["engine_file"], f"{meta} (engine_file)")
+        from wan_trt.engines.backends import BUILDABLE  # the registry imports nothing heavy
+        allowed = {"backend": BUILDABLE, "ops": OPS}
+        for name, values in allowed.items():
+            if data[name] not in values:
+                raise WanTrtError(f"{meta}: field {name!r} is {data[name]!r}, not one of {', '.join(values)} (what "
+                                  f"`wan-trt build` writes); {REBUILD} --force")
+        if not DEVICE.fullmatch(data["device"]):
+            raise WanTrtError(f"{meta}: field 'device' is {data['device']!r}, not a cpu or cuda device; "
+                              f"{REBUILD} --force")
         return cls(**data)
 
     def stale_reason(self, engine: Path, key: str, manifest: Manifest) -> str | None:

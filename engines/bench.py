@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from wan_trt.engines.artifact import EngineMetadata
-from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, RunnerSources, Unavailable, get_backend, make_runner,
-                                     parse_backends)
+from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, ENGINE_FLAGS, RunnerSources, Unavailable, get_backend,
+                                     make_runner, parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
 from wan_trt.engines.bench_decoder import DECODER_PROFILE, bench_decoder, check_decoder_request, engine_variants
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
@@ -107,6 +107,12 @@ class Bench:
         self.manifest = read_transformer(directory, "bench")
         self.spec = self.manifest.spec
         self.device = device
+        for key, engine in engines.items():  # an engine under another backend's flag would be run and named as that
+            if engine is not None:
+                built = EngineMetadata.read(engine).backend_name
+                if built != key:
+                    raise WanTrtError(f"{ENGINE_FLAGS[key]} {engine}: a {built} engine; give it with "
+                                      f"{ENGINE_FLAGS.get(built, 'its own flag')}")
         self.sources = RunnerSources(self.spec, device, self.model, self.manifest, directory, engines)
         self._models: dict[str, Any] = {}
 
@@ -273,6 +279,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         decoder_spec = decoder_manifests["steady"].spec
         check_decoder_request(o.decoder, decoder_manifests, o.decoder_engine, o.device)
     blocks, out, chart = o.blocks, o.out, o.chart
+    if out is not None and chart is not None and Path(out).resolve() == Path(chart).resolve():
+        raise WanTrtError(f"--out and --chart are both {out}: the chart would replace the report; give two files")
     for flag, path, written, what in (("--out", out, is_report, "wan-trt bench report"),
                                       ("--chart", chart, is_chart,
                                        "chart wan-trt bench drew (an older wan-trt's charts carry no mark)")):
@@ -287,40 +295,49 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
                               "passes_per_block": cfg.passes_per_block, "weights": bench.manifest.weights,
                               "flops_per_block": bench.flops_per_block,
                               "roofline_ms_dense_bf16_h100": roofline_ms(bench.flops_per_block),
-                              "backends": {}, "skipped": {}, "failed": {}, "profiles": {}, "end_to_end": {}}
+                              "backends": {}, "skipped": {}, "failed": {}, "profiles": {}, "end_to_end": {},
+                              # saved after every row: a run that was killed leaves complete false, its rest pending
+                              "complete": False,
+                              "pending": [*backends, *other_rows, *(["decoder"] if o.decoder is not None else []),
+                                          *(f"{b}+decoder" for b in o.end_to_end),
+                                          *(f"profile {b}" for b in backend_profiles)]}
 
-    def save() -> None:
+    def save(done: str | None = None) -> None:
+        if done is not None:
+            report["pending"].remove(done)
         if out:
             write_file(Path(out), json.dumps(report, indent=2).encode())
 
     save()  # an unwritable --out fails now, not after minutes of benchmarking
     for backend in backends:
         _bench_one(report, "backends", backend, named, run=lambda: bench.run(backend, blocks))
-        save()
+        save(backend)
     for row, (other, backend) in other_rows.items():
         _bench_one(report, "backends", row, other.must_run(backend),
                    run=lambda: {**other.bench.run(backend, blocks), "precision": other.precision,
                                 "export": str(other.export)})
-        save()
+        save(row)
     if o.decoder is not None:
         with stage("bench the video decoder"):
             report["decoder"] = bench_decoder(Path(o.decoder), o.decoder_engine, o.device, blocks,
                                               profile=DECODER_PROFILE in o.profile)
-        save()
+        save("decoder")
     for backend in o.end_to_end:
         graphed = engine_variants(o.decoder_engine, o.device)[-1]
         _bench_one(report, "end_to_end", f"{backend}+decoder", named=True,
                    run=lambda: bench.run(backend, blocks, DecoderStream.from_engine(o.decoder_engine, graphed,
                                                                                      o.device)))
-        save()
+        save(f"{backend}+decoder")
     for backend in backend_profiles:
         if backend in report["backends"]:
             with stage(f"profile {backend}"):
                 other, name = other_rows.get(backend, (None, backend))
                 report["profiles"][backend] = (other.bench if other else bench).profile(name)
-            save()
+        save(f"profile {backend}")
     if chart and report["backends"]:
         write_chart(report, Path(chart))
+    report["complete"] = True
+    save()
     return report
 
 

@@ -20,6 +20,7 @@ from wan_trt.export.fp8 import MIN_OPSET as FP8_MIN_OPSET
 from wan_trt.export.fp8 import translation_table as fp8_translation_table
 from wan_trt.export.graph import check_graph
 from wan_trt.export.manifest import GRAPH, SAMPLE_INPUTS, Manifest, owned_export_files
+from wan_trt.export.manifest_schema import OPS
 from wan_trt.export.plugin_ops import plugin_node_counts, translation_table
 from wan_trt.graphs import graph_kind
 from wan_trt.log import logger, stage
@@ -27,7 +28,6 @@ from wan_trt.model.checkpoint import weights_fingerprint
 from wan_trt.outputs import check_out_dir, staged_dir
 from wan_trt.spec import GraphSpec
 
-OPS = ("native", "plugins")
 OPSETS = (18, 23)
 PROTOBUF_LIMIT = 1_800_000_000  # bytes of weights above which they go to one external data file
 

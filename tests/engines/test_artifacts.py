@@ -156,3 +156,25 @@ def test_build_takes_the_config_the_export_was_made_with(plain_export):
     from wan_trt.engines.build import check_config_flag
 
     check_config_flag(plain_export, Manifest.read(plain_export).spec.config, CFG)  # no error
+
+
+@pytest.mark.parametrize("field, value, expected", [("backend", "torch-eager", "'backend'"),
+                                                    ("backend", "onnxruntime", "'backend'"),
+                                                    ("device", "xyz", "'device'"),
+                                                    ("ops", "turbo", "'ops'")])
+def test_engine_metadata_with_values_no_build_writes_is_refused(aoti, tmp_path, field, value, expected):
+    """Metadata values were checked for their type only: a backend that builds no engines crashed check and
+    inspect with a TypeError or AttributeError, a device 'xyz' with torch's RuntimeError."""
+    import json
+    import shutil
+
+    from wan_trt.engines.artifact import EngineMetadata
+    _, engine = aoti
+    copy = tmp_path / engine.name
+    shutil.copy(engine, copy)
+    meta = json.loads(EngineMetadata.path_for(engine).read_text())
+    EngineMetadata.path_for(copy).write_text(json.dumps({**meta, field: value}))
+    for command in ("check", "inspect"):
+        res = CliRunner().invoke(main, [command, str(copy)])
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (command, res.output)
+        assert res.output.startswith("error: ") and expected in res.output and "--force" in res.output, res.output

@@ -163,3 +163,37 @@ def test_every_decoder_row_runs_or_says_why_not(plain_export, decoder_export, de
     export_decoder(load_config("universal-small"), other, "fp32", seed=9, onnx=False)
     res = _bench(base + ["--decoder", str(other), "--decoder-engine", str(decoder_aoti)])
     assert res.exit_code == 1 and f"--decoder {other}" in res.output and "built from another" in res.output, res.output
+
+
+def test_the_same_file_for_out_and_chart_is_refused(plain_export, tmp_path):
+    """bench --out X --chart X wrote the report, then the chart over it: exit 0, the report lost."""
+    same = tmp_path / "same.out"
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager", "--out",
+                  str(same), "--chart", str(same)])
+    assert res.exit_code == 1 and "--out and --chart" in res.output and not same.exists(), res.output
+
+
+def test_an_engine_given_under_another_backends_flag_is_refused(aoti, tmp_path):
+    """A native package given as --aoti-plugins-engine was benched and reported as aoti-plugins."""
+    export, engine = aoti
+    res = _bench([str(export), "--device", "cpu", "--blocks", "2", "--backends", "aoti-plugins",
+                  "--aoti-plugins-engine", str(engine), "--out", str(tmp_path / "b.json")])
+    assert res.exit_code == 1 and "--aoti-engine" in res.output and "--aoti-plugins-engine" in res.output, res.output
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_a_report_saved_before_the_last_row_says_it_is_incomplete(plain_export, tmp_path, monkeypatch):
+    """The report is saved after every row (a long run keeps what it measured), but one left by a killed run
+    looked complete: no row pending, nothing skipped or failed."""
+    import wan_trt.engines.bench as bench_module
+    saved = []
+    real = bench_module.write_file
+    monkeypatch.setattr(bench_module, "write_file", lambda path, data: (saved.append(json.loads(data)),
+                                                                         real(path, data)))
+    out = tmp_path / "bench.json"
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager,reference-eager",
+                  "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert [r["complete"] for r in saved] == [False] * (len(saved) - 1) + [True]
+    assert saved[0]["pending"] == ["torch-eager", "reference-eager"] and saved[1]["pending"] == ["reference-eager"]
+    assert json.loads(out.read_text()) == saved[-1] and saved[-1]["pending"] == []
