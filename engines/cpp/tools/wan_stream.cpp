@@ -14,16 +14,29 @@
 // --engine) decodes every block; --frames then receives its uint8 frames [9 + 12 (N - 1), 8H, 8W, 3].
 // Output: torch.save-loadable tensor [1, 16, 3*N, H, W] and one line per block on stdout:
 // "block i: <ms> ms (passes <ms>, clean <ms>, checks <ms>[, decode <ms>], commit <ms>)".
+// Refused before any block runs: an unknown flag, --out or --frames that is a folder, lies in no folder, or is a
+// file the run reads (or the other output), more --blocks than the inputs hold, a --seed outside 0..2^32-1.
+// Outputs are written whole (PATH.partial, renamed) or not at all; a failed write exits 1.
 #include <torch/serialize.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
-#include <optional>
 #include <iostream>
 #include <iterator>
+#include <optional>
+#include <regex>
+#include <set>
 
 #include "wan_trt/runtime.h"
 
 namespace {
+
+namespace fs = std::filesystem;
+
+const std::set<std::string> kValueFlags{"--engine", "--inputs", "--blocks", "--out",     "--runtime",  "--seed",
+                                        "--device", "--start-block", "--actions", "--decoder", "--frames"};
+constexpr int64_t kMaxSeed = 4294967295;  // as `wan-trt --seed`: a draw's seed * 1000003 + ... stays in int64
 
 std::vector<char> read_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -50,9 +63,57 @@ int64_t integer(std::map<std::string, std::string>& args, const std::string& key
   return value;
 }
 
+// Written whole or not at all: into PATH.partial, checked, then renamed over PATH.
 void save(const at::Tensor& tensor, const std::string& path) {
   std::vector<char> bytes = torch::pickle_save(tensor);
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const std::string staging = path + ".partial";
+  std::ofstream file(staging, std::ios::binary);
+  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  file.close();
+  std::error_code renamed;
+  if (file) fs::rename(staging, path, renamed);
+  if (!file || renamed) {
+    std::remove(staging.c_str());
+    throw wan_trt::Error("writing " + path + " failed (" + (renamed ? renamed.message() : "disk full or not writable") +
+                         "); nothing was written");
+  }
+}
+
+bool same_file(const fs::path& a, const fs::path& b) {
+  std::error_code ignored;
+  if (fs::exists(a) && fs::exists(b)) return fs::equivalent(a, b, ignored);
+  return fs::weakly_canonical(a, ignored) == fs::weakly_canonical(b, ignored);
+}
+
+// An output file that can be written and is none of the files the run reads or its other output.
+void check_output(const std::string& flag, const std::string& path,
+                  const std::vector<std::pair<std::string, std::string>>& others) {
+  const fs::path file(path);
+  if (fs::is_directory(file)) throw wan_trt::Error(flag + " " + path + " is a folder; give a file path");
+  const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder)) throw wan_trt::Error(flag + " " + path + ": no folder " + folder.string());
+  for (const auto& [other_flag, other] : others)
+    if (same_file(file, other)) throw wan_trt::Error(flag + " " + path + " is also " + other_flag);
+}
+
+at::Device parse_device(const std::string& text) {
+  if (!std::regex_match(text, std::regex("cpu|cuda(:[0-9]+)?")))
+    throw wan_trt::Error("--device " + text + ": expected cpu, cuda or cuda:N");
+  return at::Device(text);
+}
+
+// Blocks from ``first`` on that the inputs hold: cond_concat's frames and the raw action frames.
+int64_t blocks_held(const wan_trt::RuntimeSpec& spec, int64_t first, const at::Tensor& cond,
+                    const std::vector<at::Tensor>& actions) {
+  int64_t held = cond.size(2) / spec.block_frames;
+  const int64_t from = wan_trt::first_raw_frame(spec, first);
+  for (const at::Tensor& raw : actions) {
+    if (!raw.defined()) continue;
+    int64_t k = 0;
+    while (k < held && wan_trt::first_raw_frame(spec, first + k + 1) - from <= raw.size(1)) ++k;
+    held = k;
+  }
+  return held;
 }
 
 std::unique_ptr<wan_trt::Runner> make_runner(const std::string& engine, const wan_trt::GraphIO& io, at::Device device,
@@ -71,6 +132,7 @@ int run(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--cuda-graph") cuda_graph = true;
     else if (a == "--tensorrt") tensorrt = true;
+    else if (!kValueFlags.count(a)) throw wan_trt::Error("unknown flag " + a);
     else if (i + 1 < argc) args[a] = argv[++i];
     else throw wan_trt::Error("missing value for " + a);
   }
@@ -79,12 +141,26 @@ int run(int argc, char** argv) {
   if (args.count("--frames") != args.count("--decoder"))
     throw wan_trt::Error("--decoder and --frames go together: the frames of the decoder are written to --frames");
   const std::string engine = args["--engine"];
-  const auto spec = wan_trt::RuntimeSpec::load(args.count("--runtime") ? args["--runtime"] : engine + ".runtime.txt");
-  const at::Device device(args["--device"]);
+  const std::string runtime = args.count("--runtime") ? args["--runtime"] : engine + ".runtime.txt";
+  const auto spec = wan_trt::RuntimeSpec::load(runtime);
+  const at::Device device = parse_device(args["--device"]);
   std::optional<wan_trt::DecoderEngines> pair;  // every file is read and checked before any engine loads
   if (args.count("--decoder")) pair = wan_trt::DecoderEngines::load(args["--decoder"]);
   const int64_t blocks = integer(args, "--blocks");
   if (blocks < 1) throw wan_trt::Error("--blocks: at least 1, got " + std::to_string(blocks));
+  const int64_t seed = integer(args, "--seed");
+  if (seed < 0 || seed > kMaxSeed)
+    throw wan_trt::Error("--seed: 0 to " + std::to_string(kMaxSeed) + ", got " + std::to_string(seed));
+  std::vector<std::pair<std::string, std::string>> read{{"--engine", engine}, {"--inputs", args["--inputs"]},
+                                                        {"--runtime", runtime}};
+  for (const char* flag : {"--actions", "--decoder"})
+    if (args.count(flag)) read.emplace_back(flag, args[flag]);
+  if (pair) read.insert(read.end(), {{"--decoder", pair->first}, {"--decoder", pair->steady}});
+  check_output("--out", args["--out"], read);
+  if (pair) {
+    read.emplace_back("--out", args["--out"]);
+    check_output("--frames", args["--frames"], read);
+  }
 
   auto inputs = torch::pickle_load(read_file(args["--inputs"])).toGenericDict();
   const at::Tensor visual = get(inputs, "visual_context"), cond = get(inputs, "cond_concat");
@@ -99,6 +175,10 @@ int run(int argc, char** argv) {
     mouse = actions.count("mouse") ? actions.at("mouse") : at::Tensor();
     keyboard = actions.count("keyboard") ? actions.at("keyboard") : at::Tensor();
   }
+  const int64_t held_blocks = blocks_held(spec, first, cond, {mouse, keyboard});
+  if (blocks > held_blocks)
+    throw wan_trt::Error("--blocks " + std::to_string(blocks) + ": the inputs hold " + std::to_string(held_blocks) +
+                         " block(s)");
   const int64_t f = spec.block_frames;
   const int64_t held_from = wan_trt::first_raw_frame(spec, first);  // first raw frame the inputs hold
 
@@ -111,7 +191,7 @@ int run(int argc, char** argv) {
     decoder = std::make_unique<wan_trt::DecoderStream>(*first_runner, pair->first_spec, *steady_runner,
                                                        pair->steady_spec);
   }
-  wan_trt::StreamingSession session(*runner, spec, integer(args, "--seed"), decoder.get());
+  wan_trt::StreamingSession session(*runner, spec, seed, decoder.get());
   session.start(visual.to(device, spec.dtype()), first);
   std::vector<at::Tensor> latents, frames;
   for (int64_t b = first; b < first + blocks; ++b) {

@@ -289,3 +289,45 @@ def test_cpp_runtime_refuses_a_folder_as_actions_file(aoti, wan_stream, tmp_path
     with pytest.raises(WanTrtError, match=r"error: --actions .*: no such file"):
         run_wan_stream(wan_stream, engine, write_stream_inputs(synthetic_stream(cfg, 1, seed=9), tmp_path / "in.pt"),
                        1, tmp_path / "out.pt", actions=tmp_path)
+
+
+def _wan_stream_args(wan_stream, aoti, tmp_path, blocks=1, **flags):
+    export_dir, engine = aoti
+    inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, blocks, seed=9),
+                                 tmp_path / "in.pt")
+    args = {"--engine": str(engine), "--inputs": str(inputs), "--blocks": "1", "--out": str(tmp_path / "out.pt")}
+    args.update({k: v.format(tmp=tmp_path, inputs=inputs, engine=engine) for k, v in flags.items()})
+    return [str(wan_stream), *[x for kv in args.items() for x in kv]]
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"--action": "{tmp}/a.jsonl"}, "unknown flag --action"),  # a typo was dropped: synthetic actions, exit 0
+    ({"--out": "{inputs}"}, "--out {inputs} is also --inputs"),  # the inputs were replaced by the latents
+    ({"--out": "{engine}"}, "--out {engine} is also --engine"),
+    ({"--out": "{tmp}/no/such/out.pt"}, "--out {tmp}/no/such/out.pt: no folder {tmp}/no/such"),  # ran, wrote nothing
+    ({"--out": "{tmp}"}, "--out {tmp} is a folder; give a file path"),  # ran, wrote nothing, exit 0
+    ({"--device": "gpu"}, "--device gpu: expected cpu, cuda or cuda:N"),  # an 'internal error' with a stack trace
+    ({"--blocks": "4"}, "--blocks 4: the inputs hold 1 block(s)"),  # ran the blocks it had, then crashed
+    ({"--seed": "-1"}, "--seed: 0 to 4294967295, got -1"),
+    ({"--seed": "4294967296"}, "--seed: 0 to 4294967295, got 4294967296"),
+])
+def test_wan_stream_refuses_what_it_cannot_do_before_any_block(aoti, wan_stream, tmp_path, flags, message):
+    import subprocess
+    cmd = _wan_stream_args(wan_stream, aoti, tmp_path, **flags)
+    inputs = (tmp_path / "in.pt").read_bytes()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    expected = "error: " + message.format(tmp=tmp_path, inputs=tmp_path / "in.pt", engine=aoti[1])
+    assert proc.returncode == 1 and proc.stderr.strip() == expected, (proc.returncode, proc.stderr)
+    assert "block 0" not in proc.stdout and (tmp_path / "in.pt").read_bytes() == inputs
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_wan_stream_refuses_frames_and_latents_into_one_file(aoti, decoder_aoti, wan_stream, tmp_path):
+    """--out X --frames X kept only the frames: the latents were lost, exit 0."""
+    import subprocess
+    same = str(tmp_path / "same.pt")
+    cmd = _wan_stream_args(wan_stream, aoti, tmp_path, **{"--out": same, "--decoder": str(decoder_aoti),
+                                                         "--frames": same})
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip() == f"error: --frames {same} is also --out", proc.stderr
+    assert not (tmp_path / "same.pt").exists()
