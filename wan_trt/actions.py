@@ -7,7 +7,8 @@ held for the whole block or one row per video frame of the block (9 for block 0,
     {"mouse": [0.1, 0.0], "keyboard": [1, 0, 0, 0]}
     {"mouse": [[0.1, 0.0], [0.1, 0.0], ...12 rows], "keyboard": [0, 0, 1, 0]}
 
-Blank lines are skipped; lines past the blocks asked for are not read. Every defect of the lines
+Lines end at '\\n' (a '\\r' before it dropped); a line of JSON whitespace only is blank and skipped;
+lines past the blocks asked for are not read (nor decoded). Every defect of the lines
 read is refused with its line number before any block runs.
 """
 from __future__ import annotations
@@ -40,19 +41,21 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int) -> dict[str, tor
     if not path.is_file():
         raise WanTrtError(f"--actions {path}: no such file")
     dims = action_dims(cfg)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise WanTrtError(f"--actions {path}: not UTF-8 text (byte {exc.start}); expected JSON lines") from None
-    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    lines = [(i, line) for i, line in enumerate(_lines(path.read_bytes()), 1) if line.strip(JSON_SPACE)]
+    if not lines:
+        raise WanTrtError(f"--actions {path}: no block lines (an empty or blank file); write one line per block")
     if len(lines) < blocks:
         raise WanTrtError(f"--actions {path}: {len(lines)} block line(s), {blocks} block(s) asked; add lines or pass "
                           f"--blocks {len(lines)}")
     frames: dict[str, list[torch.Tensor]] = {name: [] for name in dims}
-    for block, (number, line) in enumerate(lines[:blocks]):
+    for block, (number, raw) in enumerate(lines[:blocks]):
         where = f"--actions {path}, line {number} (block {block})"
         try:
-            entry = json.loads(line)
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise WanTrtError(f"{where}: not UTF-8 text (byte {exc.start} of the line); expected JSON") from None
+        try:
+            entry = json.loads(line, parse_constant=_not_json)
         except json.JSONDecodeError as exc:
             raise WanTrtError(f"{where}: not JSON ({exc.msg})") from None
         except RecursionError:
@@ -64,6 +67,21 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int) -> dict[str, tor
         for name, dim in dims.items():
             frames[name].append(_rows(entry[name], n, dim, f"{where}, {name}"))
     return {name: torch.cat(rows)[None] for name, rows in frames.items()}
+
+
+JSON_SPACE = b" \t\r\n"  # JSON's whitespace: a line holding nothing else is blank
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """The file's lines as JSON lines has them: ended by '\\n' only, a '\\r' before it dropped (the C++ reader
+    splits the same way; str.splitlines would also split at '\\r', form feeds and Unicode separators)."""
+    lines = data.split(b"\n")
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def _not_json(constant: str):
+    """NaN and +-Infinity are no JSON numbers (Python's json reads them)."""
+    raise json.JSONDecodeError(f"{constant} is not a JSON value", constant, 0)
 
 
 def _rows(value, n: int, dim: int, where: str) -> torch.Tensor:

@@ -200,7 +200,7 @@ def test_actions_come_from_a_json_lines_file(tmp_path):
     assert not torch.allclose(runs["file"], runs["synthetic"])
     bad = {"not JSON": "{mouse", "keys ['keyboard', 'mouse']": json.dumps({"mouse": [0, 0]}),
            "9 rows of 2": json.dumps({"mouse": [[0, 0]] * 5, "keyboard": [0] * keys}),
-           "finite numbers": json.dumps({"mouse": [float("nan"), 0], "keyboard": [0] * keys}),
+           "not JSON (NaN is not a JSON value)": json.dumps({"mouse": [float("nan"), 0], "keyboard": [0] * keys}),
            "2 finite numbers": json.dumps({"mouse": [10 ** 400, 0], "keyboard": [0] * keys})}
     for message, line in bad.items():
         path.write_text(line + "\n" + json.dumps(lines[1]) + "\n")

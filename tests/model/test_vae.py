@@ -362,3 +362,25 @@ def test_a_corrupted_vae_checkpoint_names_its_keys(tmp_path):
                  "decoder.upsamples.3.time_conv.weight: checkpoint (1, 2, 3)"):
         assert part in message, message
 
+
+
+@pytest.mark.parametrize("content, name", [("not a checkpoint", "bad.jsonl"), (None, "tensor.pt")])
+def test_an_unreadable_vae_checkpoint_is_named_by_its_own_flag(tmp_path, content, name):
+    """The reader's refusals said '--weights PATH' for a --vae-weights file."""
+    path = tmp_path / name
+    if content is None:
+        torch.save(torch.zeros(3), path)
+    else:
+        path.write_text(content)
+    with pytest.raises(WanTrtError, match=r"^--vae-weights "):
+        load_vae_decoder(VideoDecoder(SMALL), path)
+
+
+def test_a_damaged_vae_checkpoint_is_named_by_its_own_flag(tmp_path):
+    """check_values said '--weights PATH' for a --vae-weights file holding NaN."""
+    state = {k: v.clone() for k, v in VideoDecoder(SMALL).state_dict().items()}
+    key = next(k for k, v in state.items() if v.is_floating_point() and v.numel() > 1)
+    state[key].view(-1)[0] = float("nan")
+    torch.save(state, tmp_path / "nan.pth")
+    with pytest.raises(WanTrtError, match=r"^--vae-weights .*NaN"):
+        load_vae_decoder(VideoDecoder(SMALL), tmp_path / "nan.pth")

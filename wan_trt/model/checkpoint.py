@@ -26,11 +26,11 @@ _WRAPPERS = ("state_dict", "model", "generator", "generator_ema", "module")
 _SHOW = 12
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The raw tensors of a checkpoint file (keys as stored)."""
+def read_state_dict(path: str | Path, flag: str = "--weights") -> dict[str, torch.Tensor]:
+    """The raw tensors of a checkpoint file (keys as stored); ``flag`` names the file in refusals."""
     path = Path(path)
     if not path.is_file():
-        raise WanTrtError(f"--weights {path}: no such file")
+        raise WanTrtError(f"{flag} {path}: no such file")
     suffix = path.suffix.lower()
     try:
         if suffix == ".safetensors":
@@ -39,26 +39,26 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         elif suffix in (".pt", ".pth", ".bin", ".ckpt"):
             state = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            raise WanTrtError(f"--weights {path}: expected a .safetensors, .pt or .pth file")
+            raise WanTrtError(f"{flag} {path}: expected a .safetensors, .pt or .pth file")
     except WanTrtError:
         raise
     except Exception as exc:  # corrupt file: the loader's own message says what broke
-        raise WanTrtError(f"--weights {path}: cannot read it ({type(exc).__name__}: {exc})") from None
-    return _unwrap(state, path)
+        raise WanTrtError(f"{flag} {path}: cannot read it ({type(exc).__name__}: {exc})") from None
+    return _unwrap(state, path, flag)
 
 
-def _unwrap(state: object, path: Path) -> dict[str, torch.Tensor]:
+def _unwrap(state: object, path: Path, flag: str) -> dict[str, torch.Tensor]:
     """The state dict itself, or the one a training checkpoint wraps (``{"state_dict": ..., "epoch": 3}``)."""
     if isinstance(state, Mapping) and not _all_tensors(state):
         inner = [key for key in _WRAPPERS if isinstance(state.get(key), Mapping)]
         if len(inner) > 1:
-            raise WanTrtError(f"--weights {path}: holds several state dicts ({', '.join(inner)}); expected "
+            raise WanTrtError(f"{flag} {path}: holds several state dicts ({', '.join(inner)}); expected "
                               f"one: save the one to use on its own (torch.save(ckpt['{inner[0]}'], ...))")
         state = state[inner[0]] if inner else state
     if not isinstance(state, Mapping) or not _all_tensors(state):
         found = ", ".join(f"{k} ({type(v).__name__})" for k, v in list(state.items())[:_SHOW]) \
             if isinstance(state, Mapping) else type(state).__name__
-        raise WanTrtError(f"--weights {path}: expected a state dict of tensors (optionally under "
+        raise WanTrtError(f"{flag} {path}: expected a state dict of tensors (optionally under "
                           f"'{_WRAPPERS[0]}'), found {found}")
     return dict(state)
 
@@ -105,12 +105,12 @@ def _listed(items: list[str]) -> str:
     return ", ".join(items[:_SHOW]) + more
 
 
-def check_values(state: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype) -> None:
+def check_values(state: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype, flag: str = "--weights") -> None:
     """Raise WanTrtError naming (keys as stored) tensors that are not float, hold NaN/Inf, or overflow ``dtype``."""
     not_float = [f"{k} ({_name(v.dtype)})" for k, v in state.items()
                  if not v.is_floating_point()]
     if not_float:
-        raise WanTrtError(f"--weights {source}: {len(not_float)} tensor(s) hold integers where float weights "
+        raise WanTrtError(f"{flag} {source}: {len(not_float)} tensor(s) hold integers where float weights "
                           f"are expected: {_listed(not_float)}; pass the float (bf16/fp32) checkpoint")
     nonfinite = [f"{k} ({counts})" for k, v in state.items() if (counts := _nonfinite(v))]
     limit = torch.finfo(dtype).max
@@ -123,7 +123,7 @@ def check_values(state: Mapping[str, torch.Tensor], source: str, dtype: torch.dt
         problems.append(f"{len(overflow)} tensor(s) overflow {_name(dtype)} (max {limit:.5g}): "
                         f"{_listed(overflow)}; pass --precision bf16 or fp32")
     if problems:
-        raise WanTrtError(f"--weights {source}: " + "\n  ".join(problems))
+        raise WanTrtError(f"{flag} {source}: " + "\n  ".join(problems))
 
 
 def _nonfinite(value: torch.Tensor) -> str:
@@ -170,10 +170,10 @@ def load_vae_decoder(model: nn.Module, path: str | Path, dtype: torch.dtype = to
 
     The encoder's keys are skipped; any other key, a missing one or a wrong shape fails, listed.
     """
-    raw = read_state_dict(path)
+    raw = read_state_dict(path, "--vae-weights")
     state = {k: v for k, v in raw.items() if not k.startswith(VAE_ENCODER_PREFIXES)}
     check_keys(model, state, str(path), "--vae-weights", "pass the Wan2.1 VAE (Wan2.1_VAE.pth) or its decoder")
-    check_values(state, str(path), dtype)
+    check_values(state, str(path), dtype, "--vae-weights")
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
     return model
 

@@ -1,8 +1,9 @@
 // Actions from a JSON-lines file, the format of wan_trt/actions.py: one line per block, a JSON object
 // with one key per action input ("mouse", "keyboard"), each one action held for the block (D numbers)
-// or one row per video frame (n rows of D). Blank lines are skipped; lines past the blocks asked for are
-// not read. A file is refused where the Python reader refuses it, with the same messages but for the
-// parser's own wording of a line that is not JSON.
+// or one row per video frame (n rows of D). Lines end at '\n' (a '\r' before it dropped); a line of JSON
+// whitespace only is blank and skipped; lines past the blocks asked for are not read. A file is refused
+// where the Python reader refuses it, with the same messages but for the parser's own wording of a line
+// that is not JSON.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -226,8 +227,10 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
   std::string line;
   for (int64_t number = 1; std::getline(file, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t\f\v\r") != std::string::npos) lines.emplace_back(number, line);
+    if (line.find_first_not_of(" \t\r") != std::string::npos) lines.emplace_back(number, line);  // JSON's spaces
   }
+  if (lines.empty())
+    throw Error("--actions " + path + ": no block lines (an empty or blank file); write one line per block");
   if (static_cast<int64_t>(lines.size()) < blocks)
     throw Error("--actions " + path + ": " + std::to_string(lines.size()) + " block line(s), " +
                 std::to_string(blocks) + " block(s) asked; add lines or pass --blocks " + std::to_string(lines.size()));

@@ -331,3 +331,39 @@ def test_wan_stream_refuses_frames_and_latents_into_one_file(aoti, decoder_aoti,
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.strip() == f"error: --frames {same} is also --out", proc.stderr
     assert not (tmp_path / "same.pt").exists()
+
+
+LINE = '{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}'
+
+
+@pytest.mark.parametrize("text, message", [
+    (LINE + "\r" + LINE + "\r", r"1 block line\(s\), 2 block\(s\) asked"),  # CR-only line ends: Python read 2
+    (LINE + "\n\u00a0\n" + LINE + "\n", r"line 2 \(block 1\): not JSON"),  # NBSP is no JSON whitespace
+    (LINE + "\x0c" + LINE + "\n", r"1 block line\(s\), 2 block\(s\) asked"),  # a form feed ends no line
+    ("\n \t\r\n", r"no block lines \(an empty or blank file\)"),  # said 'pass --blocks 0', which is refused
+])
+def test_python_and_cpp_split_an_actions_file_into_the_same_lines(aoti, wan_stream, tmp_path, text, message):
+    """Lines end at '\\n' only (a '\\r' before it dropped) and a blank line holds JSON whitespace only, in both
+    readers: Python's splitlines() also split at '\\r', '\\x0c', '\\x1c'-'\\x1e', U+2028 and skipped lines of
+    Unicode spaces, where C++ read the same file as other lines."""
+    from wan_trt.actions import read_actions
+    export_dir, engine = aoti
+    cfg = Manifest.read(export_dir).spec.config
+    path = tmp_path / "actions.jsonl"
+    path.write_bytes(text.encode())
+    with pytest.raises(WanTrtError, match=message):
+        read_actions(path, cfg, 2)
+    with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: --actions .*" + message):
+        run_wan_stream(wan_stream, engine, write_stream_inputs(synthetic_stream(cfg, 2, seed=9), tmp_path / "in.pt"),
+                       2, tmp_path / "out.pt", actions=path)
+
+
+def test_a_non_utf8_byte_past_the_lines_read_is_not_read(aoti, tmp_path):
+    """Python decoded the whole file first: a bad byte in a line past --blocks refused the file, C++ read it."""
+    from wan_trt.actions import read_actions
+    cfg = Manifest.read(aoti[0]).spec.config
+    path = tmp_path / "actions.jsonl"
+    path.write_bytes((LINE + "\n").encode() + b"\xff\xfe\n")
+    assert read_actions(path, cfg, 1)["mouse"].shape == (1, 9, 2)
+    with pytest.raises(WanTrtError, match=r"line 2 \(block 1\): not UTF-8"):
+        read_actions(path, cfg, 2)
