@@ -25,9 +25,9 @@ from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
-from wan_trt.export.manifest import Manifest
+from wan_trt.export.manifest import Manifest, owned_export_files
 from wan_trt.log import stage
-from wan_trt.outputs import output_lock
+from wan_trt.outputs import output_lock, write_file
 
 MIN_VERSION = (10, 9)
 # TensorRT 10.x untyped networks (--weak-typing): the builder flags each precision needs. fp8: the
@@ -63,8 +63,15 @@ def _major(trt) -> int:
 def _check_inputs(manifest: Manifest, directory: Path, opt_level: int, timing_cache: Path | None) -> None:
     if not 0 <= opt_level <= 5:
         raise WanTrtError(f"--opt-level {opt_level}: expected 0..5")
-    if timing_cache is not None and not timing_cache.parent.is_dir():
-        raise WanTrtError(f"--timing-cache {timing_cache}: folder {timing_cache.parent} does not exist")
+    if timing_cache is not None:  # read as a cache, then replaced by the build's: never a file of anything else's
+        if not timing_cache.parent.is_dir():
+            raise WanTrtError(f"--timing-cache {timing_cache}: folder {timing_cache.parent} does not exist")
+        if timing_cache.is_symlink() or timing_cache.is_dir():
+            raise WanTrtError(f"--timing-cache {timing_cache} is a symbolic link or a folder; name the cache file "
+                              "itself")
+        if timing_cache.resolve() in {p.resolve() for p in owned_export_files(directory) or []}:
+            raise WanTrtError(f"--timing-cache {timing_cache} is a file of the export (the build would replace it "
+                              "with its timing cache); pick a path of its own, e.g. out/timing.cache")
     if manifest.ops == "plugins":
         # deferred like register_plugins; imported here to fail early if the plugin code is missing
         from wan_trt.plugins import tensorrt_plugins  # noqa: F401
@@ -119,7 +126,7 @@ def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, 
                                               "layers": inspect_tensorrt(partial)["counts"]})
         install_engine(partial, engine, meta)
     if cache_path:
-        cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+        write_file(cache_path, bytes(config.get_timing_cache().serialize()))
 
 
 def _parse(trt, builder, trt_logger, graph: Path, weak_typing: bool):

@@ -55,3 +55,18 @@ def test_bench_runs_the_tensorrt_engine(small_export, tmp_path):
     res = CliRunner().invoke(main, ["bench", str(small_export), "--device", "cuda", "--blocks", "2",
                                     "--trt-engine", str(engine), "--backends", "tensorrt"])
     assert res.exit_code == 0 and "tensorrt" in res.output and "FAILED" not in res.output, res.output
+
+
+@pytest.mark.parametrize("which", ["manifest", "sample_inputs", "link"])
+def test_a_timing_cache_that_is_a_file_of_the_export_or_a_link_is_refused(plain_export, tmp_path, which):
+    """--timing-cache is read as a cache and then written over: pointed at the export's own files (or through a
+    link, at anything) the build would replace them with a timing cache. Refused before TensorRT is needed."""
+    from wan_trt.engines.backends.tensorrt import build_tensorrt
+    cache = {"manifest": plain_export / "manifest.json", "sample_inputs": plain_export / "sample_inputs.safetensors",
+             "link": tmp_path / "cache.bin"}[which]
+    if which == "link":
+        cache.symlink_to(plain_export / "manifest.json")
+    before = (plain_export / "manifest.json").read_bytes()
+    with pytest.raises(WanTrtError, match=r"--timing-cache .*(a file of the export|symbolic link)"):
+        build_tensorrt(plain_export, timing_cache=cache)
+    assert (plain_export / "manifest.json").read_bytes() == before
