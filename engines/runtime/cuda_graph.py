@@ -54,9 +54,10 @@ class CudaGraphRunner(Runner):
             for _ in range(self.warmup):
                 self.inner.infer(feeds)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(self.device), torch.cuda.graph(self.graph), torch.no_grad():
-            self.outputs = self.inner.infer(feeds)
+        graph = torch.cuda.CUDAGraph()  # kept only once captured: a capture that fails is tried again next call
+        with torch.cuda.device(self.device), torch.cuda.graph(graph), torch.no_grad():
+            outputs = self.inner.infer(feeds)
+        self.graph, self.outputs = graph, outputs
         self.pointers = {n: t.data_ptr() for n, t in feeds.items()}
 
 

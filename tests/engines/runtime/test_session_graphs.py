@@ -171,3 +171,28 @@ def test_the_replayed_check_refuses_a_non_finite_entry_uncommitted():
         assert session._captured["checks"].captures == 1 and session._captured["commit"].captures == 1
         for k, v in before.items():
             assert torch.equal(session.feeds[k], v), k
+
+
+@CUDA
+def test_a_capture_that_failed_is_tried_again_not_replayed_empty():
+    """The graph was kept before its capture succeeded: after one failed capture (an OOM) every later call
+    replayed an empty graph and returned no outputs (KeyError 'flow' at every step)."""
+    cfg = load_config("universal-small")
+    model = build_model(cfg, seed=1).cuda()
+    inputs = synthetic_stream(cfg, 2, seed=2)
+    with CudaGraphRunner(TorchRunner(model, PassSpec.from_config(cfg, "fp32"))) as runner:
+        infer, calls = runner.inner.infer, []
+
+        def out_of_memory_at_capture(feeds):
+            calls.append(1)
+            if len(calls) == runner.warmup + 1:  # the capture's call
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+            return infer(feeds)
+
+        runner.inner.infer = out_of_memory_at_capture
+        session = StreamingSession(runner, noise=NoiseSource(2))
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            stream_blocks(session, inputs, 1)
+        latents = [r.latents.clone() for r in stream_blocks(session, inputs, 2)]
+    expected, _, _ = _stream(cfg, model, inputs, graphed=True)
+    assert len(latents) == 2 and all(torch.equal(a, e) for a, e in zip(latents, expected[:2]))
