@@ -13,7 +13,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.precisions import PRECISIONS as PRECISION_DTYPES
 
 
-MAX_SEED = 2 ** 32 - 1  # a noise draw's seed is seed * 1000003 + block * 1009 + step: within int64 for any stream
+MAX_SEED = 2 ** 32 - 1  # 32 bits: PyTorch's CPU generator keeps the low 32 bits of a seed (random weights)
 
 
 class PathArg(click.Path):

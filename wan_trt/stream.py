@@ -164,5 +164,24 @@ class NoiseSource:
 
     def __call__(self, block: int, step: int, shape: tuple[int, ...], device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        gen = torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + block * 1_009 + step)
+        gen = torch.Generator(device=device).manual_seed(draw_seed(self.seed, block, step))
         return torch.randn(shape, generator=gen, device=device).to(dtype)
+
+
+_U64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & _U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
+
+
+def draw_seed(seed: int, block: int, step: int) -> int:
+    """The generator seed of one draw: (seed, block, step) mixed by splitmix64 (as the C++ runtime does), 63 bits.
+    Every bit depends on all three, so the CPU generator, which keeps the low 32 bits, sees no seed as another
+    seed shifted by some blocks (a linear seed * 1000003 + block * 1009 + step did)."""
+    h = _splitmix64(seed & _U64)
+    h = _splitmix64(h ^ (block & _U64))
+    return _splitmix64(h ^ (step & _U64)) >> 1

@@ -12,6 +12,8 @@ reuse their output buffers, and CUDA graphs need fixed input addresses).
 """
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,7 @@ class DecoderStream:
         self.device = steady.device
         self.feeds = self.spec.allocate("inputs", self.device)
         self.started = False
+        self.owner: weakref.ref | None = None  # the session it is attached to: it carries that stream's histories
         self._benchmark: bool | None = None  # cuDNN's setting before the first __enter__, restored on exit
 
     @classmethod

@@ -17,6 +17,7 @@ anything, and a block that comes out NaN/Inf is refused (:class:`NonFiniteBlock`
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -128,6 +129,11 @@ class StreamingSession:
         """Decode every later block to frames. Refused mid-stream: the decoder's histories start with the
         stream (its first block decodes by the first-frame rule), so attach it before the first step."""
         decoder.check_attachable(self.spec)
+        owner = decoder.owner() if decoder.owner is not None else None
+        if owner is not None and owner is not self and owner.decoder is decoder:
+            raise WanTrtError("this decoder is attached to another session: a decoder carries one stream's histories "
+                              "(a second session's start would reset them under the first); give each session its "
+                              "own, or call detach_decoder() on the other session first")
         if self.started and self.block != self.stream_start:
             raise WanTrtError(f"a decoder attached at block {self.block} would lack the histories of the "
                               f"{self.block - self.stream_start} block(s) already streamed: attach it before the "
@@ -137,7 +143,14 @@ class StreamingSession:
         if self.started:  # start() activated the runner; the decoder needs the same
             decoder.__enter__()
         self.decoder = decoder
+        decoder.owner = weakref.ref(self)
         decoder.reset()
+
+    def detach_decoder(self) -> None:
+        """Stop decoding; the decoder may then be attached to another session."""
+        if self.decoder is not None:
+            self.decoder.owner = None
+            self.decoder = None
 
     @property
     def start_frame(self) -> int:
@@ -395,11 +408,11 @@ def stream_blocks(session: StreamingSession, inputs, blocks: int, time_passes: b
     that starts at block ``start_block`` (``inputs`` hold that block and the ones after it);
     ``keep_frames_on``: move each block's frames there (e.g. 'cpu') as soon as it is made."""
     cfg = session.cfg
-    session.start(inputs.visual_context.to(session.device, session.dtype), start_block=start_block)
+    session.start(inputs.visual_context.to(session.device), start_block=start_block)
     results = []
     for block in progress(range(start_block, start_block + blocks), "blocks", total=blocks):
         mouse, keyboard = inputs.block_actions(cfg, block)
-        move = (lambda t: None if t is None else t.to(session.device, session.dtype))
+        move = (lambda t: None if t is None else t.to(session.device))  # the session checks, then converts
         result = session.step(move(inputs.block_cond(cfg, block)), move(mouse), move(keyboard),
                               time_passes=time_passes)
         if keep_frames_on is not None and result.frames is not None:

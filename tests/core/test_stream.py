@@ -98,3 +98,18 @@ def test_inputs_from_a_later_block_hold_only_that_blocks_frames_on():
     assert s.block_actions(cfg, 10 ** 6)[0].shape == (1, 12, 2) and s.block_cond(cfg, 10 ** 6 + 1).shape[2] == 3
     with pytest.raises(WanTrtError, match="hold blocks 1000000 .. 1000001, not block 2"):
         s.block_cond(cfg, 2)
+
+
+def test_noise_of_different_seeds_never_is_another_seeds_noise_shifted_by_a_block():
+    """A draw's seed was seed * 1000003 + block * 1009 + step, of which the CPU generator keeps the low 32 bits:
+    seed 4140933051 drew exactly seed 0's noise one block later, and seed 2^32 was seed 0."""
+    from wan_trt.stream import NoiseSource
+    shape = (64,)
+    shifted = 1009 * pow(1000003, -1, 2 ** 32) % 2 ** 32
+    for block in range(3):
+        assert not torch.equal(NoiseSource(shifted)(block, 0, shape), NoiseSource(0)(block + 1, 0, shape))
+    assert not torch.equal(NoiseSource(2 ** 32)(0, 0, shape), NoiseSource(0)(0, 0, shape))
+    assert torch.equal(NoiseSource(7)(3, 1, shape), NoiseSource(7)(3, 1, shape))  # still a function of its key
+    draws = {NoiseSource(seed)(block, step, (4,))[0].item() for seed in range(4) for block in range(4)
+             for step in range(4)}
+    assert len(draws) == 64

@@ -241,9 +241,23 @@ std::map<std::string, at::Tensor> AotiRunner::infer(const std::map<std::string, 
 
 // ---- noise ----------------------------------------------------------------------------------
 
+static uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// A draw's generator seed: (seed, block, step) mixed as wan_trt.stream.draw_seed does, 63 bits.
+static uint64_t draw_seed(int64_t seed, int64_t block, int64_t step) {
+  uint64_t h = splitmix64(static_cast<uint64_t>(seed));
+  h = splitmix64(h ^ static_cast<uint64_t>(block));
+  return splitmix64(h ^ static_cast<uint64_t>(step)) >> 1;
+}
+
 at::Tensor noise(int64_t seed, int64_t block, int64_t step, at::IntArrayRef shape, at::Device device,
                  at::ScalarType dtype) {
-  const uint64_t value = static_cast<uint64_t>(seed * 1000003 + block * 1009 + step);
+  const uint64_t value = draw_seed(seed, block, step);
   at::Generator gen;
 #ifdef WAN_TRT_WITH_CUDA
   if (device.is_cuda()) {
@@ -387,9 +401,10 @@ void StreamingSession::start(const at::Tensor& visual_context, int64_t start_blo
                 std::to_string(spec_.max_stream_frames) + " latent frames");
   at::Tensor& slot = feeds_.at("visual_context");
   if (visual_context.sizes() != slot.sizes()) throw Error("visual_context: wrong shape");
-  if (!first_non_finite({{"visual_context", visual_context}}).empty())
+  const at::Tensor visual = real_input("visual_context", visual_context, " of the stream");
+  if (!first_non_finite({{"visual_context", visual}}).empty())
     throw Error("visual_context of the stream holds non-finite values (NaN or Inf)");
-  slot.copy_(visual_context);
+  slot.copy_(visual);
   for (const auto& c : spec_.caches)
     if (spec_.prev_frames > 0) {
       feeds_.at(c.prev_k).zero_();
@@ -401,6 +416,13 @@ void StreamingSession::start(const at::Tensor& visual_context, int64_t start_blo
   valid_frames_ = 0;
   started_ = true;
   if (decoder_) decoder_->reset();
+}
+
+// ``t`` on the session's device and dtype; a complex tensor is refused (a conversion would drop its imaginary part).
+at::Tensor StreamingSession::real_input(const std::string& name, const at::Tensor& t, const std::string& of) const {
+  if (t.defined() && at::isComplexType(t.scalar_type()))
+    throw Error(name + ": expected a real tensor" + of + ", got " + std::string(c10::toString(t.scalar_type())));
+  return t.defined() ? t.to(device_, spec_.dtype()) : t;
 }
 
 bool StreamingSession::check_actions(const std::string& name, const at::Tensor& raw) const {
@@ -472,9 +494,10 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
                 " latent frames a stream can reach: start a new stream");
   at::Tensor& cond_slot = feeds_.at("cond_concat");
   if (cond.sizes() != cond_slot.sizes()) throw Error("cond_concat: wrong shape for block " + std::to_string(block_));
-  std::vector<std::pair<std::string, at::Tensor>> given{{"cond_concat", cond}};
-  if (check_actions("mouse", mouse)) given.emplace_back("mouse", mouse);
-  if (check_actions("keyboard", keyboard)) given.emplace_back("keyboard", keyboard);
+  const std::string for_block = " for block " + std::to_string(block_);
+  std::vector<std::pair<std::string, at::Tensor>> given{{"cond_concat", real_input("cond_concat", cond, for_block)}};
+  if (check_actions("mouse", mouse)) given.emplace_back("mouse", real_input("mouse", mouse, for_block));
+  if (check_actions("keyboard", keyboard)) given.emplace_back("keyboard", real_input("keyboard", keyboard, for_block));
   const std::string bad_input = first_non_finite(given);
   if (!bad_input.empty()) throw Error(bad_input + of_block + " holds non-finite values (NaN or Inf)");
   const auto kept_history = history_;  // tensor handles: feed_actions replaces, never writes in place
@@ -484,7 +507,7 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
   std::map<std::string, at::Tensor> outputs;
   try {  // until the commit, any failure (a bad block, a runner or decoder error) leaves the session as it was
     for (size_t i = 1; i < given.size(); ++i) feed_actions(given[i].first, given[i].second);
-    cond_slot.copy_(cond);
+    cond_slot.copy_(given[0].second);
     feed_rotaries(start);
     if (spec_.prev_frames > 0) feeds_.at("valid_frames").fill_(valid_frames_);
 

@@ -36,7 +36,7 @@ namespace fs = std::filesystem;
 
 const std::set<std::string> kValueFlags{"--engine", "--inputs", "--blocks", "--out",     "--runtime",  "--seed",
                                         "--device", "--start-block", "--actions", "--decoder", "--frames"};
-constexpr int64_t kMaxSeed = 4294967295;  // as `wan-trt --seed`: a draw's seed * 1000003 + ... stays in int64
+constexpr int64_t kMaxSeed = 4294967295;  // as `wan-trt --seed`: 32 bits
 
 std::vector<char> read_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -192,14 +192,14 @@ int run(int argc, char** argv) {
                                                        pair->steady_spec);
   }
   wan_trt::StreamingSession session(*runner, spec, seed, decoder.get());
-  session.start(visual.to(device, spec.dtype()), first);
+  session.start(visual, first);  // the session checks, then converts to its device and dtype
   std::vector<at::Tensor> latents, frames;
   for (int64_t b = first; b < first + blocks; ++b) {
     // this block's new raw frames, as a live client would send them
     const int64_t begin = wan_trt::first_raw_frame(spec, b), n = wan_trt::first_raw_frame(spec, b + 1) - begin;
     auto cut = [&](const at::Tensor& h) { return h.defined() ? h.narrow(1, begin - held_from, n) : at::Tensor(); };
     wan_trt::Block block =
-        session.step(cond.narrow(2, (b - first) * f, f).to(device, spec.dtype()), cut(mouse), cut(keyboard));
+        session.step(cond.narrow(2, (b - first) * f, f), cut(mouse), cut(keyboard));
     latents.push_back(block.latents.to(at::kCPU));
     if (block.frames.defined()) frames.push_back(block.frames.to(at::kCPU));
     std::cout << "block " << b << ": " << block.ms << " ms (";

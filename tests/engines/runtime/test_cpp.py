@@ -367,3 +367,31 @@ def test_a_non_utf8_byte_past_the_lines_read_is_not_read(aoti, tmp_path):
     assert read_actions(path, cfg, 1)["mouse"].shape == (1, 9, 2)
     with pytest.raises(WanTrtError, match=r"line 2 \(block 1\): not UTF-8"):
         read_actions(path, cfg, 2)
+
+
+def test_inputs_of_another_real_dtype_stream_as_python_streams_them(aoti, wan_stream, tmp_path):
+    """float64 actions (finite) crashed wan_stream: its finiteness check ran before the conversion to the
+    session's dtype ('internal error', exit 2) where Python converts, then checks."""
+    import dataclasses
+    export_dir, engine = aoti
+    inputs = synthetic_stream(Manifest.read(export_dir).spec.config, 2, seed=9)
+    wide = dataclasses.replace(inputs, mouse=inputs.mouse.double(), keyboard=inputs.keyboard.double(),
+                               cond_concat=inputs.cond_concat.double())
+    base = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 2, tmp_path / "a.pt")
+    got = run_wan_stream(wan_stream, engine, write_stream_inputs(wide, tmp_path / "wide.pt"), 2, tmp_path / "b.pt")
+    assert torch.equal(got.latents, base.latents)
+
+
+@pytest.mark.parametrize("field", ["keyboard", "cond_concat", "visual_context"])
+def test_complex_inputs_are_refused_by_both_runtimes(aoti, wan_stream, tmp_path, field):
+    """step() refused a complex tensor, but stream_blocks and wan_stream converted it first: the imaginary
+    part was dropped without a word."""
+    import dataclasses
+    export_dir, engine = aoti
+    manifest = Manifest.read(export_dir)
+    inputs = synthetic_stream(manifest.spec.config, 1, seed=9)
+    inputs = dataclasses.replace(inputs, **{field: getattr(inputs, field) + 5j})
+    with AotiRunner(engine, manifest) as runner, pytest.raises(WanTrtError, match=f"{field}: expected a real tensor"):
+        stream_blocks(StreamingSession(runner), inputs, 1)
+    with pytest.raises(WanTrtError, match=f"wan_stream failed \\(1\\): error: {field}: expected a real tensor"):
+        run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt")

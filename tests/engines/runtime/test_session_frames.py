@@ -68,3 +68,20 @@ def test_a_decoder_that_does_not_fit_the_stream_is_refused():
     steady = _decoder(cfg)[1].steady
     with pytest.raises(WanTrtError, match="does not run the first decoder graph"):
         DecoderStream(steady, steady)
+
+
+def test_a_decoder_serves_one_session_at_a_time():
+    """Two sessions given one decoder: the second's start() reset the histories under the first, whose next
+    block was then decoded as a new stream's first (9 frames, not 12), without a word."""
+    cfg = load_config(CFG)
+    model = build_model(cfg, torch.float32, "cpu", seed=1)
+    _, decoder = _decoder(cfg)
+    first = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), decoder=decoder)
+    with pytest.raises(WanTrtError, match="attached to another session"):
+        StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), decoder=decoder)
+    inputs = synthetic_stream(cfg, 2, seed=3)
+    assert [r.frames.shape[0] for r in stream_blocks(first, inputs, 2)] == [9, 12]
+    first.detach_decoder()  # then another session may take it
+    second = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), decoder=decoder)
+    assert [r.frames.shape[0] for r in stream_blocks(second, inputs, 2)] == [9, 12]
+    assert first.decoder is None

@@ -194,6 +194,7 @@ class StreamingSession {
 
  private:
   std::map<std::string, at::Tensor> run(const at::Tensor& x, double t);
+  at::Tensor real_input(const std::string& name, const at::Tensor& t, const std::string& of) const;
   bool check_actions(const std::string& name, const at::Tensor& raw) const;  // false: the config has no such input
   void feed_actions(const std::string& name, const at::Tensor& raw);
   void feed_rotaries(int64_t start_frame);
