@@ -179,7 +179,7 @@ def test_a_capture_that_failed_is_tried_again_not_replayed_empty():
     replayed an empty graph and returned no outputs (KeyError 'flow' at every step)."""
     cfg = load_config("universal-small")
     model = build_model(cfg, seed=1).cuda()
-    inputs = synthetic_stream(cfg, 2, seed=2)
+    inputs = synthetic_stream(cfg, BLOCKS, seed=2)
     with CudaGraphRunner(TorchRunner(model, PassSpec.from_config(cfg, "fp32"))) as runner:
         infer, calls = runner.inner.infer, []
 
