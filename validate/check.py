@@ -79,10 +79,13 @@ class CheckReport:
         lines = []
         for o in self.outputs:
             if not o.ok:
-                lines.append(f"{o.name}: rel-L2 {o.stats.rel_l2:.3e} > allowed {o.allowed_rel_l2:.3e}"
-                             f"{f', {o.stats.non_finite} NaN/Inf' if o.stats.non_finite else ''}"
-                             f"{'' if o.polygraphy_ok else ', Polygraphy mean-error check failed'}"
-                             + _no_allowance(o.yardstick, self.precision))
+                within = passes(o.stats, o.allowed_rel_l2)
+                parts = [f"rel-L2 {o.stats.rel_l2:.3e} {'within' if within else '>'} allowed {o.allowed_rel_l2:.3e}"]
+                if o.stats.non_finite:
+                    parts.append(f"{o.stats.non_finite} NaN/Inf")
+                if not o.polygraphy_ok:
+                    parts.append("Polygraphy's comparison failed (shape, dtype or mean error)")
+                lines.append(f"{o.name}: " + ", ".join(parts) + _no_allowance(o.yardstick, self.precision))
         lines += [f"stream block {b['block']}: " + (b["error"] if "error" in b else
                                                      f"rel-L2 {b['rel_l2']:.3e} > allowed {b['allowed_rel_l2']:.3e}"
                                                      + _stream_no_allowance(b))
@@ -215,10 +218,16 @@ def check_stream(backend: Runner, reference_model, yardstick: Runner, blocks: in
 
 def _stream_rows(backend: Runner, reference_model, yardstick: Runner, blocks: int, seed: int,
                  start_block: int) -> list[dict]:
-    """Rows of one stream; a block refused as non-finite ends the stream with a failing row."""
+    """Rows of one stream; a block of the backend refused as non-finite ends the stream with a failing row. A
+    yardstick stream refused as non-finite lends no allowance: the backend's rows fail, saying so (not blamed on
+    the backend)."""
     frames = backend.spec.config.block_frames
     try:
-        base = compare_stream(reference_model, yardstick, blocks, seed, start_block=start_block)
+        base, no_allowance = compare_stream(reference_model, yardstick, blocks, seed, start_block=start_block), None
+    except NonFiniteBlock as exc:
+        base, no_allowance = None, (f"the yardstick's stream (the PyTorch model in this precision) came out non-finite "
+                                    f"at block {exc.block}: no allowance from there on ({exc})")
+    try:
         got = compare_stream(reference_model, backend, blocks, seed, start_block=start_block)
     except NonFiniteBlock as exc:
         nan = float("nan")
@@ -226,11 +235,13 @@ def _stream_rows(backend: Runner, reference_model, yardstick: Runner, blocks: in
                  "rel_l2": float("inf"), "cosine": nan, "non_finite": 1, "yardstick_rel_l2": nan,
                  "allowed_rel_l2": nan, "seconds": nan, "ok": False, "error": str(exc)}]
     rows = []
-    for i, (b, y) in enumerate(zip(got.blocks, base.blocks)):
-        allowed = tolerance(y.rel_l2, backend.spec.precision)
-        rows.append({"block": start_block + i, "start_frame": (start_block + i) * frames, **b.as_dict(),
-                     "yardstick_rel_l2": y.rel_l2, "allowed_rel_l2": allowed, "seconds": got.block_seconds[i],
-                     "ok": passes(b, allowed)})
+    for i, b in enumerate(got.blocks):
+        y = base.blocks[i].rel_l2 if base is not None else float("nan")
+        allowed = tolerance(y, backend.spec.precision)
+        row = {"block": start_block + i, "start_frame": (start_block + i) * frames, **b.as_dict(),
+               "yardstick_rel_l2": y, "allowed_rel_l2": allowed, "seconds": got.block_seconds[i],
+               "ok": passes(b, allowed)}
+        rows.append(row if no_allowance is None else {**row, "error": no_allowance})
     return rows
 
 

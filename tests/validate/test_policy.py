@@ -136,3 +136,45 @@ def test_a_yardstick_that_overflows_gives_no_allowance(export_dir, monkeypatch):
     report = check_runner(export_dir, manifest, backend, CheckOptions(stream=False, save_results=False))
     assert report.outputs and not any(o.ok for o in report.outputs)
     assert any("yardstick" in p and "NaN/Inf" in p for p in report.problems()), report.problems()
+
+
+def test_an_allowance_never_reaches_what_an_all_zero_output_scores():
+    """The allowance grew with the yardstick's error without bound: a yardstick 80 % off fp32 allowed 1.63, and an
+    engine writing zeros (rel-L2 1.0) passed."""
+    from wan_trt.validate.metrics import MAX_ALLOWED_REL_L2, error_stats, passes
+    reference = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    zeros = error_stats(torch.zeros(1000), reference)
+    assert zeros.rel_l2 == 1.0 and zeros.cosine == 0.0  # 'cosine 1.000' was reported for an all-zero side
+    for yardstick in (0.3, 0.8, 5.0):
+        allowed = tolerance(yardstick, "bf16")
+        assert allowed <= MAX_ALLOWED_REL_L2 < 1.0 and not passes(zeros, allowed)
+    assert tolerance(0.02, "bf16") == 0.04  # the policy below the cap is unchanged
+    assert error_stats(torch.zeros(3), torch.zeros(3)).cosine == 1.0  # two zero tensors agree
+
+
+def test_a_failure_line_says_which_test_failed(export_dir):
+    """A failure from Polygraphy's comparison (e.g. a shape) was printed as 'rel-L2 3.9e-07 > allowed 1.0e-05,
+    Polygraphy mean-error check failed': a false inequality and the wrong check."""
+    from wan_trt.validate.check import CheckReport, OutputCheck
+    from wan_trt.validate.metrics import error_stats
+    same = error_stats(torch.ones(4), torch.ones(4))
+    report = CheckReport("aoti", "fp32", outputs=[OutputCheck("flow", same, same, 1e-5, False)])
+    (line,) = report.problems()
+    assert ">" not in line and "within" in line and "Polygraphy's comparison failed" in line, line
+
+
+def test_a_yardstick_that_overflows_in_the_stream_is_not_blamed_on_the_engine(export_dir):
+    """Both streams ran in one try: when the PyTorch yardstick's came out non-finite, the engine's never ran, yet
+    its row said non_finite 1 (and for fp16: 'the fp16 graph overflows, use bf16')."""
+    from wan_trt.validate.check import _stream_rows
+    manifest, backend = _backend(export_dir, None)
+    _, yardstick = _backend(export_dir, None)
+    infer = yardstick.infer
+    yardstick.infer = lambda feeds: {k: v * float("inf") if k == "flow" else v for k, v in infer(feeds).items()}
+    calls = []
+    backend_infer = backend.infer
+    backend.infer = lambda feeds: calls.append(1) or backend_infer(feeds)
+    rows = _stream_rows(backend, reference_model(manifest, torch.float32, "cpu"), yardstick, 2, 1, 0)
+    assert calls, "the engine's stream did not run"
+    assert [r["block"] for r in rows] == [0, 1] and all(r["non_finite"] == 0 for r in rows)
+    assert all(not r["ok"] and "yardstick" in r["error"] and "no allowance" in r["error"] for r in rows)
