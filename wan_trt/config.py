@@ -238,9 +238,11 @@ def _validate_action(cfg: WanConfig, where: str) -> None:
     _check(a.mouse_hidden_dim == a.keyboard_hidden_dim, p + "mouse_hidden_dim",
            f"keyboard_hidden_dim={a.keyboard_hidden_dim} (both attentions share one set of rotary factors)",
            a.mouse_hidden_dim, where)
-    _check(sum(a.mouse_qk_dim_list) == a.head_dim and all(x % 2 == 0 for x in a.mouse_qk_dim_list),
-           p + "mouse_qk_dim_list", f"even parts summing to the action head size {a.head_dim}",
+    _check(sum(a.mouse_qk_dim_list) == a.head_dim and all(x % 2 == 0 and x > 0 for x in a.mouse_qk_dim_list),
+           p + "mouse_qk_dim_list", f"positive even parts summing to the action head size {a.head_dim}",
            list(a.mouse_qk_dim_list), where)
+    _check(isinstance(a.rope_theta, (int, float)) and a.rope_theta > 1, p + "rope_theta",
+           "a number above 1 (the rotary base)", a.rope_theta, where)
     _check(tuple(a.patch_size) == tuple(m.patch_size), p + "patch_size",
            f"the model patch_size {list(m.patch_size)}", list(a.patch_size), where)
     _check(a.vae_time_compression_ratio == 4 and a.windows_size == 3,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import typing
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -54,6 +55,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise WanTrtError(f"--config {path}: config file {path} is not valid JSON: {exc}") from None
+    except ValueError as exc:  # an integer of more digits than Python reads from text
+        raise WanTrtError(f"--config {path}: config file {path} holds a number too long to read ({exc})") from None
     if not isinstance(data, dict):
         raise WanTrtError(f"--config {path}: expected a JSON object ({{\"dim\": 1536, ...}}) at the top "
                           f"level, got a JSON {_json_kind(data)}")
@@ -110,7 +113,9 @@ def _is(kind: type, value: Any) -> bool:
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return abs(value) <= sys.float_info.max  # an integer past every float (math.isfinite would raise)
+        return isinstance(value, float) and math.isfinite(value)
     return isinstance(value, kind)
 
 

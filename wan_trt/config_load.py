@@ -8,6 +8,7 @@ preset with the same action signature). Every config read is checked by
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,6 +31,8 @@ UPSTREAM_REQUIRED = {
                      "img_hidden_size", "keyboard_dim_in", "keyboard_hidden_dim", "patch_size", "qk_norm",
                      "qkv_bias", "rope_dim_list", "rope_theta", "vae_time_compression_ratio", "windows_size"),
 }
+TOP_LEVEL = ("name", "model", "inference")  # a wan-trt config's keys ('_'-prefixed ones are comments)
+NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 MOUSE_REQUIRED = ("mouse_dim_in", "mouse_hidden_dim", "mouse_qk_dim_list")  # when enable_mouse is true
 
 
@@ -44,15 +47,27 @@ def _required(cls: type, data: Mapping[str, Any]) -> tuple[str, ...]:
 def config_from_dict(data: Mapping[str, Any], name: str, where: str = "<dict>") -> WanConfig:
     """A checked :class:`WanConfig` from ``{"model": ..., "inference": ...}`` or an upstream config.json dict."""
     if "model" in data:
+        unknown = sorted(k for k in data if k not in TOP_LEVEL and not k.startswith("_"))
+        if unknown:
+            raise WanTrtError(f"{where}: unknown top-level key(s) {', '.join(map(repr, unknown))}; a wan-trt config "
+                              f"holds {', '.join(TOP_LEVEL)}")
         model = build(ModelConfig, data["model"], where, "model.", _required)
         inference = (build(InferenceConfig, data["inference"], where, "inference.", _required)
                      if "inference" in data else _inference_for(model, where))
     else:
         model = build(ModelConfig, data, where, "", _required)
         inference = _inference_for(model, where)
-    cfg = WanConfig(name=str(data.get("name", name)), model=model, inference=inference)
+    cfg = WanConfig(name=_checked_name(data.get("name", name), where), model=model, inference=inference)
     validate(cfg, where)
     return cfg
+
+
+def _checked_name(name: Any, where: str) -> str:
+    """The config's name, which names output folders (out/<name>_...): a plain file name."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise WanTrtError(f"{where}: name {name!r}: expected letters, digits, '.', '_' or '-', not starting with '.' "
+                          "(it names the output folders)")
+    return name
 
 
 def _inference_for(model: ModelConfig, where: str) -> InferenceConfig:

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -191,3 +192,46 @@ def test_cli_binary_config_file(tmp_path):
     result = CliRunner().invoke(main, ["info", "--config", str(path)])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
     assert f"error: --config {path}" in result.output
+
+
+def _preset_with(tmp_path, edit):
+    import json
+    data = json.loads((Path(__file__).parents[2] / "wan_trt" / "configs" / "universal-small.json").read_text())
+    edit(data)
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(inferenc=d.pop("inference")), "inferenc"),  # took the full-size preset's inference
+    (lambda d: d.update(name="../../escaped"), "name"),  # the default --out went outside out/
+    (lambda d: d.update(name=["a", "b"]), "name"),
+    (lambda d: d["model"]["action_config"].update(rope_theta=-256.0), "rope_theta"),  # NaN rotary factors
+    (lambda d: d["model"]["action_config"].update(rope_theta=0.0), "rope_theta"),  # a traceback at export
+    (lambda d: d["model"]["action_config"].update(mouse_qk_dim_list=[-2, 10, 8]), "mouse_qk_dim_list"),
+])
+def test_a_config_that_would_go_wrong_later_is_refused_when_read(tmp_path, edit, message):
+    from click.testing import CliRunner
+    from wan_trt.cli import main
+    result = CliRunner().invoke(main, ["info", "--config", str(_preset_with(tmp_path, edit))])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in result.output, result.output
+
+
+@pytest.mark.parametrize("text, message", [('"dim": 1' + "0" * 5000, "a number too long"),
+                                           ('"eps": 1' + "0" * 400, "eps")])
+def test_numbers_too_large_for_their_field_are_one_error_line(tmp_path, text, message):
+    """A 5000-digit integer (Python's int-from-text limit) and an integer past a float crashed with tracebacks."""
+    from click.testing import CliRunner
+    from wan_trt.cli import main
+    import json
+    data = json.loads((Path(__file__).parents[2] / "wan_trt" / "configs" / "universal-small.json").read_text())
+    key = text.split('"')[1]
+    data["model"][key] = "PLACEHOLDER"
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(data).replace('"PLACEHOLDER"', text.split(": ")[1]))
+    result = CliRunner().invoke(main, ["info", "--config", str(path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.output.startswith("error:") and message in result.output, result.output
