@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 MAX_PARAMETERS = 100_000_000_000  # 60x Matrix-Game 2.0 (1.6 B); 400 GB in fp32
 MAX_LAYERS = 1024
 MAX_TOKENS_PER_FRAME = 1 << 16  # upstream: 22 x 40 = 880
+MAX_WINDOW_FRAMES = 1024
+MAX_CACHE_BYTES = 64 << 30  # a pass's K/V caches (previous frames and the block's) in fp32; universal: 2.4 GiB
 
 
 def _linear(n_in: int, n_out: int, bias: bool = True) -> int:
@@ -74,3 +76,14 @@ def check_sizes(cfg: "WanConfig", where: str) -> None:
             f"{a.keyboard_hidden_dim}/{a.mouse_hidden_dim}); expected at most {MAX_PARAMETERS / 1e9:.0f} B "
             "(Matrix-Game 2.0 has 1.6 B); fix dim, ffn_dim, num_layers or the action_config sizes in that "
             "file, or pass a preset to --config")
+    if m.local_attn_size > MAX_WINDOW_FRAMES:
+        raise field_error("model.local_attn_size", f"a window of at most {MAX_WINDOW_FRAMES} latent frames (the "
+                          "presets': 4 to 6)", m.local_attn_size, where)
+    from wan_trt.info import cache_bytes  # deferred: info reads the config module this check serves
+    caches = sum(cache_bytes(cfg, 4)["total"][k] for k in ("static_prev", "static_cur"))
+    if caches > MAX_CACHE_BYTES:
+        raise field_error("model.local_attn_size/inference.num_frame_per_block",
+                          f"caches of at most {MAX_CACHE_BYTES >> 30} GiB in fp32 (this config's: "
+                          f"{caches / 2**30:,.0f} GiB; the universal preset's 2.4)",
+                          (cfg.model.local_attn_size, cfg.inference.num_frame_per_block), where)
+
