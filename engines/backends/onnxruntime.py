@@ -32,7 +32,8 @@ def _import_ort():
 def _load_errors() -> tuple[type[Exception], ...]:
     """ONNX Runtime's exception types for a graph it cannot load (not a wan-trt bug)."""
     from onnxruntime.capi import onnxruntime_pybind11_state as state
-    names = ("Fail", "NotImplemented", "InvalidGraph", "InvalidProtobuf", "NoSuchFile", "InvalidArgument")
+    names = ("Fail", "NotImplemented", "InvalidGraph", "InvalidProtobuf", "NoSuchFile", "InvalidArgument",
+             "RuntimeException")
     return tuple(getattr(state, n) for n in names if hasattr(state, n))
 
 
@@ -82,7 +83,28 @@ class OnnxRuntimeRunner(Runner):
             raise WanTrtError(f"ONNX Runtime ({wanted}) cannot load {self.graph}: {exc}") from exc
         if self.session.get_providers()[0] != wanted:
             raise WanTrtError(f"ONNX Runtime fell back to {self.session.get_providers()} for {self.graph}")
+        self._check_io()
         self.outputs = self.spec.allocate("outputs", self.device)
+
+    def _check_io(self) -> None:
+        """The loaded graph's inputs and outputs are its spec's: names in order, types, static shapes, and no input
+        shadowed by a constant. ONNX Runtime binds by name, so a graph whose outputs were swapped would run and be
+        judged output by output under the wrong names; one that lost an output failed with its own error."""
+        shadowed = sorted({i.name for i in self.session.get_overridable_initializers()} & set(self.spec.input_names))
+        if shadowed:
+            raise WanTrtError(f"{self.graph}: input(s) {', '.join(shadowed)} also have a constant (an initializer) in "
+                              "the graph, which a runtime may take instead of the input; re-export it")
+        for kind, loaded, spec in (("inputs", self.session.get_inputs(), self.spec.inputs),
+                                   ("outputs", self.session.get_outputs(), self.spec.outputs)):
+            got = [(a.name, a.type, list(a.shape)) for a in loaded]
+            want = [(t.name, f"tensor({onnx.TensorProto.DataType.Name(ONNX_TYPES[t.dtype]).lower()})", list(t.shape))
+                    for t in spec]
+            if got != want:
+                first = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+                seen = got[first] if first < len(got) else "nothing"
+                expected = want[first] if first < len(want) else "nothing"
+                raise WanTrtError(f"{self.graph}: its {kind} are not those of its spec ({len(got)} vs {len(want)}; "
+                                  f"{kind[:-1]} {first} is {seen}, the spec says {expected}); re-export it")
 
     def _graph_for(self, options) -> Path:
         """The graph to load: plugin graphs run their wan_trt::* nodes as reference Python ops (CPU only)."""
@@ -115,7 +137,10 @@ class OnnxRuntimeRunner(Runner):
         for t in self.spec.outputs:
             binding.bind_output(t.name, dev_type, dev_id, ONNX_TYPES[t.dtype], list(t.shape),
                                 self.outputs[t.name].data_ptr())
-        self.session.run_with_iobinding(binding)
+        try:
+            self.session.run_with_iobinding(binding)
+        except (RuntimeError, *_load_errors()) as exc:  # the graph computes other shapes than it declares
+            raise WanTrtError(f"ONNX Runtime could not run {self.graph}: {exc}") from exc
         return dict(self.outputs)
 
 
