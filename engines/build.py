@@ -7,8 +7,8 @@ from typing import Any
 
 from wan_trt.config import WanConfig
 from wan_trt.config_load import load_config
-from wan_trt.digest import file_digest
-from wan_trt.engines.artifact import EngineMetadata
+from wan_trt.digest import file_digest, verify_file
+from wan_trt.engines.artifact import REBUILD, EngineMetadata
 from wan_trt.engines.backends import BUILDABLE, DEFAULT_BUILD, backend_module, get_backend
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger
@@ -121,4 +121,5 @@ def inspect_engine(engine: str | Path) -> dict[str, Any]:
     """Layers (TensorRT) or kernels (AOTInductor) of an engine, with the custom-op count."""
     engine = Path(engine)
     meta = EngineMetadata.read(engine)
+    verify_file(engine, meta.engine_file, f"{REBUILD} --force")  # the engine that was built, not another file
     return backend_module(get_backend(meta.backend)).inspect(engine, meta)

@@ -204,3 +204,24 @@ def test_a_strided_cache_output_is_copied_not_swapped_into_the_next_pass(aoti):
     for dense, strided in zip(latents[AotiRunner], latents[_StridedOutputs]):
         torch.testing.assert_close(strided, dense, atol=1e-6, rtol=1e-6)
     assert dense_feeds
+
+
+@pytest.mark.parametrize("damage", ["truncate", "replace"])
+def test_inspect_refuses_an_engine_that_is_not_the_one_built(aoti, tmp_path, damage):
+    """inspect never compared the engine with its recorded size and sha256: a package replaced by another zip
+    was described as the engine (exit 0), a truncated one crashed with BadZipFile."""
+    import shutil
+    import zipfile
+
+    from wan_trt.engines.artifact import EngineMetadata
+    _, engine = aoti
+    copy = tmp_path / engine.name
+    shutil.copy(EngineMetadata.path_for(engine), EngineMetadata.path_for(copy))
+    if damage == "truncate":
+        copy.write_bytes(engine.read_bytes()[:1000])
+    else:
+        with zipfile.ZipFile(copy, "w") as z:
+            z.writestr("a.txt", "not an engine")
+    res = CliRunner().invoke(main, ["inspect", str(copy)])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.output.startswith("error: ") and "rebuild it" in res.output, res.output
