@@ -54,13 +54,18 @@ def check_graph(path: Path, spec: PassSpec) -> dict[str, int]:
             dims, elem = _value_signature(value)
             if dims != t.shape or elem != ONNX_TYPES[t.dtype]:
                 problems.append(f"{kind} '{t.name}' is {list(dims)} type {elem}, spec says {list(t.shape)} {t.dtype}")
+    inputs = {v.name for v in model.graph.input}
     for init in model.graph.initializer:
         if init.data_type in FORBIDDEN:
             problems.append(f"initializer '{init.name}' is {FORBIDDEN[init.data_type]}")
+        if init.name in inputs:
+            problems.append(f"input '{init.name}' has a constant (an initializer) a runtime may take instead")
     for node in model.graph.node:
         for attr in node.attribute:
             if attr.name == "to" and attr.i in FORBIDDEN:
                 problems.append(f"node '{node.name}' casts to {FORBIDDEN[attr.i]}")
     if problems:
         raise WanTrtError(f"exported graph {path} breaks its spec:\n  " + "\n  ".join(problems))
+    from wan_trt.export.plugin_ops import check_plugin_nodes  # deferred: it imports the fused ops' registry
+    check_plugin_nodes(model)
     return op_counts(model)

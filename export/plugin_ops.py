@@ -61,6 +61,32 @@ def translation_table() -> dict:
     return {getattr(torch.ops.wan_trt, op.name).default: emitter(op, wan) for op in FUSED_OPS}
 
 
+def check_plugin_nodes(model: onnx.ModelProto) -> None:
+    """Refuse ``wan_trt`` nodes that are not the registered ops as exported: an unknown op type, another version
+    of the domain, or plugin attributes (``aot``, ``plugin_namespace``, ``plugin_version``) other than
+    :data:`PLUGIN_ATTRS`. ONNX Runtime's reference ops run any of them; TensorRT would find no such plugin."""
+    from wan_trt.errors import WanTrtError
+    versions = {o.version for o in model.opset_import if o.domain == DOMAIN}
+    if any(n.domain == DOMAIN for n in model.graph.node) and versions != {VERSION}:
+        shown = ", ".join(map(str, sorted(versions))) or "none"
+        raise WanTrtError(f"the graph imports the {DOMAIN} domain at version {shown}; wan-trt's plugins are version "
+                          f"{VERSION}: re-export it")
+    known = {op.op_type for op in FUSED_OPS}
+    for node in model.graph.node:
+        if node.domain != DOMAIN:
+            continue
+        if node.op_type not in known:
+            raise WanTrtError(f"node {node.name}: {DOMAIN}::{node.op_type} is no registered op "
+                              f"({', '.join(sorted(known))})")
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        for name, value in PLUGIN_ATTRS.items():
+            got = attrs.get(name)
+            got = got.decode() if isinstance(got, bytes) else got
+            if got != value:
+                raise WanTrtError(f"node {node.name} ({node.op_type}): {name} is {got!r}, wan-trt's plugins take "
+                                  f"{value!r}: re-export it")
+
+
 def plugin_node_counts(op_counts: dict[str, int]) -> dict[str, int]:
     """The wan_trt::* entries of a graph's op counts (proof the fused ops are in the graph)."""
     return {k: v for k, v in op_counts.items() if k.startswith(f"{DOMAIN}::")}

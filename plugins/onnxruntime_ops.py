@@ -61,7 +61,9 @@ def has_plugin_nodes(model: onnx.ModelProto, domain: str = "wan_trt") -> bool:
 
 def contrib_copy(graph: Path, domain: str = "wan_trt") -> Path:
     """A temporary copy of ``graph`` with the plugin nodes moved to onnxruntime-extensions' domain."""
+    from wan_trt.export.plugin_ops import check_plugin_nodes  # deferred: it imports the fused ops' registry
     model = onnx.load(str(graph))
+    check_plugin_nodes(model)  # the reference ops would run any version or attributes; TensorRT would not
     for node in model.graph.node:
         if node.domain == domain:
             node.domain = CONTRIB

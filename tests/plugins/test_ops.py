@@ -81,3 +81,40 @@ def test_ffn_with_gelu_in_the_gemm_epilogue_equals_the_ffn(dtype, atol):
     assert (fused.float() - native.float()).abs().max() < atol
     if dtype == torch.float32:  # the tanh GELU, not erf: nearer the model's FFN than erf's is
         assert (native - exact_gelu).abs().max() > 4 * (fused - native).abs().max()
+
+
+def _set_plugin_version(model):
+    for node in model.graph.node:
+        if node.domain == "wan_trt":
+            next(a for a in node.attribute if a.name == "plugin_version").s = b"2"
+
+
+def _jit_plugins(model):
+    for node in model.graph.node:
+        if node.domain == "wan_trt":
+            next(a for a in node.attribute if a.name == "aot").i = 0
+
+
+def _domain_version_2(model):
+    next(o for o in model.opset_import if o.domain == "wan_trt").version = 2
+
+
+def _unknown_op(model):
+    next(n for n in model.graph.node if n.domain == "wan_trt").op_type = "WindowAttentionV2"
+
+
+@pytest.mark.parametrize("edit, phrase", [(_set_plugin_version, "plugin_version"), (_jit_plugins, "aot"),
+                                          (_domain_version_2, "version 2"), (_unknown_op, "WindowAttentionV2")])
+def test_a_plugin_node_that_is_not_the_registered_op_is_refused(tmp_path, edit, phrase):
+    """ONNX Runtime's reference ops ignored the plugin identity: a graph naming plugin version 2, the JIT
+    implementation (aot=0) or opset version 2 of the wan_trt domain passed the check, though TensorRT would find
+    no such plugin (or need Python at run time)."""
+    from wan_trt.errors import WanTrtError
+    from wan_trt.export.plugin_ops import check_plugin_nodes
+    import onnx
+    export_transformer(load_config("universal-small"), tmp_path / "p", "fp32", seed=1, ops="plugins")
+    model = onnx.load(str(tmp_path / "p" / "model.onnx"), load_external_data=False)
+    check_plugin_nodes(model)  # as exported
+    edit(model)
+    with pytest.raises(WanTrtError, match=phrase):
+        check_plugin_nodes(model)
