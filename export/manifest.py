@@ -97,6 +97,20 @@ class Manifest:
 
         for name in self.file_names():
             verify_file(Path(directory) / name, self.files[name], f"the export is incomplete or damaged; {REMAKE}")
+        if self.graph is not None:
+            self._verify_external_locations(Path(directory))
+
+    def _verify_external_locations(self, directory: Path) -> None:
+        """The graph's tensors stored outside it must lie in the recorded (hashed) external-data file: the graph
+        names its files itself, and weights in any other file would escape the hashes."""
+        from wan_trt.export.graph import load_structure  # deferred: graph.py reads specs, not manifests
+        graph = load_structure(directory / self.graph).graph
+        tensors = list(graph.initializer) + [a.t for n in graph.node for a in n.attribute if a.HasField("t")]
+        used = {e.value for t in tensors for e in t.external_data if e.key == "location"}
+        stray = sorted(used - {self.external_data})
+        if stray:
+            raise WanTrtError(f"{directory / self.graph} reads weights from {', '.join(stray)}, which the manifest "
+                              f"does not record ({self.external_data or 'no external data'}); {REMAKE}")
 
     @classmethod
     def read(cls, directory: str | Path, verify: bool = True) -> "Manifest":
