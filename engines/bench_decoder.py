@@ -125,7 +125,8 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
                 del module
         torch.backends.cudnn.benchmark = before
     else:
-        skipped.update({name: f"PyTorch's fp16 decoder runs on CUDA only (--device {device})" for name in REFERENCE_ROWS})
+        cuda_only = f"PyTorch's fp16 decoder runs on CUDA only (--device {device})"
+        skipped.update({name: cuda_only for name in REFERENCE_ROWS})
     if engine is not None:
         variants = engine_variants(engine, device)
         skipped.update({f"{variants[0]}+cudagraph": f"CUDA graphs need CUDA (--device {device})"}

@@ -151,8 +151,8 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         summary["video_frames"] = int(frames.shape[0])
     report["summary"] = summary
     if out is not None:
-        with staged_dir(out, owned_stream_files, overwrite=o.overwrite, protect=_inputs(o.weights, o.vae_weights, o.actions),
-                        what=OUTPUT) as staging:
+        protect = _inputs(o.weights, o.vae_weights, o.actions)
+        with staged_dir(out, owned_stream_files, overwrite=o.overwrite, protect=protect, what=OUTPUT) as staging:
             torch.save(torch.cat([r.latents.cpu() for r in results], dim=2), staging / "latents.pt")
             if frames is not None:
                 write_mp4(frames, staging / "video.mp4")

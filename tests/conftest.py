@@ -46,6 +46,24 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol
             f"(atol {atol:g}, rtol {rtol:g}); first at {idx}: {float(actual[idx]):.6g} vs {float(expected[idx]):.6g}")
 
 
+def edited_graph(directory, edit):
+    """The export in ``directory`` with its graph changed in place by ``edit(model)`` (external weights left where
+    they are) and its manifest's record of the graph rewritten to match: only the structural checks stand between
+    it and a pass."""
+    import json
+
+    import onnx
+    from wan_trt.digest import file_digest
+    graph = directory / "model.onnx"
+    model = onnx.load(str(graph), load_external_data=False)
+    edit(model)
+    onnx.save(model, str(graph))
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"]["model.onnx"] = file_digest(graph)
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return directory
+
+
 def attention_segments(gen: torch.Generator, batch: int, lq: int, n_cur: int, n_prev: int, heads: int,
                        head_dim: int, valid: int, dtype: torch.dtype, device: str):
     """Random inputs of the attentions over [previous ; current] keys: q [B, lq, H, D], k/v_prev

@@ -112,7 +112,8 @@ class CheckReport:
 def _no_allowance(yardstick: ErrorStats, precision: str) -> str:
     """Why an output had no allowance to be judged by, if so."""
     if yardstick.reference_non_finite:
-        return f"; the fp32 PyTorch reference itself gives {yardstick.reference_non_finite} NaN/Inf: nothing to compare with"
+        return (f"; the fp32 PyTorch reference itself gives {yardstick.reference_non_finite} NaN/Inf: nothing to "
+                "compare with")
     if yardstick.non_finite:
         return (f"; the yardstick (the PyTorch {pytorch_precision(precision)} model) itself gives "
                 f"{yardstick.non_finite} NaN/Inf: no allowance")
