@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -19,10 +21,15 @@ def test_upstream_named_checkpoint_loads_strictly(tmp_path, small_cfg, suffix):
         assert b.dtype == torch.bfloat16
         torch.testing.assert_close(b.float(), a.to(torch.bfloat16).float(), msg=name)
     assert loaded.rope.hw_cos.device.type == "cpu"  # tables rebuilt after the meta-device load
-    assert not any("unit_gate" in k for k in keys)  # a constant of the fused layers, not a weight: made anew
+    # constants of the fused layers, not weights: made anew (a meta-device load leaves none)
+    assert not any(re.search("unit_gate|_unit$", k) for k in keys)
     for model, dtype in ((src, torch.float32), (loaded, torch.bfloat16)):
-        for block in model.blocks:
-            assert torch.equal(block.unit_gate, torch.ones(block.unit_gate.shape, dtype=dtype))
+        units = [block.unit_gate for block in model.blocks]
+        units += [getattr(b.action_model, n) for b in model.blocks if b.action_model is not None
+                  for n in ("mouse_unit", "keyboard_unit") if hasattr(b.action_model, n)]
+        assert len(units) > len(model.blocks)
+        for unit in units:
+            assert unit.device.type == "cpu" and torch.equal(unit, torch.ones(unit.shape, dtype=dtype))
 
 
 def test_without_prefix_and_wrapped(tmp_path, small_cfg):

@@ -108,29 +108,53 @@ class _GemmCount(TorchDispatchMode):
 
 
 @torch.no_grad()
-def test_graph_form_projects_every_layers_context_in_one_gemm(small_cfg):
-    """Graphs hold the cross-attention context's k and v of all layers as one GEMM (and one norm): the same
-    per-layer (k, v) as the layers' own projections, and the layers' k, v, norm_k gone from the module."""
+@pytest.mark.parametrize("ops", ["native", "plugins"])
+def test_graph_form_projects_every_layers_context_in_one_gemm(small_cfg, ops):
+    """Graphs hold the cross-attention context's k and v of all layers as one GEMM and one norm (with the
+    fused ops one norm_rope kernel for all layers), k's norm weight moved into the query's: every layer's
+    cross-attention gives the reference's output, and the layers' k, v, norm_k are gone from the module."""
     model = build_model(small_cfg, seed=2)
-    graph_form = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, seed=2), "native", "fp32")
+    graph_form = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, seed=2), ops, "fp32")
     m = small_cfg.model
-    visual = torch.randn(1, m.clip_tokens, m.clip_dim, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    visual = torch.randn(1, m.clip_tokens, m.clip_dim, generator=gen)
+    x = torch.randn(1, 7, m.dim, generator=gen)
     with _GemmCount() as layers:
         expected = model.encode_context(visual)
-    with _GemmCount() as fused:
+    with _GemmCount() as fused, _OpCount() as norms:
         actual = graph_form.encode_context(visual)
     assert (layers.count, fused.count) == (2 + 2 * m.num_layers, 2 + 1)  # img_emb's two linears, then k and v
+    assert norms.count == (1 if ops == "plugins" else 0)  # one norm_rope for every layer's k
     assert len(actual) == len(expected) == m.num_layers
     projection = graph_form.context_projection
     assert projection.eps == model.blocks[0].cross_attn.norm_k.eps
-    for (k, v), (k_ref, v_ref) in zip(actual, expected):
+    for block, reference, (k, v), (k_ref, v_ref) in zip(graph_form.blocks, model.blocks, actual, expected):
         assert k.shape == k_ref.shape == v.shape == (1, m.clip_tokens, m.num_heads, m.dim // m.num_heads)
-        torch.testing.assert_close(k, k_ref, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(v, v_ref, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(k * reference.cross_attn.norm_k.weight.unflatten(0, k.shape[2:]), k_ref,
+                                   atol=1e-6, rtol=1e-5)  # k leaves unweighted: its weight is the query's
+        torch.testing.assert_close(block.cross_attn.norm_q.weight,
+                                   reference.cross_attn.norm_q.weight * reference.cross_attn.norm_k.weight)
+        torch.testing.assert_close(block.cross_attn(x, (k, v)), reference.cross_attn(x, (k_ref, v_ref)),
+                                   atol=1e-5, rtol=1e-5)
     moved = [key for key in graph_form.state_dict() if re.search(r"\.cross_attn\.(k|v|norm_k)\.", key)]
     assert moved == [] and any(".self_attn.norm_k." in key for key in graph_form.state_dict())
-    graph_form.fuse_context_projections()  # fusing twice changes nothing
+    graph_form.fuse_context_projections()  # fusing twice changes nothing (the query weights fold once)
     assert graph_form.context_projection is projection
+    torch.testing.assert_close(graph_form.blocks[0].cross_attn.norm_q.weight,
+                               model.blocks[0].cross_attn.norm_q.weight * model.blocks[0].cross_attn.norm_k.weight)
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts the fused norm_rope op's calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.name() == "wan_trt::norm_rope"
+        return func(*args, **(kwargs or {}))
 
 
 def _action_rope(model: CausalWanModel, spec: PassSpec, feeds: dict[str, torch.Tensor]):

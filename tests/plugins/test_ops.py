@@ -59,7 +59,7 @@ def test_plugin_graph_passes_the_check_and_counts_its_plugins(tmp_path, name):
     assert counts["wan_trt::AddAdaln"] == 3 * layers and counts["wan_trt::Adaln"] == 1
     assert counts.get("wan_trt::FewKeyAttention", 0) == sum(m.enable_mouse + m.enable_keyboard for m in actions) > 0
     keyboard = sum(m.enable_keyboard for m in actions)  # the keyboard attentions' queries: norm + RoPE fused
-    assert counts.get("wan_trt::NormRope", 0) == keyboard > 0
+    assert counts.get("wan_trt::NormRope", 0) == keyboard + 1 and keyboard > 0  # + every layer's context k
     assert "Attention" not in counts or counts["Attention"] == layers  # only cross-attention stays native
     report = check_export(tmp_path / "plugins", CheckOptions(provider="cpu", blocks=8, seed=1))
     assert report.ok, report.table()

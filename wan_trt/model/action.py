@@ -57,6 +57,8 @@ class ActionModule(nn.Module):
             self.img_attn_q_norm = ActionRMSNorm(head_dim)
             self.img_attn_k_norm = ActionRMSNorm(head_dim)
             self.proj_mouse = nn.Linear(c, a.img_hidden_size, bias=a.qkv_bias)
+            # the fused per-head norms' weight (ActionRMSNorm has none in effect): a constant, not in the state dict
+            self.register_buffer("mouse_unit", torch.ones(c), persistent=False)
         if a.enable_keyboard:
             self.key_attn_q_norm = ActionRMSNorm(head_dim)
             self.key_attn_k_norm = ActionRMSNorm(head_dim)
@@ -64,6 +66,14 @@ class ActionModule(nn.Module):
             self.keyboard_attn_kv = nn.Linear(a.hidden_size * a.window_frames, 2 * a.keyboard_hidden_dim,
                                               bias=a.qkv_bias)
             self.proj_keyboard = nn.Linear(a.keyboard_hidden_dim, a.img_hidden_size, bias=a.qkv_bias)
+            self.register_buffer("keyboard_unit", torch.ones(a.keyboard_hidden_dim), persistent=False)
+
+    def make_units(self, device: str | torch.device, dtype: torch.dtype) -> None:
+        """(Re)make the unit weights of the fused norms (constants: neither a checkpoint nor the seeded draw
+        fills them). One buffer per layer, where a ``new_ones`` per call was a fill kernel per layer and pass."""
+        for name in ("mouse_unit", "keyboard_unit"):
+            if hasattr(self, name):
+                setattr(self, name, torch.ones(getattr(self, name).shape, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor, frames: int, mouse: torch.Tensor | MouseShare | None,
                 keyboard_kv: KeyboardKV | None, cos: torch.Tensor, sin: torch.Tensor,
@@ -113,7 +123,7 @@ class ActionModule(nn.Module):
         if self.plugins and caches.segments("mouse", layer) is not None:
             # per-head norm + RoPE of q and k in one kernel that reads them inside qkv
             c = qkv.shape[-1] // 3
-            unit = qkv.new_ones(c)  # ActionRMSNorm has no weight in effect
+            unit = self.mouse_unit.to(qkv.dtype)
             q, k = torch.ops.wan_trt.qk_norm_rope(qkv[..., :c], qkv[..., c:2 * c], unit, unit, cos, sin,
                                                   self.img_attn_q_norm.eps, c // self.heads)
             q, k, v = (t.unflatten(-1, (self.heads, -1)) for t in (q, k, qkv[..., 2 * c:]))  # [B*S, F, Hh, Dh]
@@ -132,7 +142,8 @@ class ActionModule(nn.Module):
         q = self.mouse_attn_q(x)  # [B, F*S, Hh*Dh]
         if self.plugins:  # per-head norm + RoPE in one kernel, a frame's rotation over its S rows
             head_dim = q.shape[-1] // self.heads
-            q = torch.ops.wan_trt.norm_rope(q, q.new_ones(q.shape[-1]), cos, sin, self.key_attn_q_norm.eps, head_dim)
+            q = torch.ops.wan_trt.norm_rope(q, self.keyboard_unit.to(q.dtype), cos, sin, self.key_attn_q_norm.eps,
+                                            head_dim)
             q = q.unflatten(-1, (self.heads, -1))  # [B, F*S, Hh, Dh]
         else:
             q = self.key_attn_q_norm(q.unflatten(-1, (self.heads, -1))).unflatten(1, (frames, s))  # [B, F, S, Hh, Dh]

@@ -88,14 +88,22 @@ class WanI2VCrossAttention(WanAttention):
 
 
 class ContextProjection(nn.Module):
-    """Every layer's cross-attention k and v projection, and k's RMSNorm, as one GEMM and one norm.
+    """Every layer's cross-attention k and v projection, and k's RMS normalisation, as one GEMM and one norm.
 
     The graphs' form of :meth:`CausalWanModel.encode_context`
-    (:meth:`CausalWanModel.fuse_context_projections`): the same arithmetic per element, but one
-    [T, C] x [C, 2 L C] GEMM and one norm over all L layers' k, where the layers' own modules run
-    2 L GEMMs of [T, C] x [C, C] and L norms over the 257 context tokens, small launches that keep
-    the GPU a fraction busy. Rows of ``weight``: layer 0's k, layer 0's v, layer 1's k, ...
+    (:meth:`CausalWanModel.fuse_context_projections`): one [T, C] x [C, 2 L C] GEMM and one
+    normalisation over all L layers' k, where the layers' own modules run 2 L GEMMs of [T, C] x [C, C]
+    and L norms over the 257 context tokens, small launches that keep the GPU a fraction busy. Rows of
+    ``weight``: layer 0's k, layer 0's v, layer 1's k, ...
+
+    k's learned norm weight moves to the query side: each layer's ``norm_q`` weight becomes its own
+    times ``norm_k``'s (per channel, so every score q . k is the same sum), and k leaves as a plain
+    normalisation of all layers at once. With the fused ops that is one ``norm_rope`` kernel with the
+    identity rotation (cos 1, sin 0: exact) whose output each layer's attention reads in place; as
+    PyTorch ops, Inductor recomputed the weighted norm into a copy per layer (30 launches a pass).
     """
+
+    plugins = False  # the norm as the fused norm_rope op
 
     def __init__(self, layers: Sequence[WanI2VCrossAttention]):
         super().__init__()
@@ -103,15 +111,30 @@ class ContextProjection(nn.Module):
         with torch.no_grad():
             self.register_buffer("weight", torch.cat([w for a in layers for w in (a.k.weight, a.v.weight)]))
             self.register_buffer("bias", torch.cat([b for a in layers for b in (a.k.bias, a.v.bias)]))
-            self.register_buffer("norm_weight", torch.stack([a.norm_k.weight for a in layers]))  # [L, C]
+            for a in layers:  # in fp32, rounded once to the weight's dtype
+                a.norm_q.weight.copy_(a.norm_q.weight.float() * a.norm_k.weight.float())
+        # norm_rope's operands: a unit weight, fp32 tables of the identity rotation
+        dim, device = self.weight.shape[1], self.weight.device
+        self.register_buffer("unit", torch.ones(dim, dtype=self.weight.dtype, device=device), persistent=False)
+        self.register_buffer("identity_cos", torch.ones(1, dim // self.num_heads // 2, device=device), persistent=False)
+        self.register_buffer("identity_sin", torch.zeros_like(self.identity_cos), persistent=False)
 
     def forward(self, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """context [B, T, C] -> per layer (k, v) [B, T, H, D], as :meth:`WanI2VCrossAttention.context_kv`."""
-        layers = self.norm_weight.shape[0]
+        """context [B, T, C] -> per layer (k normalised without weight, v) [B, T, H, D]."""
+        layers = self.weight.shape[0] // (2 * context.shape[-1])
         kv = F.linear(context, self.weight, self.bias).unflatten(-1, (layers, 2, -1))  # [B, T, L, 2, C]
-        k = rms_normalize(kv[..., 0, :], self.eps) * self.norm_weight  # [B, T, L, C]
+        k = self._normalize(kv[..., 0, :])  # [B, T, L, C]
         heads = (self.num_heads, -1)
         return [(k[..., i, :].unflatten(-1, heads), kv[..., i, 1, :].unflatten(-1, heads)) for i in range(layers)]
+
+    def _normalize(self, k: torch.Tensor) -> torch.Tensor:
+        """k [B, T, L, C] (a view into the GEMM's output) normalised over C, every layer in one pass."""
+        if not self.plugins:
+            return rms_normalize(k, self.eps)
+        rows = k.flatten(1, 2)  # [B, T * L, C]: evenly strided rows inside the GEMM's output
+        out = torch.ops.wan_trt.norm_rope(rows, self.unit.to(rows.dtype), self.identity_cos.float(),
+                                          self.identity_sin.float(), self.eps, rows.shape[-1])
+        return out.unflatten(1, k.shape[1:3])
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -275,16 +298,20 @@ class CausalWanModel(nn.Module):
         return self
 
     def make_unit_gates(self, device: str | torch.device, dtype: torch.dtype) -> "CausalWanModel":
-        """(Re)make the layers' unit gates: constants, not weights, so neither a checkpoint nor the seeded
-        draw fills them (a model made on the meta device has none until this)."""
+        """(Re)make the layers' unit gates and the action modules' unit weights: constants, not weights, so
+        neither a checkpoint nor the seeded draw fills them (a model made on the meta device has none until
+        this)."""
         for block in self.blocks:
             block.unit_gate = torch.ones(block.unit_gate.shape, dtype=dtype, device=device)
+            if block.action_model is not None:
+                block.action_model.make_units(device, dtype)
         return self
 
     def fuse_context_projections(self) -> "CausalWanModel":
         """Compute the cross-attention context's k and v of all layers in one :class:`ContextProjection`
         (graphs' form). The layers' ``cross_attn.k``, ``.v`` and ``.norm_k`` move into it: their state
-        dict keys leave the model (graphs never load a checkpoint into a prepared model)."""
+        dict keys leave the model (graphs never load a checkpoint into a prepared model), and each layer's
+        ``norm_q`` weight takes ``norm_k``'s in (see :class:`ContextProjection`)."""
         if self.context_projection is None:
             layers = [block.cross_attn for block in self.blocks]
             self.context_projection = ContextProjection(layers)
