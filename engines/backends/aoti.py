@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_engine_path, engine_key,
                                      install_engine, staged_file, up_to_date)
 from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, channels_last_3d_convolutions,
-                                                    make_libstdcxx_global)
+                                                     make_libstdcxx_global, shared_kernel_inputs)
 from wan_trt.engines.runtime.cuda_graph import CudaGraphRunner
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.runtime_file import write_runtime_file
@@ -88,7 +88,7 @@ def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device
     with stage("AOTInductor compile + package"), staged_file(engine) as partial:
         apply_inductor_fixes()
         try:
-            with layouts:
+            with layouts, shared_kernel_inputs():
                 torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
         except Exception as exc:
             compile_error = _cpp_compile_error(exc)

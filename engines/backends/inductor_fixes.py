@@ -111,6 +111,42 @@ def channels_last_3d_convolutions() -> Iterator[bool]:
         conv.conv_layout = original
 
 
+def _reads_in_kernels(node) -> bool:
+    """Whether an FX node is read by two or more users, one of them a user-defined Triton kernel."""
+    from torch._higher_order_ops.triton_kernel_wrap import (triton_kernel_wrapper_functional,
+                                                            triton_kernel_wrapper_mutation)
+    kernels = (triton_kernel_wrapper_functional, triton_kernel_wrapper_mutation)
+    return len(node.users) > 1 and any(user.target in kernels for user in node.users)
+
+
+@contextmanager
+def shared_kernel_inputs() -> Iterator[bool]:
+    """While inside, an elementwise value that fused ops' Triton kernels read is computed once (see the
+    module text); yields whether the fix is in place (False where this torch has no hook for it)."""
+    from torch._inductor import ir
+    from torch._inductor.graph import GraphLowering
+
+    original = getattr(GraphLowering, "run_node", None)
+    if original is None:
+        logger.warning("this torch's Inductor has no GraphLowering.run_node: values several fused kernels read "
+                       "are computed once per kernel (slower engine)")
+        yield False
+        return
+
+    def run_node(self, n):
+        result = original(self, n)
+        if isinstance(result, ir.TensorBox) and _reads_in_kernels(n):
+            result.realize()
+        return result
+
+    GraphLowering.run_node = run_node
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph would skip the lowering
+            yield True
+    finally:
+        GraphLowering.run_node = original
+
+
 LIBSTDCXX = "libstdc++.so.6"
 
 

@@ -1,6 +1,7 @@
 """The Inductor work-arounds (engines/backends/inductor_fixes.py): the int array cache, the layout of
 3-D convolutions."""
 import inspect
+import re
 from itertools import count
 
 import pytest
@@ -129,3 +130,35 @@ def test_on_cuda_the_channels_last_engine_computes_what_eager_does():
         out, expected = compiled(x), module(x)
     assert out.is_contiguous(memory_format=CL)
     torch.testing.assert_close(out, expected)
+
+
+def _two_kernels_reading_one_table(x, frame_cos):
+    """A RoPE table built in the graph (fp32 [L, D/2]) and read by two fused kernels, as the layers read theirs."""
+    cos = torch.cat([frame_cos, torch.ones_like(frame_cos)], dim=1).repeat_interleave(x.shape[1] // 2, dim=0)
+    sin = torch.zeros_like(cos)
+    unit = torch.ones(x.shape[-1], device=x.device, dtype=x.dtype)
+    a = torch.ops.wan_trt.norm_rope(x, unit, cos, sin, 1e-6, 64)
+    return torch.ops.wan_trt.norm_rope(a * 2, unit, cos, sin, 1e-6, 64)
+
+
+def _table_buffers(fix: bool, x, frame_cos) -> int:
+    """How many [8, 32] fp32 buffers (the tables' shape) the compiled function allocates."""
+    from torch._inductor.utils import run_and_get_code
+
+    from wan_trt.engines.backends.inductor_fixes import shared_kernel_inputs
+
+    torch._dynamo.reset()
+    with shared_kernel_inputs() if fix else torch._inductor.config.patch(fx_graph_cache=False):
+        out, (code, *_) = run_and_get_code(torch.compile(_two_kernels_reading_one_table), x, frame_cos)
+    torch.testing.assert_close(out, _two_kernels_reading_one_table(x, frame_cos))
+    return len(re.findall(r"empty_strided_cuda\(\(8, 32\), \(32, 1\), torch\.float32\)", code))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="user Triton kernels compile for CUDA only")
+def test_values_two_fused_kernels_read_are_computed_once_with_the_fix():
+    import wan_trt.plugins.ops  # noqa: F401  (the fused ops)
+
+    x = torch.randn(1, 8, 128, device="cuda")
+    frame_cos = torch.rand(2, 16, device="cuda")
+    unfixed, fixed = _table_buffers(False, x, frame_cos), _table_buffers(True, x, frame_cos)
+    assert fixed < unfixed and fixed <= 2  # each table once for both kernels (4 copies without the fix)
