@@ -2,7 +2,8 @@
 
 A graph passes when ONNX's checker accepts it, its inputs and outputs are exactly the
 spec's (names, order, static shapes, element types), and no tensor in it is complex or
-float64 (TensorRT has neither).
+float64 (TensorRT has neither): no initializer, cast, constant or typed value, in the graph,
+its local functions or their subgraphs.
 """
 from __future__ import annotations
 
@@ -33,6 +34,39 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(counts.most_common())
 
 
+def _graphs(model: onnx.ModelProto):
+    """(where, graph or function) of the model's graph, its local functions and every subgraph inside them."""
+    todo = [("graph", model.graph)] + [(f"function '{f.name}'", f) for f in model.functions]
+    while todo:
+        where, graph = todo.pop()
+        yield where, graph
+        for node in graph.node:
+            for attr in node.attribute:
+                subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+                todo += [(f"{where}, node '{node.name}'", g) for g in subgraphs]
+
+
+def forbidden_types(model: onnx.ModelProto) -> list[str]:
+    """Every place a complex or float64 tensor appears inside the graph (its I/O and initializers are checked
+    apart): casts, constants (Constant, ConstantOfShape, any tensor attribute), typed intermediate values, in
+    the graph, its local functions and their subgraphs."""
+    problems = []
+    for where, graph in _graphs(model):
+        for node in graph.node:
+            for attr in node.attribute:
+                tensors = [attr.t] if attr.type == onnx.AttributeProto.TENSOR else list(attr.tensors)
+                kinds = [t.data_type for t in tensors if t.data_type in FORBIDDEN]
+                if attr.name == "to" and attr.type == onnx.AttributeProto.INT and attr.i in FORBIDDEN:
+                    problems.append(f"{where}: node '{node.name}' casts to {FORBIDDEN[attr.i]}")
+                problems += [f"{where}: node '{node.name}' holds a {FORBIDDEN[k]} constant ({attr.name})"
+                             for k in kinds]
+        for value in getattr(graph, "value_info", ()):
+            elem = value.type.tensor_type.elem_type
+            if elem in FORBIDDEN:
+                problems.append(f"{where}: value '{value.name}' is {FORBIDDEN[elem]}")
+    return problems
+
+
 def _value_signature(value: onnx.ValueInfoProto) -> tuple[tuple, int]:
     t = value.type.tensor_type
     dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim)
@@ -60,10 +94,7 @@ def check_graph(path: Path, spec: PassSpec) -> dict[str, int]:
             problems.append(f"initializer '{init.name}' is {FORBIDDEN[init.data_type]}")
         if init.name in inputs:
             problems.append(f"input '{init.name}' has a constant (an initializer) a runtime may take instead")
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.name == "to" and attr.i in FORBIDDEN:
-                problems.append(f"node '{node.name}' casts to {FORBIDDEN[attr.i]}")
+    problems += forbidden_types(model)
     if problems:
         raise WanTrtError(f"exported graph {path} breaks its spec:\n  " + "\n  ".join(problems))
     from wan_trt.export.plugin_ops import check_plugin_nodes  # deferred: it imports the fused ops' registry

@@ -202,3 +202,47 @@ def test_a_graph_whose_io_is_not_its_specs_fails_the_check_with_one_error_line(e
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     errors = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert errors and phrase in errors[0] and "Traceback" not in res.output, res.output
+
+
+def _double_constant(model):
+    import onnx.helper as h
+    model.graph.node.append(h.make_node("Constant", [], ["dbl"], name="dbl", value=h.make_tensor(
+        "dbl", onnx.TensorProto.DOUBLE, [1], [0.5])))
+
+
+def _double_constant_of_shape(model):
+    import onnx.helper as h
+    model.graph.node.extend([
+        h.make_node("Constant", [], ["shape"], name="shape",
+                    value=h.make_tensor("s", onnx.TensorProto.INT64, [1], [2])),
+        h.make_node("ConstantOfShape", ["shape"], ["zeros"], name="zeros",
+                    value=h.make_tensor("v", onnx.TensorProto.DOUBLE, [1], [0.0]))])
+
+
+def _double_value(model):
+    import onnx.helper as h
+    node = next(n for n in model.graph.node if n.op_type == "MatMul")
+    model.graph.value_info.append(h.make_tensor_value_info(node.output[0], onnx.TensorProto.DOUBLE, None))
+
+
+def _double_in_a_function(model):
+    import onnx.helper as h
+    body = h.make_node("Constant", [], ["y"], value=h.make_tensor("c", onnx.TensorProto.DOUBLE, [1], [1.0]))
+    default = next(o for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    model.functions.append(h.make_function("local", "Half", [], ["y"], [body], [default]))
+    model.opset_import.append(h.make_opsetid("local", 1))
+
+
+@pytest.mark.parametrize("edit, place", [(_double_constant, "node 'dbl'"), (_double_constant_of_shape, "node 'zeros'"),
+                                         (_double_value, "value '"), (_double_in_a_function, "function 'Half'")])
+def test_a_float64_tensor_anywhere_in_the_graph_breaks_its_spec(exports, tmp_path, edit, place):
+    """TensorRT has no float64: the structural check looked at initializers and casts only, so a float64 constant,
+    a float64 intermediate or one inside a local function passed it."""
+    directory = shutil.copytree(exports["universal-small"], tmp_path / "edited")
+    spec = Manifest.read(directory).spec
+    model = load_structure(directory / "model.onnx")
+    edit(model)
+    onnx.save(model, str(directory / "model.onnx"))
+    with pytest.raises(WanTrtError, match="float64") as err:
+        check_graph(directory / "model.onnx", spec)
+    assert place in str(err.value)
