@@ -246,14 +246,14 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
         raise os_error_message(exc, f"creating the folder of --out {out}", "pick another --out") or exc
     with output_lock(out, what):
         old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect, what=what)  # again, now locked
-        _remove_stale_staging(out)
+        _remove_stale_staging(out, what)
         staging = None
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
             staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export gets the usual mode
             (staging / MARKER).write_text(f"wan-trt {what} folder\n")
             yield staging
-            _swap_into_place(staging, out, old)
+            _swap_into_place(staging, out, old, what)
         except OSError as exc:
             raise os_error_message(exc, f"writing the {what} --out {out}",
                                    f"free space there or pick another --out; the previous {what}, if any, "
@@ -269,16 +269,16 @@ def _umask() -> int:
     return mask
 
 
-def _remove_stale_staging(out: Path) -> None:
+def _remove_stale_staging(out: Path, what: str) -> None:
     """Staging folders of killed runs for ``out`` (marked, and nobody else holds the lock)."""
     for stale in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
         if (stale / MARKER).is_file():
-            logger.info("removing %s, left by an interrupted export", stale)
+            logger.info("removing %s, left by an interrupted %s", stale, what)
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _swap_into_place(staging: Path, out: Path, old_files: list[Path]) -> None:
-    """Rename ``staging`` to ``out``; the old export is moved aside first and then its files removed."""
+def _swap_into_place(staging: Path, out: Path, old_files: list[Path], what: str) -> None:
+    """Rename ``staging`` to ``out``; the old output is moved aside first and then its files removed."""
     aside = None
     if out.exists():
         aside = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
@@ -290,10 +290,10 @@ def _swap_into_place(staging: Path, out: Path, old_files: list[Path]) -> None:
             os.rename(aside, out)
         raise
     if aside is not None:
-        remove_owned(aside, [aside / p.relative_to(out) for p in old_files])
+        remove_owned(aside, [aside / p.relative_to(out) for p in old_files], what)
 
 
-def remove_owned(directory: Path, files: list[Path]) -> None:
+def remove_owned(directory: Path, files: list[Path], what: str = "export") -> None:
     """Delete ``files`` then the folders they leave empty; anything else found, or a file that cannot be
     deleted, is kept and reported (a warning: the new output is in place by then)."""
     failed = []
@@ -311,7 +311,7 @@ def remove_owned(directory: Path, files: list[Path]) -> None:
         logger.warning("could not remove %s, the previous output moved aside (%s); delete it yourself",
                        directory, "; ".join(failed[:3]))
     elif directory.exists():
-        logger.warning("kept %s: it holds files the old export did not have", directory)
+        logger.warning("kept %s: it holds files the old %s did not have", directory, what)
 
 
 def check_out_file(path: Path, flag: str, written: Callable[[Path], bool], what: str, *, overwrite: bool) -> None:

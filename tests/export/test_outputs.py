@@ -272,3 +272,16 @@ def test_weights_in_an_external_file_the_manifest_does_not_record_are_refused(tm
     (out / "w.bin").write_bytes((out / "model.onnx.data").read_bytes())
     with pytest.raises(WanTrtError, match="w.bin"):
         Manifest.read(out)
+
+
+def test_leftovers_of_a_killed_stream_output_are_named_as_such(tmp_path, caplog):
+    """Every staged output shares the staging code; its messages said 'export' for a stream's output too."""
+    from wan_trt.outputs import MARKER, staged_dir
+    out, stale = tmp_path / "run", tmp_path / ".run.partial-killed"
+    stale.mkdir()
+    (stale / MARKER).write_text("wan-trt stream output folder\n")
+    with caplog.at_level("INFO", logger="wan_trt"), \
+            staged_dir(out, lambda path: [], overwrite=False, what="stream output") as staging:
+        (staging / "report.json").write_text("{}")
+    assert (out / "report.json").is_file() and not stale.exists()
+    assert any(f"{stale}, left by an interrupted stream output" in r.getMessage() for r in caplog.records)
