@@ -206,3 +206,23 @@ def test_a_decoder_re_export_that_fails_midway_changes_neither_graph(tmp_path, m
         export_decoder(load_config(CFG), out, "fp32", seed=5, onnx=False, overwrite=True)
     assert _decoder_seeds(out) == {"first": 4, "steady": 4}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dec"]  # no staging folders left
+
+
+def test_a_narrow_decoder_exports_with_only_its_head_by_taps(tmp_path):
+    """Every convolution with under 8 outputs took the head's taps form (27 slices and adds each): at vae_dim 2
+    the graph held thousands of slices, and the ONNX exporter's optimizer ran for hours."""
+    import subprocess
+    import sys
+
+    data = load_config(CFG).to_dict()
+    data["name"], data["inference"]["vae_dim"] = "narrow", 2
+    (tmp_path / "narrow.json").write_text(json.dumps(data))
+    decoder = build_decoder(load_config(tmp_path / "narrow.json"), seed=0).use_engine_form()
+    assert [m.taps for m in decoder.modules() if hasattr(m, "taps")].count(True) == 1
+    cli = [sys.executable, "-m", "wan_trt.cli"]
+    export = [*cli, "export", "--config", str(tmp_path / "narrow.json"), "--graph", "decoder", "--precision", "fp32",
+              "--out", str(tmp_path / "decoder")]
+    subprocess.run(export, check=True, timeout=240, capture_output=True)  # seconds where it hung
+    check = subprocess.run([*cli, "check", str(tmp_path / "decoder"), "--blocks", "2"], timeout=240,
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr

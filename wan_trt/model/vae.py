@@ -35,7 +35,6 @@ LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.55
 LATENT_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
               3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
 HISTORY_FRAMES = 2  # frames each 3-frame causal convolution keeps (upstream CACHE_T)
-TAPS_BELOW = 8  # engine form: convolutions with fewer outputs run as CausalConv3d.forward_taps
 
 
 @dataclass(frozen=True)
@@ -75,6 +74,7 @@ class CausalConv3d(nn.Conv3d):
         self.padding = (0, 0, 0)
         self.engine_form = False  # see VideoDecoder.use_engine_form
         self.split_at = 0  # see split_outputs
+        self.taps = False  # the engine form as forward_taps (the decoder's head)
 
     def forward(self, x: torch.Tensor, history: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -84,7 +84,7 @@ class CausalConv3d(nn.Conv3d):
                 history, x = (t.contiguous(memory_format=torch.channels_last_3d) for t in (history, x))
             x = torch.cat([history, x], dim=2)
             history = self.next_history(x)
-        if self.engine_form and self.out_channels < TAPS_BELOW:
+        if self.engine_form and self.taps:
             return self.forward_taps(x.contiguous(memory_format=torch.channels_last_3d)), history
         if self.engine_form:
             y = self._engine_conv(x.contiguous(memory_format=torch.channels_last_3d), self.bias)
@@ -127,10 +127,11 @@ class CausalConv3d(nn.Conv3d):
         return joined[:, :, -self.history_frames:]
 
     def forward_taps(self, joined: torch.Tensor) -> torch.Tensor:
-        """Engine form for fewer than :data:`TAPS_BELOW` output channels (the head's 3, which cuDNN
-        computes as 64): one GEMM of the input (its history included, channels last) with every tap's
-        weights, then the sum of the taps' shifted products in fp32, plus the bias. Returns the fp32
-        output."""
+        """Engine form of the head's convolution (``taps``: its 3 outputs, which cuDNN computes as 64):
+        one GEMM of the input (its history included, channels last) with every tap's weights, then the
+        sum of the taps' shifted products in fp32, plus the bias. Returns the fp32 output. Only the head:
+        27 slices and adds each, so a decoder whose every narrow convolution took this form (a small
+        ``vae_dim``) made graphs of thousands of slices that the ONNX exporter's optimizer never finished."""
         kt, kh, kw = self.kernel_size
         pw, _, ph = self.spatial_pad[:3]
         b, c, frames, h, w = joined.shape
@@ -495,6 +496,7 @@ class VideoDecoder(nn.Module):
                 module.use_engine_form()
             if isinstance(module, (ResidualBlock, Decoder3d, Resample)):
                 module.fused = fused
+        self.decoder.head[2].taps = True  # 3 outputs: by taps (its own 27 shifted slices); no other convolution
         for block in self.modules() if fused else ():  # their outputs go to the fused norms only
             if isinstance(block, ResidualBlock):
                 block.residual[2].split_outputs()
