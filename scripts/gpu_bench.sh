@@ -27,6 +27,12 @@
 #   scripts/gpu_bench.sh precisions RESULTS  one wan-trt bench of the PRECISION (bf16) engine beside the fp16 and fp8
 #                                            engines (--also-engine; built here if missing), torch.compile and
 #                                            eager, with the profile of each engine (needs `build` first)
+#   scripts/gpu_bench.sh build-rev RESULTS   the same engine built from another commit REV of this repository (its
+#                                            files from git, installed apart; out/<config>_<precision>_aoti_<rev>),
+#                                            e.g. beside `build` (both at once: `... build R & ... build-rev R; wait`)
+#   scripts/gpu_bench.sh ab RESULTS          the REV engine against this checkout's in one process: ms per block
+#                                            (scripts/ab_engines.py) and each engine's kernels of one block
+#                                            (scripts/block_kernels.py); needs `build` and `build-rev`
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
@@ -42,9 +48,9 @@ ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 DECODER=out/${CONFIG}_${PRECISION}_decoder
 DECODER_OPS=${DECODER_OPS:-plugins}
 DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
-step=${1:?"step: setup | build | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
+step=${1:?"step: setup | build | build-rev | ab | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
-[ "$step" = setup ] || mkdir -p "$results"
+[ "$step" = setup ] || { mkdir -p "$results" && results=$(cd "$results" && pwd); }
 tag=${CONFIG}_${PRECISION}
 
 run_step() {  # name, command...: log to RESULTS/name.log, keep the exit status
@@ -113,6 +119,25 @@ case "$step" in
     run_step bench_precisions wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
       --backends aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager "${also[@]}" \
       --profile aoti-plugins,aoti-plugins@fp16,aoti-plugins@fp8 --overwrite --out "$results/bench_${CONFIG}_precisions.json"
+    ;;
+  build-rev|ab)
+    rev=$(git rev-parse --short=12 "${REV:?set REV to the commit to compare with}^{commit}")
+    rev_export=$PWD/out/${CONFIG}_${PRECISION}_aoti_${rev}
+    if [ "$step" = build-rev ]; then
+      src=$(mktemp -d) site=$(mktemp -d)
+      git archive "$rev" | tar -x -C "$src"
+      python3 -m pip install -q --no-deps --no-build-isolation --target "$site" "$src"
+      # run from the installed copy: in the checkout (or the source tree) python -m finds that wan_trt first
+      (cd "$site" && export PYTHONPATH=$site &&
+        run_step export_rev python3 -m wan_trt.cli export --config "$CONFIG" --precision "$PRECISION" --no-onnx \
+          --out "$rev_export" --overwrite &&
+        run_step build_rev python3 -m wan_trt.cli build "$rev_export" --backend aoti --ops plugins \
+          --precision "$PRECISION" --device cuda)
+    else
+      run_step ab python3 scripts/ab_engines.py "rev=$rev_export" "current=$EXPORT" --out "$results/ab_${tag}.json"
+      python3 scripts/block_kernels.py "rev_$rev" "$rev_export" --out "$results"
+      python3 scripts/block_kernels.py current "$EXPORT" --out "$results"
+    fi
     ;;
   all)
     for s in build bench check; do "$0" "$s" "$results"; done
