@@ -84,31 +84,39 @@ def _is_channels_last_3d(node) -> bool:
 
 
 @contextmanager
-def channels_last_3d_convolutions() -> Iterator[bool]:
+def _patched(owner, name: str, replacement_for, missing: str) -> Iterator[bool]:
+    """While inside, ``owner.<name>`` is ``replacement_for(original)`` and Inductor's FX graph cache is off (a
+    cached graph would skip the lowering the patch changes); yields whether the patch is in place (False, and
+    the warning ``missing``, where this torch has no such attribute)."""
+    original = getattr(owner, name, None)
+    if original is None:
+        logger.warning(missing)
+        yield False
+        return
+    setattr(owner, name, replacement_for(original))
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=False):
+            yield True
+    finally:
+        setattr(owner, name, original)
+
+
+def channels_last_3d_convolutions():
     """While inside, 3-D convolutions with a channels-last weight get a channels-last output (see the
     module text); yields whether the fix is in place (False where this torch has no hook for it)."""
     from torch._inductor import ir
     from torch._inductor.kernel import conv
 
-    original = getattr(conv, "conv_layout", None)
-    if original is None:
-        logger.warning("this torch's Inductor has no conv_layout: the decoder's 3-D convolutions may run "
-                       "through layout copies (slower engine)")
-        yield False
-        return
+    def replacement_for(original):
+        def conv_layout(x, weight, *args, **kwargs):
+            layout = original(x, weight, *args, **kwargs)
+            if len(layout.size) != 5 or not _is_channels_last_3d(weight):
+                return layout
+            return ir.FixedLayout(layout.device, layout.dtype, layout.size, channels_last_3d_strides(layout.size))
+        return conv_layout
 
-    def conv_layout(x, weight, *args, **kwargs):
-        layout = original(x, weight, *args, **kwargs)
-        if len(layout.size) != 5 or not _is_channels_last_3d(weight):
-            return layout
-        return ir.FixedLayout(layout.device, layout.dtype, layout.size, channels_last_3d_strides(layout.size))
-
-    conv.conv_layout = conv_layout
-    try:
-        with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph would skip the lowering
-            yield True
-    finally:
-        conv.conv_layout = original
+    return _patched(conv, "conv_layout", replacement_for, "this torch's Inductor has no conv_layout: the decoder's "
+                    "3-D convolutions may run through layout copies (slower engine)")
 
 
 def _reads_in_kernels(node) -> bool:
@@ -119,32 +127,22 @@ def _reads_in_kernels(node) -> bool:
     return len(node.users) > 1 and any(user.target in kernels for user in node.users)
 
 
-@contextmanager
-def shared_kernel_inputs() -> Iterator[bool]:
+def shared_kernel_inputs():
     """While inside, an elementwise value that fused ops' Triton kernels read is computed once (see the
     module text); yields whether the fix is in place (False where this torch has no hook for it)."""
     from torch._inductor import ir
     from torch._inductor.graph import GraphLowering
 
-    original = getattr(GraphLowering, "run_node", None)
-    if original is None:
-        logger.warning("this torch's Inductor has no GraphLowering.run_node: values several fused kernels read "
-                       "are computed once per kernel (slower engine)")
-        yield False
-        return
+    def replacement_for(original):
+        def run_node(self, n):
+            result = original(self, n)
+            if isinstance(result, ir.TensorBox) and _reads_in_kernels(n):
+                result.realize()
+            return result
+        return run_node
 
-    def run_node(self, n):
-        result = original(self, n)
-        if isinstance(result, ir.TensorBox) and _reads_in_kernels(n):
-            result.realize()
-        return result
-
-    GraphLowering.run_node = run_node
-    try:
-        with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph would skip the lowering
-            yield True
-    finally:
-        GraphLowering.run_node = original
+    return _patched(GraphLowering, "run_node", replacement_for, "this torch's Inductor has no GraphLowering.run_node: "
+                    "values several fused kernels read are computed once per kernel (slower engine)")
 
 
 LIBSTDCXX = "libstdc++.so.6"
