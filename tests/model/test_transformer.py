@@ -245,3 +245,22 @@ def test_keyboard_projection_adds_a_bias_inside_its_gemm():
     for layer in expected:
         for got, ref in zip(actual[layer], expected[layer]):
             assert torch.equal(got, ref), (layer, (got.float() - ref.float()).abs().max())
+
+
+@torch.no_grad()
+def test_folding_the_context_norm_writes_no_checkpoint_tensor_in_place(tmp_path, small_cfg):
+    """A loaded checkpoint's tensors are the model's own: with two layers' query-norm weights tied in the file,
+    folding in place multiplied the shared tensor twice and both layers' cross-attention came out 5 % off."""
+    from wan_trt.model.checkpoint import read_state_dict
+    state = {f"model.{k}": v.clone() for k, v in build_model(small_cfg, seed=2).state_dict().items()}
+    state["model.blocks.1.cross_attn.norm_q.weight"] = state["model.blocks.0.cross_attn.norm_q.weight"]  # tied
+    torch.save(state, tmp_path / "tied.pt")
+    assert len(read_state_dict(tmp_path / "tied.pt")) == len(state)
+    reference = build_model(small_cfg, weights=tmp_path / "tied.pt")
+    graph_form = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, weights=tmp_path / "tied.pt"), "native", "fp32")
+    gen = torch.Generator().manual_seed(0)
+    visual = torch.randn(1, small_cfg.model.clip_tokens, small_cfg.model.clip_dim, generator=gen)
+    x = torch.randn(1, 7, small_cfg.model.dim, generator=gen)
+    for block, ref_block, kv, ref_kv in zip(graph_form.blocks, reference.blocks, graph_form.encode_context(visual),
+                                            reference.encode_context(visual)):
+        torch.testing.assert_close(block.cross_attn(x, kv), ref_block.cross_attn(x, ref_kv), atol=1e-5, rtol=1e-5)

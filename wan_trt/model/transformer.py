@@ -111,8 +111,10 @@ class ContextProjection(nn.Module):
         with torch.no_grad():
             self.register_buffer("weight", torch.cat([w for a in layers for w in (a.k.weight, a.v.weight)]))
             self.register_buffer("bias", torch.cat([b for a in layers for b in (a.k.bias, a.v.bias)]))
-            for a in layers:  # in fp32, rounded once to the weight's dtype
-                a.norm_q.weight.copy_(a.norm_q.weight.float() * a.norm_k.weight.float())
+            for a in layers:  # in fp32, rounded once to the weight's dtype; a new tensor, never written in place
+                # (a loaded checkpoint's tensors are the model's: tied ones would be folded twice)
+                q = a.norm_q.weight
+                a.norm_q.weight = nn.Parameter((q.float() * a.norm_k.weight.float()).to(q.dtype), requires_grad=False)
         # norm_rope's operands: a unit weight, fp32 tables of the identity rotation
         dim, device = self.weight.shape[1], self.weight.device
         self.register_buffer("unit", torch.ones(dim, dtype=self.weight.dtype, device=device), persistent=False)
