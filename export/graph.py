@@ -2,8 +2,8 @@
 
 A graph passes when ONNX's checker accepts it, its inputs and outputs are exactly the
 spec's (names, order, static shapes, element types), and no tensor in it is complex or
-float64 (TensorRT has neither): no initializer, cast, constant or typed value, in the graph,
-its local functions or their subgraphs.
+float64 (TensorRT has neither): no initializer, cast or other node making one, constant or typed
+value, in the graph, its local functions or their subgraphs.
 """
 from __future__ import annotations
 
@@ -46,24 +46,40 @@ def _graphs(model: onnx.ModelProto):
                 todo += [(f"{where}, node '{node.name}'", g) for g in subgraphs]
 
 
+TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")  # the element type a node makes (Cast, EyeLike, Random*, ...)
+
+
+def _attribute_tensors(attr: onnx.AttributeProto) -> list[onnx.TensorProto]:
+    """The tensors an attribute holds (dense, or the values of sparse ones)."""
+    A = onnx.AttributeProto
+    dense = [attr.t] if attr.type == A.TENSOR else list(attr.tensors) if attr.type == A.TENSORS else []
+    sparse = [attr.sparse_tensor] if attr.type == A.SPARSE_TENSOR else \
+        list(attr.sparse_tensors) if attr.type == A.SPARSE_TENSORS else []
+    return dense + [t.values for t in sparse]
+
+
 def forbidden_types(model: onnx.ModelProto) -> list[str]:
-    """Every place a complex or float64 tensor appears inside the graph (its I/O and initializers are checked
-    apart): casts, constants (Constant, ConstantOfShape, any tensor attribute), typed intermediate values, in
-    the graph, its local functions and their subgraphs."""
+    """Every place a complex or float64 tensor appears inside the graph (its own inputs and outputs are
+    checked against the spec apart): initializers, nodes that make one (casts, ``dtype`` attributes),
+    constants (Constant, ConstantOfShape, any tensor attribute, sparse ones included), typed values, in the
+    graph, its local functions and every subgraph (with the subgraphs' inputs and outputs)."""
     problems = []
     for where, graph in _graphs(model):
         for node in graph.node:
             for attr in node.attribute:
-                tensors = [attr.t] if attr.type == onnx.AttributeProto.TENSOR else list(attr.tensors)
-                kinds = [t.data_type for t in tensors if t.data_type in FORBIDDEN]
-                if attr.name == "to" and attr.type == onnx.AttributeProto.INT and attr.i in FORBIDDEN:
-                    problems.append(f"{where}: node '{node.name}' casts to {FORBIDDEN[attr.i]}")
-                problems += [f"{where}: node '{node.name}' holds a {FORBIDDEN[k]} constant ({attr.name})"
-                             for k in kinds]
-        for value in getattr(graph, "value_info", ()):
-            elem = value.type.tensor_type.elem_type
-            if elem in FORBIDDEN:
-                problems.append(f"{where}: value '{value.name}' is {FORBIDDEN[elem]}")
+                if attr.name in TYPE_ATTRIBUTES and attr.type == onnx.AttributeProto.INT and attr.i in FORBIDDEN:
+                    problems.append(f"{where}: node '{node.name}' makes {FORBIDDEN[attr.i]} ({attr.name})")
+                problems += [f"{where}: node '{node.name}' holds a {FORBIDDEN[t.data_type]} constant ({attr.name})"
+                             for t in _attribute_tensors(attr) if t.data_type in FORBIDDEN]
+        initializers = [*getattr(graph, "initializer", ()),
+                        *(sparse.values for sparse in getattr(graph, "sparse_initializer", ()))]
+        problems += [f"{where}: initializer '{t.name}' is {FORBIDDEN[t.data_type]}"
+                     for t in initializers if t.data_type in FORBIDDEN]
+        values = list(getattr(graph, "value_info", ()))
+        if graph is not model.graph and isinstance(graph, onnx.GraphProto):
+            values += [*graph.input, *graph.output]
+        problems += [f"{where}: value '{v.name}' is {FORBIDDEN[v.type.tensor_type.elem_type]}"
+                     for v in values if v.type.tensor_type.elem_type in FORBIDDEN]
     return problems
 
 
@@ -90,8 +106,6 @@ def check_graph(path: Path, spec: PassSpec) -> dict[str, int]:
                 problems.append(f"{kind} '{t.name}' is {list(dims)} type {elem}, spec says {list(t.shape)} {t.dtype}")
     inputs = {v.name for v in model.graph.input}
     for init in model.graph.initializer:
-        if init.data_type in FORBIDDEN:
-            problems.append(f"initializer '{init.name}' is {FORBIDDEN[init.data_type]}")
         if init.name in inputs:
             problems.append(f"input '{init.name}' has a constant (an initializer) a runtime may take instead")
     problems += forbidden_types(model)

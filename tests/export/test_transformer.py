@@ -233,8 +233,40 @@ def _double_in_a_function(model):
     model.opset_import.append(h.make_opsetid("local", 1))
 
 
+def _double_in_a_subgraph(model):
+    import numpy as np
+    import onnx.helper as h
+    import onnx.numpy_helper
+
+    def branch(name):
+        constant = onnx.numpy_helper.from_array(np.array([0.5]), f"{name}_c")  # float64
+        return h.make_graph([h.make_node("Identity", [f"{name}_c"], [f"{name}_o"])], name, [],
+                            [h.make_tensor_value_info(f"{name}_o", onnx.TensorProto.DOUBLE, [1])], [constant])
+    model.graph.node.extend([
+        h.make_node("Constant", [], ["cond"], name="cond", value=h.make_tensor("b", onnx.TensorProto.BOOL, [], [1])),
+        h.make_node("If", ["cond"], ["picked"], name="if", then_branch=branch("then"), else_branch=branch("other"))])
+
+
+def _double_eye(model):
+    import onnx.helper as h
+    model.graph.node.extend([
+        h.make_node("Constant", [], ["square"], name="square",
+                    value=h.make_tensor("s", onnx.TensorProto.FLOAT, [2, 2], [0.0] * 4)),
+        h.make_node("EyeLike", ["square"], ["eye"], name="eye", dtype=onnx.TensorProto.DOUBLE)])
+
+
+def _double_sparse_constant(model):
+    import onnx.helper as h
+    values = h.make_sparse_tensor(h.make_tensor("v", onnx.TensorProto.DOUBLE, [1], [1.0]),
+                                  h.make_tensor("i", onnx.TensorProto.INT64, [1], [0]), [3])
+    model.graph.node.append(h.make_node("Constant", [], ["sparse"], name="sparse", sparse_value=values))
+
+
 @pytest.mark.parametrize("edit, place", [(_double_constant, "node 'dbl'"), (_double_constant_of_shape, "node 'zeros'"),
-                                         (_double_value, "value '"), (_double_in_a_function, "function 'Half'")])
+                                         (_double_value, "value '"), (_double_in_a_function, "function 'Half'"),
+                                         (_double_in_a_subgraph, "node 'if': initializer 'then_c'"),
+                                         (_double_eye, "node 'eye' makes float64"),
+                                         (_double_sparse_constant, "node 'sparse'")])
 def test_a_float64_tensor_anywhere_in_the_graph_breaks_its_spec(exports, tmp_path, edit, place):
     """TensorRT has no float64: the structural check looked at initializers and casts only, so a float64 constant,
     a float64 intermediate or one inside a local function passed it."""
