@@ -246,7 +246,7 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
         raise os_error_message(exc, f"creating the folder of --out {out}", "pick another --out") or exc
     with output_lock(out, what):
         old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect, what=what)  # again, now locked
-        _remove_stale_staging(out, what)
+        _remove_stale_staging(out)
         staging = None
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -269,11 +269,14 @@ def _umask() -> int:
     return mask
 
 
-def _remove_stale_staging(out: Path, what: str) -> None:
-    """Staging folders of killed runs for ``out`` (marked, and nobody else holds the lock)."""
+def _remove_stale_staging(out: Path) -> None:
+    """Staging folders of killed runs for ``out`` (marked, and nobody else holds the lock); each is named by
+    what its marker says it was staging."""
     for stale in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
-        if (stale / MARKER).is_file():
-            logger.info("removing %s, left by an interrupted %s", stale, what)
+        marker = stale / MARKER
+        if marker.is_file():
+            kind = re.fullmatch(r"wan-trt (.+) folder\s*", marker.read_text(errors="replace"))
+            logger.info("removing %s, left by an interrupted %s", stale, kind.group(1) if kind else "wan-trt run")
             shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -274,14 +274,18 @@ def test_weights_in_an_external_file_the_manifest_does_not_record_are_refused(tm
         Manifest.read(out)
 
 
-def test_leftovers_of_a_killed_stream_output_are_named_as_such(tmp_path, caplog):
-    """Every staged output shares the staging code; its messages said 'export' for a stream's output too."""
+def test_leftovers_of_a_killed_run_are_named_by_what_it_was(tmp_path, caplog):
+    """Every staged output shares the staging code; its messages said 'export' for a stream's output too, and
+    then named a leftover by the run that found it rather than the one that left it."""
     from wan_trt.outputs import MARKER, staged_dir
-    out, stale = tmp_path / "run", tmp_path / ".run.partial-killed"
-    stale.mkdir()
-    (stale / MARKER).write_text("wan-trt stream output folder\n")
+    out = tmp_path / "run"
+    for name, kind in (("killed-stream", "stream output"), ("killed-export", "export")):
+        (tmp_path / f".run.partial-{name}").mkdir()
+        (tmp_path / f".run.partial-{name}" / MARKER).write_text(f"wan-trt {kind} folder\n")
     with caplog.at_level("INFO", logger="wan_trt"), \
             staged_dir(out, lambda path: [], overwrite=False, what="stream output") as staging:
         (staging / "report.json").write_text("{}")
-    assert (out / "report.json").is_file() and not stale.exists()
-    assert any(f"{stale}, left by an interrupted stream output" in r.getMessage() for r in caplog.records)
+    assert (out / "report.json").is_file() and not any(tmp_path.glob(".run.partial-killed*"))
+    messages = [r.getMessage() for r in caplog.records]
+    for name, kind in (("killed-stream", "stream output"), ("killed-export", "export")):
+        assert any(m.endswith(f".run.partial-{name}, left by an interrupted {kind}") for m in messages), messages
