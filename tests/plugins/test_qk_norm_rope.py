@@ -111,6 +111,22 @@ def test_norm_rope_matches_the_keyboard_attentions_queries(batch):
     assert_close(fused, unfused, atol=1e-5, what=f"fused vs keyboard path, batch {batch}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_rope_with_the_identity_rotation_normalises_every_layers_context_k_in_place(dtype):
+    """The graphs' context projection: each layer's k rows where they sit in the GEMM's [T, L, (k, v), C] output
+    (rows 2C apart), normalised over the whole width with a unit weight and cos 1, sin 0: a plain RMS norm."""
+    from wan_trt.model.layers import rms_normalize
+    tokens, layers, heads, head_dim = 7, 3, 2, 32
+    c = heads * head_dim
+    kv = (torch.randn(1, tokens, layers, 2, c, generator=torch.Generator().manual_seed(3)) * 3).to(DEVICE, dtype)
+    rows = kv[..., 0, :].flatten(1, 2)  # [1, T * L, C], a view
+    assert rows.stride(1) == 2 * c and not rows.is_contiguous()
+    cos, sin = torch.ones(1, head_dim // 2, device=DEVICE), torch.zeros(1, head_dim // 2, device=DEVICE)
+    out = norm_rope(rows, torch.ones(c, device=DEVICE, dtype=dtype), cos, sin, 1e-6, c)
+    assert out.is_contiguous() and out.shape == rows.shape
+    assert_close(out, rms_normalize(rows.float(), 1e-6), atol=TOL[dtype], rtol=TOL[dtype], what=f"context k {dtype}")
+
+
 def test_norm_rope_limits():
     x = torch.randn(1, 6, 64, device=DEVICE)
     w = torch.ones(64, device=DEVICE)
