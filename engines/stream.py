@@ -119,7 +119,7 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     blocks, precision, device, seed, out = o.blocks, o.precision, o.device, o.seed, o.out
     check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=o.weights, out=out,
                          vae_weights=o.vae_weights, overwrite=o.overwrite, actions=o.actions)
-    actions = read_actions(o.actions, cfg, blocks) if o.actions is not None else {}  # before the model is built
+    actions = {} if o.actions is None else read_actions(o.actions, cfg, blocks, precision_dtype(precision))  # first
     with stage(f"build {cfg.name} ({precision}, {device})"):
         model = build_model(cfg, precision_dtype(precision), device, o.weights, seed)
     spec = PassSpec.from_config(cfg, precision)

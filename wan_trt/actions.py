@@ -35,9 +35,13 @@ def action_dims(cfg: WanConfig) -> dict[str, int]:
     return dims
 
 
-def read_actions(path: str | Path, cfg: WanConfig, blocks: int) -> dict[str, torch.Tensor]:
-    """The raw action frames of blocks 0 .. ``blocks - 1`` from ``path``: name -> fp32 [1, N_raw, D]."""
+def read_actions(path: str | Path, cfg: WanConfig, blocks: int, dtype: torch.dtype = torch.float32
+                 ) -> dict[str, torch.Tensor]:
+    """The raw action frames of blocks 0 .. ``blocks - 1`` from ``path``: name -> fp32 [1, N_raw, D]. Every
+    value must be finite in ``dtype`` too (the stream's: fp16 holds up to 65504), so that no block is refused
+    after the blocks before it ran."""
     path = Path(path)
+    limit = torch.finfo(dtype).max
     if not path.is_file():
         raise WanTrtError(f"--actions {path}: no such file")
     dims = action_dims(cfg)
@@ -58,6 +62,8 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int) -> dict[str, tor
             entry = json.loads(line, parse_constant=_not_json)
         except json.JSONDecodeError as exc:
             raise WanTrtError(f"{where}: not JSON ({exc.msg})") from None
+        except ValueError as exc:  # a number Python will not read (an integer of over 4300 digits)
+            raise WanTrtError(f"{where}: not a JSON line wan-trt reads ({exc})") from None
         except RecursionError:
             raise WanTrtError(f"{where}: not JSON (nested too deeply)") from None
         if not isinstance(entry, dict) or set(entry) != set(dims):
@@ -65,7 +71,7 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int) -> dict[str, tor
             raise WanTrtError(f"{where}: expected an object with keys {sorted(dims)} ({cfg.name}), got {got}")
         n = raw_frames_in_block(cfg, block)
         for name, dim in dims.items():
-            frames[name].append(_rows(entry[name], n, dim, f"{where}, {name}"))
+            frames[name].append(_rows(entry[name], n, dim, f"{where}, {name}", limit))
     return {name: torch.cat(rows)[None] for name, rows in frames.items()}
 
 
@@ -84,23 +90,23 @@ def _not_json(constant: str):
     raise json.JSONDecodeError(f"{constant} is not a JSON value", constant, 0)
 
 
-def _rows(value, n: int, dim: int, where: str) -> torch.Tensor:
-    """One held action (``dim`` numbers) or ``n`` rows of ``dim`` numbers, as fp32 [n, dim]."""
-    held = isinstance(value, list) and len(value) == dim and all(_number(v) for v in value)
+def _rows(value, n: int, dim: int, where: str, limit: float) -> torch.Tensor:
+    """One held action (``dim`` numbers) or ``n`` rows of ``dim`` numbers, as fp32 [n, dim]; |values| <= limit."""
+    held = isinstance(value, list) and len(value) == dim and all(_number(v, limit) for v in value)
     rows = isinstance(value, list) and len(value) == n and all(
-        isinstance(r, list) and len(r) == dim and all(_number(v) for v in r) for r in value)
+        isinstance(r, list) and len(r) == dim and all(_number(v, limit) for v in r) for r in value)
     if not (held or rows):
         raise WanTrtError(f"{where}: expected {dim} finite numbers (held for the block) or {n} rows of {dim} "
-                          "(one per video frame)")
+                          f"(one per video frame), each within +-{limit:.6g} (the stream's precision)")
     t = torch.tensor(value, dtype=torch.float32)
     return t.expand(n, dim).clone() if held else t
 
 
-def _number(v) -> bool:
-    """A finite JSON number within fp32's range (an int too large for a float is not)."""
+def _number(v, limit: float) -> bool:
+    """A finite JSON number within +-``limit`` (an int too large for a float is not)."""
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return False
     try:
-        return math.isfinite(v) and abs(v) <= 3.4e38
+        return math.isfinite(v) and abs(v) <= limit
     except OverflowError:
         return False

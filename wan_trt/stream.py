@@ -7,6 +7,8 @@ window, which ends one raw frame before the frame that latent j decodes to).
 """
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass
 
 import torch
@@ -160,7 +162,9 @@ class NoiseSource:
     """
 
     def __init__(self, seed: int = 0):
-        self.seed = seed
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2 ** 64:
+            raise WanTrtError(f"seed: expected an integer in [0, 2^64), got {seed!r} ({type(seed).__name__})")
+        self.seed = int(seed)  # a NumPy integer too
 
     def __call__(self, block: int, step: int, shape: tuple[int, ...], device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:

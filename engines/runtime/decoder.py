@@ -67,8 +67,12 @@ class DecoderStream:
         if self._benchmark is None:
             self._benchmark = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = True
-        self.first.__enter__()
-        self.steady.__enter__()
+        try:
+            self.first.__enter__()
+            self.steady.__enter__()
+        except BaseException as exc:  # nothing stays loaded or switched on by a failed enter
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

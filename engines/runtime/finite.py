@@ -21,16 +21,22 @@ class NonFiniteBlock(WanTrtError):
 def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     """Name of the first tensor holding NaN or Inf, or None: one device sync.
 
-    One multi-tensor reduction reads each tensor once for its largest magnitude (``_foreach_norm``
-    of order inf: NaN propagates into it, +-Inf becomes it), with no tensor-sized intermediate and
-    a few launches for any number of tensors: a DiT pass has a K and a V output per cache layer,
-    121 tensors with the latents (its cost: bench/results/block_end_universal_bf16_h100.json).
+    One multi-tensor reduction per dtype reads each tensor once for its largest magnitude
+    (``_foreach_norm`` of order inf, in the tensor's own dtype: NaN propagates into it, +-Inf becomes it,
+    a finite float64 stays finite, a complex tensor gives its modulus), with no tensor-sized intermediate
+    and a few launches for any number of tensors: a DiT pass has a K and a V output per cache layer, 121
+    tensors with the latents (its cost: bench/results/block_end_universal_bf16_h100.json).
     """
     # an empty or integer tensor holds nothing non-finite
     names = [name for name, t in tensors.items() if t.numel() and (t.is_floating_point() or t.is_complex())]
     if not names:
         return None
-    return first_flagged(names, largest_magnitudes([tensors[n] for n in names]))
+    largest = {}  # per dtype: each tensor's largest magnitude in its own dtype (float64 beyond fp32 stays finite)
+    for dtype in {tensors[n].dtype for n in names}:
+        group = [n for n in names if tensors[n].dtype == dtype]
+        largest.update(zip(group, torch._foreach_norm([tensors[n] for n in group], float("inf"))))
+    finite = torch.stack([torch.isfinite(largest[n]).to(tensors[names[0]].device) for n in names]).tolist()
+    return next((name for name, ok in zip(names, finite) if not ok), None)
 
 
 def largest_magnitudes(tensors: list[torch.Tensor]) -> torch.Tensor:

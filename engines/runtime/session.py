@@ -147,7 +147,8 @@ class StreamingSession:
         decoder.reset()
 
     def detach_decoder(self) -> None:
-        """Stop decoding; the decoder may then be attached to another session."""
+        """Stop decoding; the decoder may then be attached to another session. It stays active (loaded): as
+        with the runner, the caller exits it (``decoder.__exit__``) when done with it."""
         if self.decoder is not None:
             self.decoder.owner = None
             self.decoder = None
@@ -241,7 +242,8 @@ class StreamingSession:
                               f"{MAX_STREAM_FRAMES} latent frames a stream can reach: start a new stream")
         cond = self._checked(COND_CONCAT, cond_concat, self.spec.tensor(COND_CONCAT).shape)
         raw = self._raw_actions(mouse, keyboard)
-        self._check_finite({COND_CONCAT: cond, **raw}, f"of block {self.block}")
+        given = {COND_CONCAT: cond_concat, "mouse": mouse, "keyboard": keyboard}
+        self._check_finite({COND_CONCAT: cond, **raw}, f"of block {self.block}", given)
         histories = {name: self.histories[name].appended(value) for name, value in raw.items()}
         windows = {ACTION_WINDOWS[name]: h.windows(start, frames) for name, h in histories.items()}
         return BlockInputs(cond, windows, histories)
@@ -258,7 +260,10 @@ class StreamingSession:
             if value is None:
                 raise WanTrtError(f"config '{self.cfg.name}' needs {name} actions for every block")
             dim = self.spec.tensor(ACTION_WINDOWS[name]).shape[-1]
-            if isinstance(value, torch.Tensor) and value.ndim == 2:  # one action held over the block
+            if isinstance(value, torch.Tensor) and value.ndim == 2:  # one action held over the block: [1, D]
+                if value.shape[0] != 1:
+                    raise WanTrtError(f"{name}: expected [1, {dim}] (one action held for block {self.block}) or "
+                                      f"[1, {n}, {dim}] (one per video frame), got {list(value.shape)}")
                 value = value[:, None, :].expand(-1, n, -1)
             raw[name] = self._checked(name, value, (1, n, dim))
         return raw
@@ -283,11 +288,22 @@ class StreamingSession:
             raise WanTrtError(f"start_block {start_block}: a stream reaches {MAX_STREAM_FRAMES} latent frames "
                               f"({most} blocks of {self.cfg.block_frames}); start at block {most - 1} or earlier")
 
-    def _check_finite(self, tensors: dict[str, torch.Tensor], where: str) -> None:
-        """Refuse non-finite inputs: the first non-finite tensor is named with ``where``."""
+    def _check_finite(self, tensors: dict[str, torch.Tensor], where: str,
+                      given: dict[str, torch.Tensor] | None = None) -> None:
+        """Refuse non-finite inputs: the first non-finite tensor is named with ``where``. ``given``: the tensors
+        as the caller passed them, before their conversion to the session's dtype: a finite value beyond that
+        dtype's range is named as such, not as NaN or Inf."""
         name = first_non_finite(tensors)
-        if name is not None:
-            raise WanTrtError(f"{name} {where} holds non-finite values (NaN or Inf); pass finite inputs")
+        if name is None:
+            return
+        original = (given or {}).get(name)
+        if isinstance(original, torch.Tensor) and original.dtype != self.dtype and \
+                first_non_finite({name: original}) is None:
+            top = original.abs().max().item()
+            most = torch.finfo(self.dtype).max
+            raise WanTrtError(f"{name} {where} holds values beyond {self.dtype}'s range (largest magnitude "
+                              f"{top:.6g}, {self.dtype} holds up to {most:.6g}); scale them down")
+        raise WanTrtError(f"{name} {where} holds non-finite values (NaN or Inf); pass finite inputs")
 
     def _graphed(self) -> bool:
         return self.graph_block_end and self.runner.fixed_buffers

@@ -227,3 +227,22 @@ def test_a_stream_output_of_an_older_wan_trt_is_still_its_own(tmp_path):
     (out / "notes.txt").write_text("mine")
     res = CliRunner().invoke(main, args + ["--overwrite"])
     assert res.exit_code == 1 and "not a wan-trt stream output" in res.output and (out / "notes.txt").is_file()
+
+
+def test_action_values_are_refused_by_line_where_the_stream_cannot_hold_them(tmp_path):
+    """An integer of 5000 digits crashed the reader with a ValueError traceback; a value fp16 cannot hold (7e4)
+    passed it and stopped an fp16 stream at that block, after the blocks before it ran, as 'NaN or Inf'."""
+    from wan_trt.actions import read_actions
+    from wan_trt.config_load import load_config
+
+    cfg = load_config("gta_drive-small")
+    keys = cfg.model.action_config.keyboard_dim_in
+    good = json.dumps({"mouse": [0.1, 0.0], "keyboard": [1] + [0] * (keys - 1)})
+    path = tmp_path / "actions.jsonl"
+    path.write_text(good + "\n" + '{"mouse": [1' + "0" * 5000 + ', 0], "keyboard": [0, 0]}\n')
+    with pytest.raises(WanTrtError, match=r"line 2 \(block 1\): not a JSON line wan-trt reads"):
+        read_actions(path, cfg, 2)
+    path.write_text(good + "\n" + json.dumps({"mouse": [70000.0, 0.0], "keyboard": [1] + [0] * (keys - 1)}) + "\n")
+    assert read_actions(path, cfg, 2)["mouse"][0, -1, 0] == 70000.0  # fp32 holds it
+    with pytest.raises(WanTrtError, match=r"line 2 \(block 1\), mouse: expected 2 finite numbers .* within \+-65504"):
+        read_actions(path, cfg, 2, torch.float16)

@@ -34,3 +34,14 @@ def test_first_non_finite_takes_empty_mixed_and_huge_finite_tensors(device):
     assert first_non_finite({}) is None
     tensors["half"][1] = float("nan")
     assert first_non_finite(tensors) == "half"
+
+
+def test_float64_and_complex_tensors_are_judged_in_their_own_dtype():
+    """The check reduced every tensor to fp32: float64 and complex tensors crashed it, and a finite float64
+    beyond fp32's range would have read as Inf."""
+    from wan_trt.engines.runtime.finite import first_non_finite
+    finite = {"big": torch.full((3,), 1e300, dtype=torch.float64), "z": torch.tensor([1 + 1j, 2 - 1j]),
+              "x": torch.ones(2, dtype=torch.bfloat16)}
+    assert first_non_finite(finite) is None
+    assert first_non_finite({**finite, "bad": torch.tensor([1.0, float("nan")], dtype=torch.float64)}) == "bad"
+    assert first_non_finite({**finite, "inf": torch.tensor([complex(float("inf"), 0.0)])}) == "inf"

@@ -341,3 +341,41 @@ def test_one_stream_of_2600_blocks_equals_the_reference_without_growth():
     assert max(errors.values()) < 2e-5, errors
     early, late = max(errors[b] for b in range(8)), max(errors[b] for b in SAMPLED if b >= 2595)
     assert late < max(4 * early, 2e-6), (early, late)
+
+
+def test_per_frame_actions_without_their_batch_dim_are_named_as_given():
+    """A 2-D action was taken for a held one and expanded before its shape was checked: [9, 2] was reported as
+    [9, 9, 2]."""
+    cfg, session, inputs = _started("universal-small")
+    mouse, keyboard = inputs.block_actions(cfg, 0)
+    with pytest.raises(WanTrtError, match=r"mouse: expected \[1, 2\] \(one action held for block 0\) or \[1, 9, 2\] "
+                                          r"\(one per video frame\), got \[9, 2\]"):
+        session.step(inputs.block_cond(cfg, 0), mouse[0], keyboard)
+
+
+def test_a_finite_input_beyond_the_sessions_precision_is_named_as_such():
+    """Converted to bf16, a finite 1e39 became Inf and was refused as 'non-finite (NaN or Inf)'."""
+    cfg = load_config("universal-small")
+    spec = PassSpec.from_config(cfg, "bf16")
+    session = StreamingSession(TorchRunner(build_model(cfg, torch.bfloat16, seed=1), spec))
+    inputs = synthetic_stream(cfg, 1, seed=0)
+    session.start(inputs.visual_context)
+    mouse, keyboard = inputs.block_actions(cfg, 0)
+    cond = inputs.block_cond(cfg, 0).double()
+    cond[0, 0, 0, 0, 0] = 1e39
+    with pytest.raises(WanTrtError, match=r"cond_concat of block 0 holds values beyond torch.bfloat16's range "
+                                          r"\(largest magnitude 1e\+39"):
+        session.step(cond, mouse, keyboard)
+    cond[0, 0, 0, 0, 0] = float("nan")
+    with pytest.raises(WanTrtError, match="cond_concat of block 0 holds non-finite values"):
+        session.step(cond, mouse, keyboard)
+
+
+def test_a_noise_seed_is_an_integer_numpy_ones_included():
+    """np.int64(7) was accepted and failed at the first step with an OverflowError naming no seed."""
+    import numpy as np
+    shape = (1, 2, 3)
+    assert torch.equal(NoiseSource(np.int64(7))(0, 0, shape), NoiseSource(7)(0, 0, shape))
+    for bad in (1.5, -1, True, 2 ** 64, "7"):
+        with pytest.raises(WanTrtError, match="seed: expected an integer"):
+            NoiseSource(bad)

@@ -85,3 +85,16 @@ def test_a_decoder_serves_one_session_at_a_time():
     second = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), decoder=decoder)
     assert [r.frames.shape[0] for r in stream_blocks(second, inputs, 2)] == [9, 12]
     assert first.decoder is None
+
+
+def test_a_decoder_that_fails_to_load_leaves_nothing_loaded_or_switched_on():
+    """A failed enter left the first call's runner loaded and cuDNN's process-wide benchmark mode on."""
+    _, decoder = _decoder(load_config(CFG))
+
+    def fail():
+        raise RuntimeError("the steady engine failed to load")
+    decoder.steady.activate = fail
+    before = torch.backends.cudnn.benchmark
+    with pytest.raises(RuntimeError, match="failed to load"):
+        decoder.__enter__()
+    assert not decoder.first.is_active and torch.backends.cudnn.benchmark == before
