@@ -36,6 +36,10 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
     manifest = Manifest.read(path)
     if directory is not None and config_name is not None:
         check_config_flag(path, manifest.spec.config, config_name)
+    elif directory is None and manifest.spec.config != cfg:  # the export this --config made before, since edited
+        raise WanTrtError(f"--config {config_name}: {path} holds an export of config {cfg.name!r} as it was "
+                          f"before (the config differs now); re-export it with `wan-trt export --config "
+                          f"{config_name} --precision {precision} --ops {ops} --out {path} --overwrite`, then build")
     if manifest.spec.precision != precision:
         raise WanTrtError(f"{path} holds a {manifest.spec.precision} graph but --{precision} was asked: re-export "
                           f"with `wan-trt export --precision {precision}` or build with --{manifest.spec.precision}")

@@ -192,6 +192,9 @@ def validate(cfg: WanConfig, where: str = "config") -> None:
                          "num_train_timesteps", "vae_dim"], "inference.", where)
     _check(m.model_type == "i2v", "model_type", "'i2v'", m.model_type, where)
     _check(m.sink_size == 0, "sink_size", "0 (attention sinks are not supported)", m.sink_size, where)
+    for name in ("qk_norm", "cross_attn_norm"):  # the model always has these norms (every released config does)
+        _check(getattr(m, name) is True, name, "true (the model without these norms is not supported)",
+               getattr(m, name), where)
     _check(isinstance(m.eps, (int, float)) and 0 < m.eps < 1, "eps", "a small positive number", m.eps, where)
     _check(m.dim % m.num_heads == 0, "num_heads", f"a divisor of dim={m.dim}", m.num_heads, where)
     d = m.dim // m.num_heads
@@ -229,6 +232,8 @@ def _validate_action(cfg: WanConfig, where: str) -> None:
     _check(len(set(a.blocks)) == len(a.blocks), p + "blocks", "distinct layer indices", list(a.blocks), where)
     _check(a.enable_keyboard or a.enable_mouse, p + "enable_keyboard/enable_mouse",
            "at least one enabled", (a.enable_keyboard, a.enable_mouse), where)
+    _check(a.qk_norm is True, p + "qk_norm", "true (the action attentions without their q/k norms are not "
+           "supported)", a.qk_norm, where)
     _positive_ints(a, ["heads_num", "hidden_size", "img_hidden_size", "keyboard_dim_in",
                        "keyboard_hidden_dim", "mouse_dim_in", "mouse_hidden_dim", "windows_size",
                        "vae_time_compression_ratio"], p, where)

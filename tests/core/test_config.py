@@ -57,6 +57,10 @@ def _write(tmp_path, change):
     (lambda d: d["model"].update(num_layers=2000), "'num_layers': expected at most 1024 layers"),
     (lambda d: d["inference"].update(latent_height=1024, latent_width=1024), "at most 65536 patches"),
     (lambda d: d["inference"].update(rope_max_frames=1024), "'inference.rope_max_frames' .*no RoPE table"),
+    # read by nothing: the model always has these norms (a config without them ran another model, silently)
+    (lambda d: d["model"].update(qk_norm=False), "'qk_norm': expected true"),
+    (lambda d: d["model"].update(cross_attn_norm=False), "'cross_attn_norm': expected true"),
+    (lambda d: d["model"]["action_config"].update(qk_norm=False), "'action_config.qk_norm': expected true"),
 ])
 def test_bad_field_is_named(tmp_path, change, field):
     with pytest.raises(WanTrtError, match=field):

@@ -47,6 +47,19 @@ def test_build_with_config_checks_the_existing_export(plain_export, tmp_path, mo
     assert res.exit_code == 1 and "--seed 7" in res.output and "exported with --seed 2" in res.output, res.output
 
 
+def test_build_with_a_config_edited_since_its_export_refuses_the_old_export(plain_export, tmp_path, monkeypatch):
+    """build --config FILE (no DIRECTORY) took out/<name>_<precision>_<ops> whatever config it was made from: after
+    the file changed, the engine of the old config was reported up to date (exit 0)."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(plain_export, tmp_path / "out" / f"{CFG}_fp32_native")
+    data = load_config(CFG).to_dict()
+    data["model"]["num_layers"] -= 1
+    (tmp_path / "edited.json").write_text(json.dumps(data))
+    res = _build("--config", "edited.json", "--fp32", "--backend", "aoti", "--device", "cpu")
+    assert res.exit_code == 1 and "as it was before (the config differs now)" in res.output, res.output
+    assert not list((tmp_path / "out" / f"{CFG}_fp32_native").glob("engine*"))
+
+
 @pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
 def test_build_refuses_a_config_the_export_was_not_made_with(plain_export, backend):
     """build DIR --config OTHER built DIR's config and said nothing."""
