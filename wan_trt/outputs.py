@@ -269,6 +269,11 @@ def _umask() -> int:
     return mask
 
 
+def usual_file_mode() -> int:
+    """The mode a plain ``open(.., 'w')`` would give a new file (0o666 less the umask): mkstemp's are private."""
+    return 0o666 & ~_umask()
+
+
 def _remove_stale_staging(out: Path) -> None:
     """Staging folders of killed runs for ``out`` (marked, and nobody else holds the lock); each is named by
     what its marker says it was staging."""
@@ -343,7 +348,7 @@ def write_file(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the output gets the usual mode
+        os.chmod(tmp, usual_file_mode())  # mkstemp makes it private; the output gets the usual mode
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)

@@ -191,3 +191,21 @@ def test_engine_metadata_with_values_no_build_writes_is_refused(aoti, tmp_path, 
         res = CliRunner().invoke(main, [command, str(copy)])
         assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (command, res.output)
         assert res.output.startswith("error: ") and expected in res.output and "--force" in res.output, res.output
+
+
+def test_an_installed_engine_and_its_metadata_get_the_usual_file_mode(plain_export, tmp_path):
+    """Built through mkstemp's private files, engines and their .json were 0600 (another account, a server's,
+    could not read them) where exports and reports get the usual mode."""
+    import stat
+
+    from wan_trt.engines.artifact import staged_file
+    from wan_trt.outputs import usual_file_mode
+    manifest = Manifest.read(plain_export)
+    key = engine_key(manifest, "aoti", "cpu", {"ops": "native"})
+    meta = EngineMetadata.of_build(manifest, plain_export, backend="aoti", device="cpu", key=key, ops="native")
+    engine = tmp_path / "engine.pt2"
+    with staged_file(engine) as partial:
+        partial.write_bytes(b"package" * 100)
+        install_engine(partial, engine, meta)
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in (engine, meta.path_for(engine))}
+    assert modes == {usual_file_mode()}  # 0644 under the usual umask 022
