@@ -20,6 +20,7 @@ the bf16 export's rows) run in the same process, each on its own export's inputs
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import statistics
@@ -244,6 +245,13 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     check_device(o.device)  # before any model is built
     named = o.backends is not None
     backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))
+    for key, engine in o.engines.items():  # an engine no benched row runs would be taken and never benched
+        if engine is not None and named and not any(b.split("+")[0] == key for b in backends):
+            raise WanTrtError(f"{ENGINE_FLAGS[key]} {engine}: --backends has no {key} row ({key} or "
+                              f"{key}+cudagraph); add one, or drop the flag")
+    if o.chart is not None and importlib.util.find_spec("matplotlib") is None:
+        raise WanTrtError(f"--chart {o.chart}: drawing it needs matplotlib, which is not installed "
+                          "(`pip install matplotlib`); drop --chart or install it")
     backend_profiles = [p for p in o.profile if p != DECODER_PROFILE]  # the decoder's is in report["decoder"]
     config_name = read_transformer(directory, "bench", verify=False).spec.config.name
     others = [OtherEngine.of(Path(e), o.device, config_name) for e in o.also_engines]

@@ -119,6 +119,9 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     blocks, precision, device, seed, out = o.blocks, o.precision, o.device, o.seed, o.out
     check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=o.weights, out=out,
                          vae_weights=o.vae_weights, overwrite=o.overwrite, actions=o.actions)
+    if o.vae_weights is not None and (out is None or not o.video):  # the decoder would never be built
+        raise WanTrtError(f"--vae-weights {o.vae_weights}: the video decoder runs only when the stream writes its "
+                          "video (--out, without --no-video); write the video or drop --vae-weights")
     actions = {} if o.actions is None else read_actions(o.actions, cfg, blocks, precision_dtype(precision))  # first
     with stage(f"build {cfg.name} ({precision}, {device})"):
         model = build_model(cfg, precision_dtype(precision), device, o.weights, seed)

@@ -249,8 +249,8 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="AOTInductor target device (TensorRT is always cuda).")
 @click.option("--timing-cache", type=PathArg(dir_okay=False), default=None, help="TensorRT timing cache file.")
-@click.option("--opt-level", type=click.IntRange(0, 5), default=3, show_default=True,
-              help="TensorRT builder optimization level.")
+@click.option("--opt-level", type=click.IntRange(0, 5), default=None,
+              help="TensorRT builder optimization level.  [default: 3]")
 @click.option("--weak-typing", is_flag=True, help="TensorRT 10.x only: untyped network + precision builder flag.")
 @click.option("--out", type=PathArg(dir_okay=False), default=None,
               help="Engine path. Defaults to DIRECTORY/engine_<backend>_<device>.<pt2|plan>.")
@@ -268,9 +268,13 @@ def build(directory, config_name, backend, precision, precision_alias, ops, devi
     """
     from wan_trt.engines.build import BuildOptions, build_engine
 
+    given = [flag for flag, value in (("--timing-cache", timing_cache), ("--opt-level", opt_level),
+                                      ("--weak-typing", weak_typing or None)) if value is not None]
+    if given and backend != "tensorrt":  # they would be dropped without a word
+        raise WanTrtError(f"{', '.join(given)}: TensorRT build options; --backend {backend} has none")
     options = BuildOptions(backend=backend, precision=pick_precision(precision, precision_alias), ops=ops,
-                           device=device, timing_cache=timing_cache, opt_level=opt_level, weak_typing=weak_typing,
-                           out=out, force=force)
+                           device=device, timing_cache=timing_cache, opt_level=3 if opt_level is None else opt_level,
+                           weak_typing=weak_typing, out=out, force=force)
     engine = build_engine(directory, config_name, options, weights=weights, seed=seed)
     click.echo(str(engine))
 

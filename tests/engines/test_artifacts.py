@@ -209,3 +209,11 @@ def test_an_installed_engine_and_its_metadata_get_the_usual_file_mode(plain_expo
         install_engine(partial, engine, meta)
     modes = {stat.S_IMODE(p.stat().st_mode) for p in (engine, meta.path_for(engine))}
     assert modes == {usual_file_mode()}  # 0644 under the usual umask 022
+
+
+@pytest.mark.parametrize("flag", [["--timing-cache", "tc.bin"], ["--opt-level", "0"], ["--weak-typing"]])
+def test_tensorrt_options_with_another_backend_are_refused(plain_export, flag):
+    """--backend aoti dropped them without a word (a timing cache in a folder that does not exist: exit 0)."""
+    res = _build(str(plain_export), "--backend", "aoti", "--fp32", "--device", "cpu", *flag)
+    assert res.exit_code == 1 and f"{flag[0]}: TensorRT build options; --backend aoti has none" in res.output, \
+        res.output

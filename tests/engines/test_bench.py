@@ -197,3 +197,19 @@ def test_a_report_saved_before_the_last_row_says_it_is_incomplete(plain_export, 
     assert [r["complete"] for r in saved] == [False] * (len(saved) - 1) + [True]
     assert saved[0]["pending"] == ["torch-eager", "reference-eager"] and saved[1]["pending"] == ["reference-eager"]
     assert json.loads(out.read_text()) == saved[-1] and saved[-1]["pending"] == []
+
+
+def test_an_engine_no_benched_row_runs_and_a_chart_without_matplotlib_are_refused(aoti, tmp_path, monkeypatch):
+    """--aoti-engine with --backends torch-eager was taken and never benched, and --chart without matplotlib wrote
+    no chart: both exited 0."""
+    import importlib.util
+    export, engine = aoti
+    res = _bench([str(export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager",
+                  "--aoti-engine", str(engine), "--out", str(tmp_path / "b.json")])
+    assert res.exit_code == 1 and "--backends has no aoti row" in res.output, res.output
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    res = _bench([str(export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager",
+                  "--chart", str(tmp_path / "c.png")])
+    assert res.exit_code == 1 and "needs matplotlib" in res.output, res.output
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "c.png").exists()

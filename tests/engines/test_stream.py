@@ -246,3 +246,16 @@ def test_action_values_are_refused_by_line_where_the_stream_cannot_hold_them(tmp
     assert read_actions(path, cfg, 2)["mouse"][0, -1, 0] == 70000.0  # fp32 holds it
     with pytest.raises(WanTrtError, match=r"line 2 \(block 1\), mouse: expected 2 finite numbers .* within \+-65504"):
         read_actions(path, cfg, 2, torch.float16)
+
+
+@pytest.mark.parametrize("flags", [[], ["--out", "OUT", "--no-video"]])
+def test_vae_weights_that_no_decoder_would_read_are_refused(tmp_path, flags):
+    """Without a video the decoder is never built: a --vae-weights file (a corrupt one too) was never opened, and
+    the stream exited 0."""
+    junk = tmp_path / "junk.pth"
+    junk.write_bytes(b"not a checkpoint")
+    args = [a.replace("OUT", str(tmp_path / "out")) for a in flags]
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "1", "--device", "cpu",
+                                    "--vae-weights", str(junk), *args])
+    assert res.exit_code == 1 and "the video decoder runs only when the stream writes its video" in res.output, \
+        res.output
