@@ -246,9 +246,10 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     named = o.backends is not None
     backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))
     for key, engine in o.engines.items():  # an engine no benched row runs would be taken and never benched
-        if engine is not None and named and not any(b.split("+")[0] == key for b in backends):
-            raise WanTrtError(f"{ENGINE_FLAGS[key]} {engine}: --backends has no {key} row ({key} or "
-                              f"{key}+cudagraph); add one, or drop the flag")
+        if engine is not None and named and not any(get_backend(b).engine_key == key for b in backends):
+            rows = ", ".join(b.name for b in BACKENDS if b.engine_key == key)
+            raise WanTrtError(f"{ENGINE_FLAGS[key]} {engine}: --backends has no {key} row ({rows}); add one, or "
+                              "drop the flag")
     if o.chart is not None and importlib.util.find_spec("matplotlib") is None:
         raise WanTrtError(f"--chart {o.chart}: drawing it needs matplotlib, which is not installed "
                           "(`pip install matplotlib`); drop --chart or install it")
