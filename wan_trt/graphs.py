@@ -55,7 +55,7 @@ def _prepare_pass(model: nn.Module, ops: str, precision: str) -> nn.Module:
     model.sinusoid_dtype = torch.float32  # graphs keep fp32 islands; TensorRT has no float64
     model.fuse_context_projections().fuse_keyboard_projections().split_mouse_inputs()
     if ops == "plugins":
-        model.use_plugins()
+        model.use_plugins().stack_modulations()
     if precision == "fp8":
         model.use_fp8()
     return model

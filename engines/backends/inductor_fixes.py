@@ -119,12 +119,29 @@ def channels_last_3d_convolutions():
                     "3-D convolutions may run through layout copies (slower engine)")
 
 
+def _readers(node) -> list:
+    """The FX nodes that read ``node``'s value, looking through views of it (a layer's slice of a table)."""
+    import operator
+
+    aten = torch.ops.aten
+    views = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.select.int, aten.slice.Tensor,
+             aten.unsqueeze.default, aten.squeeze.dim, aten.expand.default, aten.permute.default, aten.transpose.int,
+             aten.t.default, aten.alias.default, aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default,
+             operator.getitem}
+    readers = []
+    for user in node.users:
+        readers += _readers(user) if user.target in views else [user]
+    return readers
+
+
 def _reads_in_kernels(node) -> bool:
-    """Whether an FX node is read by two or more users, one of them a user-defined Triton kernel."""
+    """Whether an FX node's value (or views of it) is read by two or more nodes, one a user-defined Triton
+    kernel."""
     from torch._higher_order_ops.triton_kernel_wrap import (triton_kernel_wrapper_functional,
                                                             triton_kernel_wrapper_mutation)
     kernels = (triton_kernel_wrapper_functional, triton_kernel_wrapper_mutation)
-    return len(node.users) > 1 and any(user.target in kernels for user in node.users)
+    readers = _readers(node)
+    return len(readers) > 1 and any(reader.target in kernels for reader in readers)
 
 
 def shared_kernel_inputs():

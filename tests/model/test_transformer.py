@@ -264,3 +264,23 @@ def test_folding_the_context_norm_writes_no_checkpoint_tensor_in_place(tmp_path,
     for block, ref_block, kv, ref_kv in zip(graph_form.blocks, reference.blocks, graph_form.encode_context(visual),
                                             reference.encode_context(visual)):
         torch.testing.assert_close(block.cross_attn(x, kv), ref_block.cross_attn(x, ref_kv), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_form_with_fused_ops_takes_every_layers_norm_operands_from_one_table(small_cfg, dtype):
+    """With the fused ops, graphs compute every layer's shift, 1 + scale and gate of a pass in one table: each
+    layer's operands are those it computes alone, and a pass gives the same outputs bit for bit."""
+    from wan_trt.engines.backends.torch import TorchRunner
+    from wan_trt.model.transformer import AdalnOperands
+    spec = PassSpec.from_config(small_cfg, "bf16" if dtype == torch.bfloat16 else "fp32")
+    tabled = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, dtype, seed=4), "plugins", spec.precision)
+    alone = GRAPH_KINDS["pass"].prepare(build_model(small_cfg, dtype, seed=4), "plugins", spec.precision)
+    alone.modulation_table = None
+    assert tabled.modulation_table is not None
+    e0 = torch.randn(1, small_cfg.block_frames, 6, small_cfg.model.dim, generator=torch.Generator().manual_seed(1))
+    for block, operands in zip(tabled.blocks, tabled.modulation_table(e0.to(dtype))):
+        expected = AdalnOperands.of(block.modulation.unsqueeze(1) + e0.to(dtype))
+        assert len(operands) == 6 and all(torch.equal(a, b) for a, b in zip(operands, expected))
+    feeds = spec.sample_inputs(seed=5)
+    a, b = TorchRunner(tabled, spec).infer(feeds), TorchRunner(alone, spec).infer(feeds)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -139,6 +139,47 @@ class ContextProjection(nn.Module):
         return out.unflatten(1, k.shape[1:3])
 
 
+class AdalnOperands(NamedTuple):
+    """One layer's operands of its fused adaLN norms, [B, F, 1, C] each: the self-attention's norm
+    (``shift_a``, ``a_a`` = 1 + scale, ``gate_a``) and the FFN's (``shift_f``, ``a_f``, ``gate_f``)."""
+    shift_a: torch.Tensor
+    a_a: torch.Tensor
+    gate_a: torch.Tensor
+    shift_f: torch.Tensor
+    a_f: torch.Tensor
+    gate_f: torch.Tensor
+
+    @classmethod
+    def of(cls, mods: torch.Tensor) -> "AdalnOperands":
+        """From one layer's ``modulation + e0`` [B, F, 6, C] (the slots in upstream's order)."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mods.chunk(6, dim=2)
+        return cls(shift_a, 1 + scale_a, gate_a, shift_f, 1 + scale_f, gate_f)
+
+
+class ModulationTable(nn.Module):
+    """Every layer's adaLN operands of a pass as views of one [L, B, F, 6, C] table (graphs' form with the
+    fused ops, :meth:`CausalWanModel.stack_modulations`): each layer's modulation plus the pass's e0, with
+    the scale slots' 1 added in the same kernel, where each layer computed its own ``modulation + e0`` and
+    every fused norm its own ``1 + scale`` (about three small kernels a layer and pass). The layers keep
+    their ``modulation`` (the PyTorch ops' path reads it)."""
+
+    SCALE_SLOTS = (1, 4)  # scale_a, scale_f in upstream's [shift_a, scale_a, gate_a, shift_f, scale_f, gate_f]
+
+    def __init__(self, blocks: Sequence[nn.Module]):
+        super().__init__()
+        with torch.no_grad():
+            weight = torch.cat([b.modulation for b in blocks])  # [L, 6, C]
+            ones = torch.zeros(6, 1, dtype=weight.dtype, device=weight.device)
+            ones[list(self.SCALE_SLOTS)] = 1
+        self.register_buffer("weight", weight)
+        self.register_buffer("ones_at_scales", ones, persistent=False)
+
+    def forward(self, e0: torch.Tensor) -> list[AdalnOperands]:
+        """e0 [B, F, 6, C] -> per layer its :class:`AdalnOperands` (views of the table)."""
+        table = self.weight[:, None, None] + e0[None] + self.ones_at_scales  # [L, B, F, 6, C]
+        return [AdalnOperands(*layer.split(1, dim=2)) for layer in table]
+
+
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x: [B, F*S, C]; shift, scale: [B, F, 1, C] -> x * (1 + scale) + shift per frame."""
     frames = shift.shape[1]
@@ -191,12 +232,14 @@ class CausalWanAttentionBlock(nn.Module):
         # the gate of the fused form's ungated branches (Residual); not a weight (not in the state dict)
         self.register_buffer("unit_gate", torch.ones(m.dim), persistent=False)
 
-    def forward(self, x, e0, context_kv, rope_main, rope_action, mouse, keyboard_kv, caches):
-        """x: [B, F*S, C] residual stream (fused: or a :class:`Residual`); e0: [B, F, 6, C]. Sublayers run in
-        the weights' dtype."""
-        mods = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)  # each [B, F, 1, C]
+    def forward(self, x, e0, context_kv, rope_main, rope_action, mouse, keyboard_kv, caches,
+                operands: AdalnOperands | None = None):
+        """x: [B, F*S, C] residual stream (fused: or a :class:`Residual`); e0: [B, F, 6, C]; ``operands``: the
+        fused norms' (a :class:`ModulationTable`'s), else made here. Sublayers run in the weights' dtype."""
         if self.plugins:
-            return self._fused(x, mods, context_kv, rope_main, rope_action, mouse, keyboard_kv, caches)
+            operands = operands or AdalnOperands.of(self.modulation.unsqueeze(1) + e0)
+            return self._fused(x, operands, context_kv, rope_main, rope_action, mouse, keyboard_kv, caches)
+        mods = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)  # each [B, F, 1, C]
         cdt, rdt = self.modulation.dtype, x.dtype
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (m.to(rdt) for m in mods)
         y = self.self_attn(modulate(self.norm1(x), shift_a, scale_a).to(cdt), *rope_main, caches, self.layer)
@@ -207,13 +250,13 @@ class CausalWanAttentionBlock(nn.Module):
         y = self.ffn(modulate(self.norm2(x), shift_f, scale_f).to(cdt))
         return x + gated(y.to(rdt), gate_f)
 
-    def _fused(self, x, mods, context_kv, rope_main, rope_action, mouse, keyboard_kv, caches):
+    def _fused(self, x, operands: AdalnOperands, context_kv, rope_main, rope_action, mouse, keyboard_kv, caches):
         """The same layer with the fused adaLN ops: a branch's residual add happens inside the norm that reads
         the sum (``add_adaln``), unless the next branch reads it (the action module's). ``x`` may be the
         previous layer's :class:`Residual`; returns one."""
-        ops, frames, eps = torch.ops.wan_trt, mods[0].shape[1], self.norm1.eps
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mods
-        x, h = fused_adaln(x, 1 + scale_a, shift_a, frames, eps)
+        ops, frames, eps = torch.ops.wan_trt, operands.a_a.shape[1], self.norm1.eps
+        shift_a, a_a, gate_a, shift_f, a_f, gate_f = operands
+        x, h = fused_adaln(x, a_a, shift_a, frames, eps)
         y = self.self_attn(h, *rope_main, caches, self.layer)
         x, h = ops.add_adaln(x, y, gate_a, self.norm3.weight, self.norm3.bias, frames, self.norm3.eps)
         x = Residual(x, self.cross_attn(h, context_kv), self.unit_gate)
@@ -221,7 +264,7 @@ class CausalWanAttentionBlock(nn.Module):
             x, y = self.action_model.last_unsummed(x.total(), frames, mouse, keyboard_kv, *rope_action,
                                                    caches, self.layer)
             x = x if y is None else Residual(x, y, self.unit_gate)
-        x, h = fused_adaln(x, 1 + scale_f, shift_f, frames, eps)
+        x, h = fused_adaln(x, a_f, shift_f, frames, eps)
         return Residual(x, self._ffn_fused(h), gate_f)
 
     def _ffn_fused(self, h: torch.Tensor) -> torch.Tensor:
@@ -282,6 +325,7 @@ class CausalWanModel(nn.Module):
         self.context_projection: ContextProjection | None = None  # see fuse_context_projections
         self.keyboard_projection: KeyboardProjection | None = None  # see fuse_keyboard_projections
         self.mouse_projection: MouseWindowProjection | None = None  # see split_mouse_inputs
+        self.modulation_table: ModulationTable | None = None  # see stack_modulations
 
     @property
     def dtype(self) -> torch.dtype:
@@ -319,6 +363,13 @@ class CausalWanModel(nn.Module):
             self.context_projection = ContextProjection(layers)
             for attn in layers:
                 del attn.k, attn.v, attn.norm_k
+        return self
+
+    def stack_modulations(self) -> "CausalWanModel":
+        """Compute every layer's fused-norm operands of a pass in one :class:`ModulationTable` (graphs' form
+        with the fused ops; the layers keep their ``modulation`` for the PyTorch ops' path). Once."""
+        if self.modulation_table is None:
+            self.modulation_table = ModulationTable(self.blocks)
         return self
 
     def fuse_keyboard_projections(self) -> "CausalWanModel":
@@ -404,8 +455,10 @@ class CausalWanModel(nn.Module):
         rope_main = self.rope.main(rope.frame_cos, rope.frame_sin)
         rope_action = None if rope.action_cos is None else self.rope.action(rope.action_cos, rope.action_sin)
         mouse, keyboard_kv = self.encode_mouse(mouse_window), self.encode_keyboard(keyboard_window, rope_action)
-        for block, kv in zip(self.blocks, context_kv):
-            x = block(x, e0, kv, rope_main, rope_action, mouse.get(block.layer), keyboard_kv.get(block.layer), caches)
+        operands = self.modulation_table(e0) if self.modulation_table is not None else [None] * len(self.blocks)
+        for block, kv, ops in zip(self.blocks, context_kv, operands):
+            x = block(x, e0, kv, rope_main, rope_action, mouse.get(block.layer), keyboard_kv.get(block.layer), caches,
+                      ops)
         x = self.head(x, e.unflatten(0, (batch, frames)).unsqueeze(2))
         return self.unpatchify(x, frames, height, width).to(self.dtype)
 

@@ -141,7 +141,17 @@ def _two_kernels_reading_one_table(x, frame_cos):
     return torch.ops.wan_trt.norm_rope(a * 2, unit, cos, sin, 1e-6, 64)
 
 
-def _table_buffers(fix: bool, x, frame_cos) -> int:
+def _two_kernels_reading_views_of_one_table(x, frame_cos):
+    """A table of two layers' rows ([2, 8, 32], as the modulation table of all layers), each read by one kernel."""
+    table = torch.cat([frame_cos, torch.ones_like(frame_cos)], dim=1).repeat_interleave(x.shape[1] // 2, dim=0)
+    table = torch.stack([table, table * 2])
+    sin = torch.zeros_like(table[0])
+    unit = torch.ones(x.shape[-1], device=x.device, dtype=x.dtype)
+    a = torch.ops.wan_trt.norm_rope(x, unit, table[0], sin, 1e-6, 64)
+    return torch.ops.wan_trt.norm_rope(a * 2, unit, table[1], sin, 1e-6, 64)
+
+
+def _table_buffers(fix: bool, x, frame_cos, fn=_two_kernels_reading_one_table, shape="(8, 32), (32, 1)") -> int:
     """How many [8, 32] fp32 buffers (the tables' shape) the compiled function allocates."""
     from torch._inductor.utils import run_and_get_code
 
@@ -149,9 +159,9 @@ def _table_buffers(fix: bool, x, frame_cos) -> int:
 
     torch._dynamo.reset()
     with shared_kernel_inputs() if fix else torch._inductor.config.patch(fx_graph_cache=False):
-        out, (code, *_) = run_and_get_code(torch.compile(_two_kernels_reading_one_table), x, frame_cos)
-    torch.testing.assert_close(out, _two_kernels_reading_one_table(x, frame_cos))
-    return len(re.findall(r"empty_strided_cuda\(\(8, 32\), \(32, 1\), torch\.float32\)", code))
+        out, (code, *_) = run_and_get_code(torch.compile(fn), x, frame_cos)
+    torch.testing.assert_close(out, fn(x, frame_cos))
+    return len(re.findall(re.escape(f"empty_strided_cuda({shape}, torch.float32)"), code))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="user Triton kernels compile for CUDA only")
@@ -162,3 +172,14 @@ def test_values_two_fused_kernels_read_are_computed_once_with_the_fix():
     frame_cos = torch.rand(2, 16, device="cuda")
     unfixed, fixed = _table_buffers(False, x, frame_cos), _table_buffers(True, x, frame_cos)
     assert fixed < unfixed and fixed <= 2  # each table once for both kernels (4 copies without the fix)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="user Triton kernels compile for CUDA only")
+def test_a_table_whose_views_fused_kernels_read_is_computed_once_with_the_fix():
+    import wan_trt.plugins.ops  # noqa: F401  (the fused ops)
+
+    x = torch.randn(1, 8, 128, device="cuda")
+    frame_cos = torch.rand(2, 16, device="cuda")
+    counts = [_table_buffers(fix, x, frame_cos, _two_kernels_reading_views_of_one_table, "(2, 8, 32), (256, 32, 1)")
+              for fix in (False, True)]
+    assert counts[1] == 1 and counts[0] != 1, counts  # the whole table once, or its rows apart per kernel
