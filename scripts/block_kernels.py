@@ -8,6 +8,9 @@ streams 6 blocks, then one more block (the 7th: previous frames in the window) r
 Two engines' tables say which kernels a change removed or added and how much device time a block lost
 or gained, independent of the wall clock's run-to-run spread. The table counts every device activity
 of the block: the passes' kernels, memsets, and the session's own (re-noising, checks, cache commit).
+The ``timeline`` says where the device sat idle inside the block: the span from its first kernel's start
+to its last one's end, the time no kernel ran in it, the gaps between kernels by length, and the
+longest gaps with the kernels either side.
 """
 from __future__ import annotations
 
@@ -25,6 +28,29 @@ from wan_trt.profiling import provenance
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 WARM_BLOCKS = 6
+GAP_BINS_US = (2, 5, 20, 100)  # gaps up to 2 us, 2-5, 5-20, 20-100, over 100
+LONGEST = 12
+
+
+def timeline(kernels: list[tuple[float, float, str]]) -> dict:
+    """Idle time between device activities (start us, end us, name) of one block."""
+    kernels = sorted(kernels)
+    span = kernels[-1][1] - kernels[0][0]
+    gaps, reach = [], kernels[0][1]
+    for (start, end, name), before in zip(kernels[1:], kernels):
+        if start > reach:
+            gaps.append((start - reach, before[2], name))
+        reach = max(reach, end)
+    bins = collections.Counter()
+    idle = collections.Counter()
+    for gap, *_ in gaps:
+        label = next((f"<={b}us" for b in GAP_BINS_US if gap <= b), f">{GAP_BINS_US[-1]}us")
+        bins[label] += 1
+        idle[label] += gap
+    longest = sorted(gaps, reverse=True)[:LONGEST]
+    return {"span_ms": round(span / 1e3, 3), "idle_ms": round(sum(g for g, *_ in gaps) / 1e3, 3),
+            "gaps": {label: [bins[label], round(idle[label] / 1e3, 3)] for label in sorted(bins)},
+            "longest_gaps_us": [[round(g, 1), before[:80], after[:80]] for g, before, after in longest]}
 
 
 def main() -> None:
@@ -46,15 +72,17 @@ def main() -> None:
             session.step(cond, mouse, keyboard)
             torch.cuda.synchronize()
     per_kernel = collections.defaultdict(lambda: [0, 0.0])  # name -> [launches, ms]
+    spans = []
     for event in prof.events():
         if event.device_type.name == "CUDA":
             entry = per_kernel[event.name]
             entry[0] += 1
             entry[1] += event.device_time / 1e3
+            spans.append((event.time_range.start, event.time_range.end, event.name))
     rows = sorted(([name, n, round(ms, 4)] for name, (n, ms) in per_kernel.items()), key=lambda r: -r[2])
     result = {**provenance(), "tag": args.tag, "kernels_per_block": sum(r[1] for r in rows),
-              "busy_ms_per_block": round(sum(r[2] for r in rows), 3), "rows": rows}
-    print(args.tag, result["kernels_per_block"], result["busy_ms_per_block"])
+              "busy_ms_per_block": round(sum(r[2] for r in rows), 3), "timeline": timeline(spans), "rows": rows}
+    print(args.tag, result["kernels_per_block"], result["busy_ms_per_block"], json.dumps(result["timeline"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"kernels_{args.tag}.json").write_text(json.dumps(result, indent=0))
 
