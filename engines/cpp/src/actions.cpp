@@ -1,15 +1,18 @@
 // Actions from a JSON-lines file, the format of wan_trt/actions.py: one line per block, a JSON object
 // with one key per action input ("mouse", "keyboard"), each one action held for the block (D numbers)
 // or one row per video frame (n rows of D). Lines end at '\n' (a '\r' before it dropped); a line of JSON
-// whitespace only is blank and skipped; lines past the blocks asked for are not read. A file is refused
-// where the Python reader refuses it, with the same messages but for the parser's own wording of a line
-// that is not JSON.
+// whitespace only is blank and skipped; lines past the blocks asked for are not read. Every value must be
+// finite in the stream's dtype (the engine's: fp16 holds up to 65504), so that no block is refused after the
+// blocks before it ran. A file is refused where the Python reader refuses it, with the same messages but for
+// the parser's own wording of a line that is not JSON.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -188,24 +191,46 @@ class Parser {
   int depth_ = 0;
 };
 
-// A finite number within fp32's range.
-bool is_number(const Json& v) { return v.kind == Json::kNumber && std::isfinite(v.number) && std::abs(v.number) <= 3.4e38; }
+// The largest magnitude `dtype` holds, as torch.finfo(dtype).max: fp16 65504, bf16 3.38953e+38, fp32 3.40282e+38.
+double largest(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf: return static_cast<float>(std::numeric_limits<c10::Half>::max());
+    case at::kBFloat16: return static_cast<float>(std::numeric_limits<c10::BFloat16>::max());
+    case at::kFloat: return std::numeric_limits<float>::max();
+    default:
+      throw Error(std::string("runtime file: latents of dtype ") + c10::toString(dtype) +
+                  "; expected float16, bfloat16 or float32 (rebuild the engine with `wan-trt build`)");
+  }
+}
 
-bool is_row(const Json& v, int64_t dim) {
+// A number as Python's f"{x:.6g}" writes it (65504, 3.40282e+38).
+std::string general(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", x);
+  return text;
+}
+
+// A finite number within +-limit.
+bool is_number(const Json& v, double limit) {
+  return v.kind == Json::kNumber && std::isfinite(v.number) && std::abs(v.number) <= limit;
+}
+
+bool is_row(const Json& v, int64_t dim, double limit) {
   if (v.kind != Json::kArray || static_cast<int64_t>(v.items.size()) != dim) return false;
   for (const auto& x : v.items)
-    if (!is_number(x)) return false;
+    if (!is_number(x, limit)) return false;
   return true;
 }
 
-// One held action (dim numbers) or n rows of dim numbers, as fp32 [n, dim].
-at::Tensor rows(const Json& v, int64_t n, int64_t dim, const std::string& where) {
+// One held action (dim numbers) or n rows of dim numbers, as fp32 [n, dim]; |values| <= limit.
+at::Tensor rows(const Json& v, int64_t n, int64_t dim, const std::string& where, double limit) {
   bool per_frame = v.kind == Json::kArray && static_cast<int64_t>(v.items.size()) == n;
-  for (size_t i = 0; per_frame && i < v.items.size(); ++i) per_frame = is_row(v.items[i], dim);
-  const bool held = is_row(v, dim);
+  for (size_t i = 0; per_frame && i < v.items.size(); ++i) per_frame = is_row(v.items[i], dim, limit);
+  const bool held = is_row(v, dim, limit);
   if (!held && !per_frame)
     throw Error(where + ": expected " + std::to_string(dim) + " finite numbers (held for the block) or " +
-                std::to_string(n) + " rows of " + std::to_string(dim) + " (one per video frame)");
+                std::to_string(n) + " rows of " + std::to_string(dim) + " (one per video frame), each within +-" +
+                general(limit) + " (the stream's precision)");
   at::Tensor out = at::empty({n, dim}, at::kFloat);
   float* p = out.data_ptr<float>();
   for (int64_t r = 0; r < n; ++r)
@@ -218,6 +243,7 @@ at::Tensor rows(const Json& v, int64_t n, int64_t dim, const std::string& where)
 
 std::map<std::string, at::Tensor> read_actions(const std::string& path, const RuntimeSpec& spec,
                                                int64_t first_block, int64_t blocks) {
+  const double limit = largest(spec.dtype());  // the stream's: the session converts the actions to it
   std::map<std::string, int64_t> dims;  // the action inputs the config has, by name
   for (const std::string name : {"keyboard", "mouse"})
     if (spec.has_input(name + "_window")) dims[name] = spec.input(name + "_window").shape.back();
@@ -260,7 +286,7 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
     }
     const int64_t n = first_raw_frame(spec, block + 1) - first_raw_frame(spec, block);
     for (const auto& [key, value] : entry.fields)
-      frames[key].push_back(rows(value, n, dims.at(key), where + ", " + key));
+      frames[key].push_back(rows(value, n, dims.at(key), where + ", " + key, limit));
   }
   std::map<std::string, at::Tensor> out;
   for (const auto& [name, list] : frames) out[name] = at::cat(list).unsqueeze(0);

@@ -15,7 +15,8 @@
 // Output: torch.save-loadable tensor [1, 16, 3*N, H, W] and one line per block on stdout:
 // "block i: <ms> ms (passes <ms>, clean <ms>, checks <ms>[, decode <ms>], commit <ms>)".
 // Refused before any block runs: an unknown flag, --out or --frames that is a folder, lies in no folder, or is a
-// file the run reads (or the other output), more --blocks than the inputs hold, a --seed outside 0..2^32-1.
+// file the run reads (or the other output), more --blocks than the inputs hold, a --seed outside 0..2^32-1,
+// a defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504).
 // Outputs are written whole (PATH.partial, renamed) or not at all; a failed write exits 1.
 #include <torch/serialize.h>
 

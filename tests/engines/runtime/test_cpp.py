@@ -21,6 +21,18 @@ def wan_stream(tmp_path_factory):
     return build_cpp(tmp_path_factory.mktemp("cpp") / "build")
 
 
+@pytest.fixture(scope="module")
+def aoti_fp16(tmp_path_factory):
+    """universal-small fp16 export (no ONNX graph) and its CPU AOTInductor package (built once: ~40 s): a
+    stream whose dtype holds up to 65504."""
+    from wan_trt.config_load import load_config
+    from wan_trt.engines.backends.aoti import build_aoti
+    from wan_trt.export.transformer import export_transformer
+    root = tmp_path_factory.mktemp("aoti_fp16")
+    export_transformer(load_config("universal-small"), root / "export", "fp16", seed=2, onnx=False)
+    return root / "export", build_aoti(root / "export", device="cpu")
+
+
 def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream, tmp_path):
     export_dir, engine = aoti
     manifest = Manifest.read(export_dir)
@@ -248,7 +260,7 @@ def test_cpp_runtime_reads_actions_from_a_json_lines_file_as_python_does(aoti, w
     ([{"mouse": [[0, 0]] * 8, "keyboard": [0, 0, 0, 0]}, {"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}],
      r"line 1 \(block 0\), mouse: expected 2 finite numbers \(held for the block\) or 9 rows of 2"),
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, {"mouse": [0, 1e39], "keyboard": [0, 0, 0, 0]}],
-     r"line 2 \(block 1\), mouse: expected 2 finite numbers"),
+     r"line 2 \(block 1\), mouse: expected 2 finite numbers .* each within \+-3.40282e\+38 \(the stream's precision\)"),
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, {"mouse": [0, True], "keyboard": [0, 0, 0, 0]}],
      r"line 2 \(block 1\), mouse: expected 2 finite numbers"),
 ])
@@ -265,6 +277,38 @@ def test_cpp_runtime_refuses_the_actions_python_refuses(aoti, wan_stream, tmp_pa
         run_wan_stream(wan_stream, engine, write_stream_inputs(synthetic_stream(cfg, 2, seed=9), tmp_path / "in.pt"),
                        2, out, actions=path)
     assert not out.exists()
+
+
+def test_cpp_runtime_refuses_by_line_an_action_the_engines_dtype_cannot_hold(aoti_fp16, aoti, wan_stream, tmp_path):
+    """fp16 holds up to 65504: 7e4 in line 3 passed the C++ reader (it checked fp32's range), blocks 0 and 1 ran,
+    and block 2 was refused as 'NaN or Inf'. Both readers refuse it by line with the engine's limit before any
+    block runs; 65504 streams, and an fp32 engine streams 7e4."""
+    import re
+    import subprocess
+
+    from wan_trt.actions import read_actions
+    export_dir, engine = aoti_fp16
+    cfg = Manifest.read(export_dir).spec.config
+    inputs = write_stream_inputs(synthetic_stream(cfg, 3, seed=9), tmp_path / "in.pt")
+    out = tmp_path / "out.pt"
+
+    def actions(value):
+        held = {"mouse": [0.1, 0.0], "keyboard": [1, 0, 0, 0]}
+        return _actions_file(tmp_path / "actions.jsonl", [held, held, dict(held, mouse=[value, 0.0])])
+
+    message = (r"--actions \S+actions.jsonl, line 3 \(block 2\), mouse: expected 2 finite numbers \(held for the "
+               r"block\) or 12 rows of 2 \(one per video frame\), each within \+-65504 \(the stream's precision\)")
+    with pytest.raises(WanTrtError, match=message):
+        read_actions(actions(70000.0), cfg, 3, torch.float16)
+    proc = subprocess.run([str(wan_stream), "--engine", str(engine), "--inputs", str(inputs), "--blocks", "3",
+                           "--out", str(out), "--actions", str(actions(70000.0))], capture_output=True, text=True)
+    assert proc.returncode == 1 and re.fullmatch("error: " + message, proc.stderr.strip()), (proc.returncode,
+                                                                                              proc.stderr)
+    assert "block " not in proc.stdout and not out.exists()
+    run = run_wan_stream(wan_stream, engine, inputs, 3, out, actions=actions(65504.0))
+    assert run.latents.dtype == torch.float16 and len(run.block_ms) == 3 and torch.isfinite(run.latents).all()
+    fp32 = run_wan_stream(wan_stream, aoti[1], inputs, 3, tmp_path / "fp32.pt", actions=actions(70000.0))
+    assert len(fp32.block_ms) == 3 and torch.isfinite(fp32.latents).all()
 
 
 @pytest.mark.parametrize("flag, value, message", [("--blocks", "8x", "--blocks: expected an integer, got '8x'"),
