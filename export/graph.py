@@ -58,6 +58,24 @@ def _attribute_tensors(attr: onnx.AttributeProto) -> list[onnx.TensorProto]:
     return dense + [t.values for t in sparse]
 
 
+def stored_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Every tensor the model stores, wherever its data lies: initializers (sparse ones' values and indices)
+    and tensor attributes (lists and sparse ones included), in the graph, its local functions and every
+    subgraph."""
+    A = onnx.AttributeProto
+    tensors = []
+    for _, graph in _graphs(model):
+        sparse = list(getattr(graph, "sparse_initializer", ()))
+        tensors += list(getattr(graph, "initializer", ()))
+        for node in graph.node:
+            for attr in node.attribute:
+                tensors += [attr.t] if attr.type == A.TENSOR else list(attr.tensors) if attr.type == A.TENSORS else []
+                sparse += [attr.sparse_tensor] if attr.type == A.SPARSE_TENSOR else \
+                    list(attr.sparse_tensors) if attr.type == A.SPARSE_TENSORS else []
+        tensors += [t for s in sparse for t in (s.values, s.indices)]
+    return tensors
+
+
 def forbidden_types(model: onnx.ModelProto) -> list[str]:
     """Every place a complex or float64 tensor appears inside the graph (its own inputs and outputs are
     checked against the spec apart): initializers, nodes that make one (casts, ``dtype`` attributes),

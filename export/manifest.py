@@ -101,11 +101,11 @@ class Manifest:
             self._verify_external_locations(Path(directory))
 
     def _verify_external_locations(self, directory: Path) -> None:
-        """The graph's tensors stored outside it must lie in the recorded (hashed) external-data file: the graph
-        names its files itself, and weights in any other file would escape the hashes."""
-        from wan_trt.export.graph import load_structure  # deferred: graph.py reads specs, not manifests
-        graph = load_structure(directory / self.graph).graph
-        tensors = list(graph.initializer) + [a.t for n in graph.node for a in n.attribute if a.HasField("t")]
+        """The graph's tensors stored outside it (anywhere in it: subgraphs, local functions, sparse and listed
+        tensors) must lie in the recorded (hashed) external-data file: the graph names its files itself, and
+        weights in any other file would escape the hashes."""
+        from wan_trt.export.graph import load_structure, stored_tensors  # deferred: graph.py reads specs
+        tensors = stored_tensors(load_structure(directory / self.graph))  # subgraphs and functions included
         used = {e.value for t in tensors for e in t.external_data if e.key == "location"}
         stray = sorted(used - {self.external_data})
         if stray:

@@ -274,6 +274,52 @@ def test_weights_in_an_external_file_the_manifest_does_not_record_are_refused(tm
         Manifest.read(out)
 
 
+def _external_tensor(name: str, location: str):
+    """A 1-element fp32 tensor whose data the graph says lies in ``location``."""
+    import onnx
+    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=[1],
+                              data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", location), ("offset", "0"), ("length", "4")):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+@pytest.mark.parametrize("where", ["subgraph", "function", "sparse", "tensors"])
+def test_weights_in_an_unrecorded_file_anywhere_in_the_graph_are_refused(tmp_path, monkeypatch, where):
+    """Only the main graph's initializers and single-tensor attributes were looked at: a tensor read from
+    another, unhashed file inside a subgraph, a local function, a sparse initializer or a list-of-tensors
+    attribute passed verification."""
+    import onnx
+    import wan_trt.export.writer as writer
+    from tests.conftest import edited_graph
+    monkeypatch.setattr(writer, "PROTOBUF_LIMIT", 0)  # every weight into model.onnx.data
+    out = tmp_path / "ext"
+    export_transformer(load_config(CFG), out, "fp32", seed=2)
+
+    def read_one_tensor_from_w_bin(model):
+        stray = _external_tensor("stray", "w.bin")
+        if where == "subgraph":
+            branch = onnx.helper.make_graph([onnx.helper.make_node("Constant", [], ["c"], value=stray)], "branch", [],
+                                            [onnx.helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [1])])
+            model.graph.node.append(onnx.helper.make_node("If", ["cond"], ["unused"], then_branch=branch,
+                                                          else_branch=branch))
+        elif where == "function":
+            model.functions.append(onnx.helper.make_function(
+                "local", "f", [], ["c"], [onnx.helper.make_node("Constant", [], ["c"], value=stray)],
+                [onnx.helper.make_opsetid("", 17)]))
+        elif where == "sparse":
+            indices = onnx.helper.make_tensor("stray_indices", onnx.TensorProto.INT64, [1], [0])
+            model.graph.sparse_initializer.append(onnx.helper.make_sparse_tensor(stray, indices, [4]))
+        else:
+            model.graph.node.append(onnx.helper.make_node("Identity", ["x"], ["y"]))
+            model.graph.node[-1].attribute.append(onnx.helper.make_attribute("weights", [stray]))
+
+    edited_graph(out, read_one_tensor_from_w_bin)
+    (out / "w.bin").write_bytes(b"\0" * 4)
+    with pytest.raises(WanTrtError, match="w.bin"):
+        Manifest.read(out)
+
+
 def test_leftovers_of_a_killed_run_are_named_by_what_it_was(tmp_path, caplog):
     """Every staged output shares the staging code; its messages said 'export' for a stream's output too, and
     then named a leftover by the run that found it rather than the one that left it."""
