@@ -33,6 +33,10 @@
 #   scripts/gpu_bench.sh ab RESULTS          the REV engine against this checkout's in one process: ms per block
 #                                            (scripts/ab_engines.py) and each engine's kernels of one block
 #                                            (scripts/block_kernels.py); needs `build` and `build-rev`
+#   scripts/gpu_bench.sh ab-runtime RESULTS  REV's runtime (the session: its Python code) against this checkout's on
+#                                            this checkout's engine: runs of each in turn, alternating
+#                                            (scripts/time_blocks.py), and one block's kernel timeline under each
+#                                            (scripts/block_kernels.py); needs `build` (REV installed here)
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
@@ -48,7 +52,7 @@ ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 DECODER=out/${CONFIG}_${PRECISION}_decoder
 DECODER_OPS=${DECODER_OPS:-plugins}
 DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
-step=${1:?"step: setup | build | build-rev | ab | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
+step=${1:?"step: setup | build | build-rev | ab | ab-runtime | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || { mkdir -p "$results" && results=$(cd "$results" && pwd); }
 tag=${CONFIG}_${PRECISION}
@@ -120,13 +124,26 @@ case "$step" in
       --backends aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager "${also[@]}" \
       --profile aoti-plugins,aoti-plugins@fp16,aoti-plugins@fp8 --overwrite --out "$results/bench_${CONFIG}_precisions.json"
     ;;
-  build-rev|ab)
+  build-rev|ab|ab-runtime)
     rev=$(git rev-parse --short=12 "${REV:?set REV to the commit to compare with}^{commit}")
     rev_export=$PWD/out/${CONFIG}_${PRECISION}_aoti_${rev}
-    if [ "$step" = build-rev ]; then
-      src=$(mktemp -d) site=$(mktemp -d)
+    site=$PWD/out/site_${rev}  # REV's wan_trt, installed apart
+    if [ "$step" != ab ] && [ ! -d "$site/wan_trt" ]; then
+      src=$(mktemp -d)
       git archive "$rev" | tar -x -C "$src"
       python3 -m pip install -q --no-deps --no-build-isolation --target "$site" "$src"
+    fi
+    if [ "$step" = ab-runtime ]; then  # PYTHONPATH first: REV's modules before this checkout's
+      runs=$results/time_blocks_${tag}.jsonl
+      rm -f "$runs"
+      for round in 1 2 3; do
+        PYTHONPATH=$site python3 scripts/time_blocks.py "rev_$rev" "$EXPORT" --out "$runs"
+        python3 scripts/time_blocks.py current "$EXPORT" --out "$runs"
+      done
+      python3 scripts/time_blocks.py --summarize "$runs" --out "$results/ab_runtime_${tag}.json"
+      PYTHONPATH=$site python3 scripts/block_kernels.py "runtime_rev_$rev" "$EXPORT" --out "$results"
+      python3 scripts/block_kernels.py runtime_current "$EXPORT" --out "$results"
+    elif [ "$step" = build-rev ]; then
       # run from the installed copy: in the checkout (or the source tree) python -m finds that wan_trt first
       (cd "$site" && export PYTHONPATH=$site &&
         run_step export_rev python3 -m wan_trt.cli export --config "$CONFIG" --precision "$PRECISION" --no-onnx \
