@@ -39,15 +39,18 @@ def reference_stream(model: CausalWanModel, inputs: StreamInputs, blocks: int, s
 
 
 def compare_stream(reference: CausalWanModel, runner: Runner, blocks: int, seed: int = 0,
-                   inputs: StreamInputs | None = None, *, start_block: int = 0) -> StreamReport:
+                   inputs: StreamInputs | None = None, *, start_block: int = 0,
+                   expected: list[torch.Tensor] | None = None) -> StreamReport:
     """Stream ``blocks`` blocks through ``runner`` and through the reference; compare block by block.
 
     Both draw the same noise and start at block ``start_block`` (absolute RoPE position, empty
-    caches); ``inputs`` default to :func:`synthetic_stream` (seeded) for those blocks.
+    caches); ``inputs`` default to :func:`synthetic_stream` (seeded) for those blocks; ``expected``: the
+    reference's latents of these inputs, where the caller has them already.
     """
     cfg = runner.spec.config
     inputs = inputs or synthetic_stream(cfg, blocks, seed, first_block=start_block)
-    expected = reference_stream(reference, inputs, blocks, seed, start_block=start_block)
+    if expected is None:
+        expected = reference_stream(reference, inputs, blocks, seed, start_block=start_block)
     with runner:
         results = stream_blocks(StreamingSession(runner, noise=NoiseSource(seed)), inputs, blocks,
                                 start_block=start_block)

@@ -81,6 +81,25 @@ def test_onnx_export_passes_the_check_on_onnxruntime(decoder_export):
     assert all(b["rel_l2"] < 1e-5 for b in report["stream"])
 
 
+def test_a_bug_in_the_decoder_runtime_fails_the_check(decoder_export, monkeypatch):
+    """A runtime that carries the histories through bf16 (in every decoder stream, as a bug of the runtime would
+    be): the yardstick's blocks were decoded by the same stream code, erred as much and lent the engine twice
+    that error, so an fp32 check passed at ~2e-3 where its floor is 1e-5."""
+    from wan_trt.engines.runtime.decoder import DecoderStream
+    carry = DecoderStream._decode
+
+    def carried_in_bf16(self, latents, frames_of):
+        frames = carry(self, latents, frames_of)
+        for name, _ in self.spec.histories:
+            self.feeds[name].copy_(self.feeds[name].to(torch.bfloat16))
+        return frames
+
+    monkeypatch.setattr(DecoderStream, "_decode", carried_in_bf16)
+    report = check_target(decoder_export, CheckOptions(blocks=3, save_results=False))
+    assert report.stream[0]["ok"] and not report.ok  # the first block reads no history
+    assert all(not b["ok"] and b["allowed_rel_l2"] == 1e-5 for b in report.stream[1:]), report.stream
+
+
 @pytest.mark.parametrize("args", [["--blocks", "1"], ["--no-stream"]])
 def test_a_decoder_check_that_would_leave_its_histories_unjudged_is_refused(decoder_export, args):
     """The single calls judge rgb only: the histories are judged by the stream from its second block, where the
