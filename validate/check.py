@@ -17,6 +17,7 @@ and lend the engine twice its own error). A block the session refuses as non-fin
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -45,6 +46,42 @@ from wan_trt.validate.stream import compare_stream, reference_stream
 RESULTS_DIR = "check"
 
 
+def json_values(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (strict JSON holds no NaN or Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_values(v) for v in value]
+    return value
+
+
+def report_path(directory: Path, name: str) -> Path:
+    """Where the report of the check of ``name`` (an engine file's stem, or the runner of an export's graph)
+    goes: one file per engine, so that checks of two engines of one export keep their own."""
+    return Path(directory) / RESULTS_DIR / f"report_{name}.json"
+
+
+def clear_report(path: Path) -> None:
+    """Remove the report an earlier check of the same target left, before this one runs: a check that stops
+    half-way leaves no report rather than the earlier one beside its own results."""
+    if path.is_file():
+        path.unlink()
+        logger.info("%s: the earlier check's report removed (this check writes its own when it ends)", path)
+
+
+def write_report(path: Path, report: "CheckReport") -> None:
+    """The report as one JSON file, with the command, machine and code that made it, written whole or not at
+    all (a temporary file renamed over it)."""
+    from wan_trt.profiling import provenance
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps({**json_values(provenance("wan-trt")), **report.as_dict()}, indent=2,
+                                  allow_nan=False))
+    partial.replace(path)
+
+
 @dataclass
 class OutputCheck:
     name: str
@@ -60,21 +97,32 @@ class OutputCheck:
 
 @dataclass
 class CheckReport:
+    """What a check found. ``target``: the export directory or engine file checked (``engine_sha256``: the
+    engine's, as verified before it ran), ``device`` and ``options``: how it ran."""
+
     backend: str
     precision: str
     outputs: list[OutputCheck] = field(default_factory=list)
     stream: list[dict[str, Any]] = field(default_factory=list)
+    target: str = ""
+    engine_sha256: str | None = None
+    device: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return all(o.ok for o in self.outputs) and all(b["ok"] for b in self.stream)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "precision": self.precision, "ok": self.ok,
-                "single_pass": [{"output": o.name, **o.stats.as_dict(), "yardstick_rel_l2": o.yardstick.rel_l2,
-                                 "allowed_rel_l2": o.allowed_rel_l2, "polygraphy_ok": o.polygraphy_ok, "ok": o.ok}
-                                for o in self.outputs],
-                "stream": self.stream}
+        """The report as JSON values: a non-finite number is null (its row's ``non_finite`` counts say why), as
+        strict JSON has no NaN or Infinity."""
+        return json_values({
+            "backend": self.backend, "precision": self.precision, "ok": self.ok, "target": self.target,
+            "engine_sha256": self.engine_sha256, "device": self.device, "options": self.options,
+            "single_pass": [{"output": o.name, **o.stats.as_dict(), "yardstick_rel_l2": o.yardstick.rel_l2,
+                             "allowed_rel_l2": o.allowed_rel_l2, "polygraphy_ok": o.polygraphy_ok, "ok": o.ok}
+                            for o in self.outputs],
+            "stream": self.stream})
 
     def problems(self) -> list[str]:
         """One line per failing output or block, saying what to do where we know."""
@@ -272,20 +320,26 @@ class CheckOptions:
 
 
 def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: CheckOptions, *,
-                 single_pass_backend=None) -> CheckReport:
+                 single_pass_backend=None, target: Path | None = None, engine_sha256: str | None = None
+                 ) -> CheckReport:
     """Single pass (Polygraphy) and stream checks of ``backend`` against the PyTorch references.
 
     ``single_pass_backend`` replaces ``backend`` in the Polygraphy comparison (TensorRT's own
-    ``TrtRunner``); the stream always runs ``backend`` in the static-cache session.
+    ``TrtRunner``); the stream always runs ``backend`` in the static-cache session. ``target``: the engine
+    file ``backend`` runs (``engine_sha256``: its verified hash), or None for the export's graph; the
+    report goes to :func:`report_path`, named after it.
     """
     require_polygraphy()  # before minutes of reference building
     spec, o = manifest.spec, options
     device = str(backend.device)
+    path = report_path(directory, target.stem if target is not None else backend.name)
+    clear_report(path)
     with stage("rebuild the PyTorch references"):
         low = reference_model(manifest, spec.dtype, device)
         verify_weights(manifest, low)
         fp32 = low if spec.precision == "fp32" else reference_model(manifest, torch.float32, device)
-    report = CheckReport(backend.name, spec.precision)
+    report = CheckReport(backend.name, spec.precision, target=str(Path(target or directory).resolve()),
+                         engine_sha256=engine_sha256, device=device, options=dataclasses.asdict(o))
     reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))
     reference.name = "torch-fp32"
     yardstick = TorchRunner(low, spec)
@@ -297,9 +351,8 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     if o.stream:
         with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
             report.stream = check_stream(backend, fp32, low, o.blocks, o.seed)
-    (directory / RESULTS_DIR).mkdir(exist_ok=True)
-    (directory / RESULTS_DIR / f"report_{backend.name}.json").write_text(json.dumps(report.as_dict(), indent=2))
-    logger.info("check %s: %s", backend.name, "passed" if report.ok else "FAILED")
+    write_report(path, report)
+    logger.info("check %s: %s (report: %s)", backend.name, "passed" if report.ok else "FAILED", path)
     return report
 
 
@@ -328,4 +381,5 @@ def check_engine(engine: str | Path, options: CheckOptions = CheckOptions()) -> 
     meta.check_against(manifest, engine)  # the engine file itself, before any deserialization
     require_polygraphy()
     backend, single_pass = backend_module(get_backend(meta.backend)).check_runners(engine, manifest)
-    return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass)
+    return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass, target=engine,
+                        engine_sha256=meta.engine_file.get("sha256"))

@@ -15,7 +15,7 @@ least 2 blocks (the steady graph reads histories from the second on); fewer, or 
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -25,7 +25,7 @@ from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 from wan_trt.engines.backends import backend_module, get_backend
 from wan_trt.engines.backends.torch import TorchRunner
-from wan_trt.engines.runtime.decoder import DecoderStream, paired_engines
+from wan_trt.engines.runtime.decoder import DecoderStream, PairedEngine, paired_engines
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import decoder_dirs, read_decoder
@@ -33,7 +33,7 @@ from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (RESULTS_DIR, CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
-                                   check_single_pass, require_polygraphy)
+                                   check_single_pass, clear_report, report_path, require_polygraphy, write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
@@ -47,19 +47,25 @@ def require_history_check(options: CheckOptions) -> None:
 
 
 def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners: dict[str, Runner],
-                  options: CheckOptions) -> CheckReport:
-    """Check the decoder graphs run by ``runners`` (by call) against the PyTorch decoder; the report is
-    written to ``<steady export>/check/report_<backend>.json``."""
+                  options: CheckOptions, engine: PairedEngine | None = None) -> CheckReport:
+    """Check the decoder graphs run by ``runners`` (by call) against the PyTorch decoder; ``engine``: the
+    steady graph's engine of the pair run, or None for the exports' graphs. The report is written to
+    ``<steady export>/check/report_<engine stem or backend>.json`` (:func:`report_path`)."""
     require_history_check(options)
     require_polygraphy()
     spec = manifests["steady"].spec
     device = str(runners["steady"].device)
+    name = f"decoder-{runners['steady'].name}"
+    path = report_path(dirs["steady"], f"decoder-{engine.path.stem}" if engine is not None else name)
+    clear_report(path)
     with stage("rebuild the PyTorch decoders"):
         low = reference_model(manifests["steady"], spec.dtype, device)
         verify_weights(manifests["steady"], low)
         fp32 = low if spec.precision == "fp32" else reference_model(manifests["steady"], torch.float32, device)
-    name = runners["steady"].name
-    report = CheckReport(f"decoder-{name}", spec.precision)
+    target = engine.path if engine is not None else dirs["steady"].parent
+    report = CheckReport(name, spec.precision, target=str(Path(target).resolve()), device=device,
+                         engine_sha256=engine.meta.engine_file.get("sha256") if engine is not None else None,
+                         options=dataclasses.asdict(options))
     for call in CALLS:
         call_spec = manifests[call].spec
         reference = TorchRunner(fp32, DecoderSpec.from_config(spec.config, "fp32", call))
@@ -75,10 +81,8 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     if options.stream:
         with stage(f"stream of {options.blocks} blocks vs the whole clip decoded at once"):
             report.stream = decoder_stream_rows(runners, fp32, low, options.blocks, options.seed)
-    out = dirs["steady"] / RESULTS_DIR
-    out.mkdir(exist_ok=True)
-    (out / f"report_{report.backend}.json").write_text(json.dumps(report.as_dict(), indent=2))
-    logger.info("check %s: %s", report.backend, "passed" if report.ok else "FAILED")
+    write_report(path, report)
+    logger.info("check %s: %s (report: %s)", report.backend, "passed" if report.ok else "FAILED", path)
     return report
 
 
@@ -154,4 +158,4 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
     runners = {call: backend_module(get_backend(e.meta.backend)).check_runners(e.path, e.manifest)[0]
                for call, e in pair.items()}
     return check_decoder({c: e.directory for c, e in pair.items()}, {c: e.manifest for c, e in pair.items()},
-                         runners, options)
+                         runners, options, pair["steady"])

@@ -229,7 +229,7 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
         report = check_target(target, options)
     if as_json:
         from wan_trt.profiling import provenance
-        click.echo(json.dumps({**provenance("wan-trt"), **report.as_dict()}, indent=2))
+        click.echo(json.dumps({**provenance("wan-trt"), **report.as_dict()}, indent=2, allow_nan=False))
     else:
         click.echo(report.table())
     if not report.ok:

@@ -1,0 +1,74 @@
+"""The check's report files: one per engine checked, saying what was checked and how, never left over from an
+earlier check, and strict JSON."""
+import json
+import shutil
+
+import pytest
+
+from wan_trt.errors import WanTrtError
+from wan_trt.validate.check import CheckOptions, CheckReport, OutputCheck, check_engine
+from wan_trt.validate.metrics import error_stats
+from tests.engines.backends.test_aoti import _copy_engine
+
+
+@pytest.fixture
+def two_engines(aoti, tmp_path):
+    """A copy of the shared export with the same CPU engine under two names, both recorded as built from it."""
+    export_dir, engine = aoti
+    export = tmp_path / "export"
+    shutil.copytree(export_dir, export, ignore=shutil.ignore_patterns("engine*", "check"))
+    engines = []
+    for name in ("engine_a.pt2", "engine_b.pt2"):
+        copy = _copy_engine(engine, export / name)
+        meta = json.loads(copy.with_name(copy.name + ".json").read_text())
+        meta["export_dir"] = str(export.resolve())
+        copy.with_name(copy.name + ".json").write_text(json.dumps(meta))
+        engines.append(copy)
+    return export, engines
+
+
+def test_each_engine_checked_keeps_its_own_report_saying_what_was_checked(two_engines):
+    """Every engine of one backend wrote check/report_aoti.json: the second check replaced the first's report
+    without a word, and nothing in it said which engine, device or options it was."""
+    export, engines = two_engines
+    check_engine(engines[0], CheckOptions(blocks=2, seed=1, save_results=False))
+    check_engine(engines[1], CheckOptions(stream=False, save_results=False))
+    reports = {p.name: json.loads(p.read_text()) for p in sorted((export / "check").glob("report_*.json"))}
+    assert set(reports) == {"report_engine_a.json", "report_engine_b.json"}
+    a, b = reports["report_engine_a.json"], reports["report_engine_b.json"]
+    assert a["target"] == str(engines[0].resolve()) and b["target"] == str(engines[1].resolve())
+    recorded = json.loads(engines[0].with_name(engines[0].name + ".json").read_text())["engine_file"]["sha256"]
+    assert a["engine_sha256"] == b["engine_sha256"] == recorded and a["device"] == "cpu"
+    assert a["options"]["stream"] and a["options"]["blocks"] == 2 and len(a["stream"]) == 2 + 4
+    assert not b["options"]["stream"] and b["stream"] == [] and b["command"]
+
+
+def test_a_check_that_stops_half_way_leaves_no_report_behind(two_engines, monkeypatch):
+    """The report was written only when a check ended: one that failed half-way left the earlier check's report
+    (ok: true) beside its own new results."""
+    import wan_trt.validate.check as check
+    export, engines = two_engines
+    check_engine(engines[0], CheckOptions(stream=False, save_results=False))
+    report = export / "check" / "report_engine_a.json"
+    assert json.loads(report.read_text())["ok"]
+
+    def stopped(*args, **kwargs):
+        raise WanTrtError("stopped half-way")
+
+    monkeypatch.setattr(check, "check_single_pass", stopped)
+    with pytest.raises(WanTrtError, match="stopped half-way"):
+        check_engine(engines[0], CheckOptions(stream=False, save_results=False))
+    assert not report.exists()
+
+
+def test_a_report_with_non_finite_numbers_is_strict_json():
+    """Failing rows hold NaN and Inf, which json.dumps wrote as NaN and Infinity: not JSON, so a strict reader
+    got no result at all. They are null (the rows' non_finite counts say why)."""
+    nan = float("nan")
+    broken = error_stats(*[__import__("torch").tensor([1.0, nan])] * 2)
+    report = CheckReport("aoti", "bf16", outputs=[OutputCheck("flow", broken, broken, nan, False)],
+                         stream=[{"block": 0, "rel_l2": float("inf"), "yardstick_rel_l2": nan, "ok": False}])
+    data = json.loads(json.dumps(report.as_dict(), allow_nan=False))
+    assert data["stream"][0]["rel_l2"] is None and data["stream"][0]["yardstick_rel_l2"] is None
+    assert data["single_pass"][0]["allowed_rel_l2"] is None and data["single_pass"][0]["non_finite"] == 1
+    assert not data["ok"]
