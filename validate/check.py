@@ -63,12 +63,18 @@ def report_path(directory: Path, name: str) -> Path:
     return Path(directory) / RESULTS_DIR / f"report_{name}.json"
 
 
-def clear_report(path: Path) -> None:
-    """Remove the report an earlier check of the same target left, before this one runs: a check that stops
-    half-way leaves no report rather than the earlier one beside its own results."""
-    if path.is_file():
-        path.unlink()
-        logger.info("%s: the earlier check's report removed (this check writes its own when it ends)", path)
+def results_path(directory: Path, name: str) -> Path:
+    """Where the Polygraphy RunResults of the check of ``name`` go (see :func:`report_path`)."""
+    return Path(directory) / RESULTS_DIR / f"run_results_{name}.json"
+
+
+def clear_report(*paths: Path) -> None:
+    """Remove the report (and RunResults) an earlier check of the same target left, before this one runs: a
+    check that stops half-way, or saves no RunResults, leaves none of the earlier check's beside its own."""
+    for path in paths:
+        if path.is_file():
+            path.unlink()
+            logger.info("%s: the earlier check's file removed (this check writes its own)", path)
 
 
 def write_report(path: Path, report: "CheckReport") -> None:
@@ -197,7 +203,8 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
     """Polygraphy Comparator over the three runners on one feed dict.
 
     ``backend`` is a wan-trt Runner or a native Polygraphy runner (e.g. TensorRT's ``TrtRunner``);
-    the caller has made sure Polygraphy is installed. ``judged``: the outputs compared (default: all).
+    the caller has made sure Polygraphy is installed. ``save_to``: the RunResults file (:func:`results_path`),
+    or None. ``judged``: the outputs compared (default: all).
     """
     # deferred: Polygraphy is optional until a check runs (require_polygraphy says what to install)
     from polygraphy.backend.base import BaseRunner
@@ -213,11 +220,10 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
     with G_LOGGER.verbosity(G_LOGGER.ERROR):
         results = Comparator.run(runners, data_loader=[feeds])
     if save_to is not None:
-        save_to.mkdir(parents=True, exist_ok=True)
-        path = save_to / f"run_results_{runners[-1].name}.json"
+        save_to.parent.mkdir(parents=True, exist_ok=True)
         with G_LOGGER.verbosity(G_LOGGER.ERROR):  # Polygraphy announces saves on stdout; we log it instead
-            results.save(str(path))
-        logger.info("Polygraphy RunResults saved to %s", path)
+            results.save(str(save_to))
+        logger.info("Polygraphy RunResults saved to %s", save_to)
     (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
     yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
     # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (floor x the mean |reference|)
@@ -332,8 +338,9 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     require_polygraphy()  # before minutes of reference building
     spec, o = manifest.spec, options
     device = str(backend.device)
-    path = report_path(directory, target.stem if target is not None else backend.name)
-    clear_report(path)
+    name = target.stem if target is not None else backend.name
+    path, results = report_path(directory, name), results_path(directory, name)
+    clear_report(path, results)
     with stage("rebuild the PyTorch references"):
         low = reference_model(manifest, spec.dtype, device)
         verify_weights(manifest, low)
@@ -347,7 +354,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     with stage("single pass (Polygraphy Comparator)"):
         report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
                                            _sample_feeds(directory, manifest), spec,
-                                           directory / RESULTS_DIR if o.save_results else None)
+                                           results if o.save_results else None)
     if o.stream:
         with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
             report.stream = check_stream(backend, fp32, low, o.blocks, o.seed)

@@ -32,8 +32,9 @@ from wan_trt.export.decoder import decoder_dirs, read_decoder
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
-from wan_trt.validate.check import (RESULTS_DIR, CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
-                                   check_single_pass, clear_report, report_path, require_polygraphy, write_report)
+from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
+                                   check_single_pass, clear_report, report_path, require_polygraphy, results_path,
+                                   write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
@@ -56,8 +57,9 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     spec = manifests["steady"].spec
     device = str(runners["steady"].device)
     name = f"decoder-{runners['steady'].name}"
-    path = report_path(dirs["steady"], f"decoder-{engine.path.stem}" if engine is not None else name)
-    clear_report(path)
+    file_name = f"decoder-{engine.path.stem}" if engine is not None else name
+    path, results = report_path(dirs["steady"], file_name), {c: results_path(dirs[c], file_name) for c in CALLS}
+    clear_report(path, *results.values())
     with stage("rebuild the PyTorch decoders"):
         low = reference_model(manifests["steady"], spec.dtype, device)
         verify_weights(manifests["steady"], low)
@@ -75,7 +77,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
         feeds = load_file(str(dirs[call] / manifests[call].sample_inputs))
         with stage(f"{call} call (Polygraphy Comparator)"):
             outputs = check_single_pass(runners[call], reference, yardstick, feeds, call_spec,
-                                        dirs[call] / RESULTS_DIR if options.save_results else None, judged=[RGB])
+                                        results[call] if options.save_results else None, judged=[RGB])
         report.outputs += [OutputCheck(f"{call}:{o.name}", o.stats, o.yardstick, o.allowed_rel_l2, o.polygraphy_ok)
                            for o in outputs]
     if options.stream:

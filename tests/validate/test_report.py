@@ -72,3 +72,15 @@ def test_a_report_with_non_finite_numbers_is_strict_json():
     assert data["stream"][0]["rel_l2"] is None and data["stream"][0]["yardstick_rel_l2"] is None
     assert data["single_pass"][0]["allowed_rel_l2"] is None and data["single_pass"][0]["non_finite"] == 1
     assert not data["ok"]
+
+
+def test_each_engine_keeps_its_own_run_results_and_none_outlive_a_check_that_saves_none(two_engines):
+    """Polygraphy's RunResults were check/run_results_<backend>.json, shared by every engine of a backend, and a
+    check with --no-save-results left an earlier check's beside its own report."""
+    export, engines = two_engines
+    results = {e.stem: export / "check" / f"run_results_{e.stem}.json" for e in engines}
+    for engine in engines:
+        check_engine(engine, CheckOptions(stream=False, save_results=True))
+    assert all(path.is_file() for path in results.values())
+    check_engine(engines[0], CheckOptions(stream=False, save_results=False))
+    assert not results["engine_a"].exists() and results["engine_b"].is_file()
