@@ -282,8 +282,9 @@ def _stream_rows(backend: Runner, reference_model, yardstick_model, blocks: int,
     frames = backend.spec.config.block_frames
     inputs = synthetic_stream(backend.spec.config, blocks, seed, first_block=start_block)
     expected = reference_stream(reference_model, inputs, blocks, seed, start_block=start_block)
-    base = [error_stats(y, e) for y, e in
-            zip(reference_stream(yardstick_model, inputs, blocks, seed, start_block=start_block), expected)]
+    yard = expected if yardstick_model is reference_model else \
+        reference_stream(yardstick_model, inputs, blocks, seed, start_block=start_block)  # fp32: the reference
+    base = [error_stats(y, e) for y, e in zip(yard, expected)]
     try:
         got = compare_stream(reference_model, backend, blocks, seed, inputs, start_block=start_block,
                              expected=expected)
