@@ -27,7 +27,8 @@ from wan_trt.export.manifest import Manifest, tool_versions
 from wan_trt.export.manifest_schema import OPS
 from wan_trt.log import logger
 from wan_trt.model.fp8 import FP8_SCHEME
-from wan_trt.outputs import check_parent_chain, remove_stale_partials, usual_file_mode, written_by_build
+from wan_trt.outputs import (check_parent_chain, remove_stale_partials, usual_file_mode, write_file,
+                             written_by_build)
 
 REBUILD = "rebuild it with `wan-trt build`"
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # the devices an engine is built for
@@ -195,16 +196,8 @@ def install_engine(partial: Path, engine: Path, meta: EngineMetadata) -> None:
     match, so the next build rebuilds instead of reusing it.
     """
     meta.engine_file = file_digest(partial)
-    path = meta.path_for(engine)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=engine.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(asdict(meta), indent=2))
-        os.chmod(tmp, usual_file_mode())  # mkstemp's files are private: a serving account could not read them
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    if partial.is_file():
+    write_file(meta.path_for(engine), json.dumps(asdict(meta), indent=2).encode())  # the usual file mode
+    if partial.is_file():  # mkstemp's files are private: a serving account could not read the engine
         os.chmod(partial, usual_file_mode())
     os.replace(partial, engine)
 

@@ -49,29 +49,28 @@ def _graphs(model: onnx.ModelProto):
 TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")  # the element type a node makes (Cast, EyeLike, Random*, ...)
 
 
-def _attribute_tensors(attr: onnx.AttributeProto) -> list[onnx.TensorProto]:
-    """The tensors an attribute holds (dense, or the values of sparse ones)."""
+def _attribute_tensors(attr: onnx.AttributeProto) -> tuple[list[onnx.TensorProto], list[onnx.SparseTensorProto]]:
+    """The dense and the sparse tensors an attribute holds."""
     A = onnx.AttributeProto
     dense = [attr.t] if attr.type == A.TENSOR else list(attr.tensors) if attr.type == A.TENSORS else []
     sparse = [attr.sparse_tensor] if attr.type == A.SPARSE_TENSOR else \
         list(attr.sparse_tensors) if attr.type == A.SPARSE_TENSORS else []
-    return dense + [t.values for t in sparse]
+    return dense, sparse
 
 
 def stored_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     """Every tensor the model stores, wherever its data lies: initializers (sparse ones' values and indices)
     and tensor attributes (lists and sparse ones included), in the graph, its local functions and every
     subgraph."""
-    A = onnx.AttributeProto
     tensors = []
     for _, graph in _graphs(model):
         sparse = list(getattr(graph, "sparse_initializer", ()))
         tensors += list(getattr(graph, "initializer", ()))
         for node in graph.node:
             for attr in node.attribute:
-                tensors += [attr.t] if attr.type == A.TENSOR else list(attr.tensors) if attr.type == A.TENSORS else []
-                sparse += [attr.sparse_tensor] if attr.type == A.SPARSE_TENSOR else \
-                    list(attr.sparse_tensors) if attr.type == A.SPARSE_TENSORS else []
+                dense, held = _attribute_tensors(attr)
+                tensors += dense
+                sparse += held
         tensors += [t for s in sparse for t in (s.values, s.indices)]
     return tensors
 
@@ -87,8 +86,9 @@ def forbidden_types(model: onnx.ModelProto) -> list[str]:
             for attr in node.attribute:
                 if attr.name in TYPE_ATTRIBUTES and attr.type == onnx.AttributeProto.INT and attr.i in FORBIDDEN:
                     problems.append(f"{where}: node '{node.name}' makes {FORBIDDEN[attr.i]} ({attr.name})")
+                dense, sparse = _attribute_tensors(attr)
                 problems += [f"{where}: node '{node.name}' holds a {FORBIDDEN[t.data_type]} constant ({attr.name})"
-                             for t in _attribute_tensors(attr) if t.data_type in FORBIDDEN]
+                             for t in dense + [s.values for s in sparse] if t.data_type in FORBIDDEN]
         initializers = [*getattr(graph, "initializer", ()),
                         *(sparse.values for sparse in getattr(graph, "sparse_initializer", ()))]
         problems += [f"{where}: initializer '{t.name}' is {FORBIDDEN[t.data_type]}"

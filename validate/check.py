@@ -37,6 +37,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
+from wan_trt.outputs import write_file
 from wan_trt.precisions import pytorch_precision
 from wan_trt.spec import GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
@@ -77,15 +78,16 @@ def clear_report(*paths: Path) -> None:
             logger.info("%s: the earlier check's file removed (this check writes its own)", path)
 
 
-def write_report(path: Path, report: "CheckReport") -> None:
-    """The report as one JSON file, with the command, machine and code that made it, written whole or not at
-    all (a temporary file renamed over it)."""
+def report_json(report: "CheckReport") -> str:
+    """The report as strict JSON (no NaN or Infinity), with the command, machine and code that made it: what
+    ``check --json`` prints and the report file holds."""
     from wan_trt.profiling import provenance
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps({**json_values(provenance("wan-trt")), **report.as_dict()}, indent=2,
-                                  allow_nan=False))
-    partial.replace(path)
+    return json.dumps({**provenance("wan-trt"), **report.as_dict()}, indent=2, allow_nan=False)
+
+
+def write_report(path: Path, report: "CheckReport") -> None:
+    """The report's file (:func:`report_json`), written whole or not at all."""
+    write_file(path, report_json(report).encode())
 
 
 @dataclass

@@ -228,8 +228,8 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         report = check_target(target, options)
     if as_json:
-        from wan_trt.profiling import provenance
-        click.echo(json.dumps({**provenance("wan-trt"), **report.as_dict()}, indent=2, allow_nan=False))
+        from wan_trt.validate.check import report_json
+        click.echo(report_json(report))
     else:
         click.echo(report.table())
     if not report.ok:

@@ -29,8 +29,8 @@ from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger
 
 MARKER = ".wan-trt-export"  # inside every staging and finished output folder (exports, stream outputs)
-# what `wan-trt check` adds to an export (a partial report: one it was writing when it was stopped)
-CHECK_FILES = ("check/report_*.json", "check/.report_*.json.partial", "check/run_results_*.json")
+# what `wan-trt check` adds to an export (a partial report: one it was writing when it was killed)
+CHECK_FILES = ("check/report_*.json", "check/.report_*.json.partial-*", "check/run_results_*.json")
 # the files wan-trt wrote into an existing output folder, or None if it is not wan-trt's
 OwnedFiles = Callable[[Path], list[Path] | None]
 

@@ -8,7 +8,6 @@ window, which ends one raw frame before the frame that latent j decodes to).
 from __future__ import annotations
 
 import numbers
-
 from dataclasses import dataclass
 
 import torch

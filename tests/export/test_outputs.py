@@ -72,7 +72,7 @@ def test_user_partial_folder_is_kept_and_overwrite_swaps_cleanly(tmp_path, plain
     shutil.copytree(plain_export, out)
     (out / "check").mkdir()
     (out / "check" / "report_onnxruntime-cpu.json").write_text("{}")  # what `wan-trt check` adds
-    (out / "check" / ".report_engine_aoti_cpu.json.partial").write_text("{")  # a check stopped while writing
+    (out / "check" / ".report_engine_aoti_cpu.json.partial-x1y2").write_text("{")  # a check killed while writing
     manifest = _export(out, overwrite=True)
     assert (user_partial / "draft.txt").read_text() == "mine"
     assert Manifest.read(out).sha256 == manifest.sha256 and not (out / "check").exists()
