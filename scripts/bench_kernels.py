@@ -2,6 +2,7 @@
 """Fused kernels at the real universal shapes: accuracy vs fp32 and time vs the strongest baselines.
 
     python scripts/bench_kernels.py --out bench/results/kernels_universal_bf16_<gpu>.json [--full-pass]
+                                    [--no-attention] [--no-compile]
 
 Per op (bf16, universal: 2640 queries, 2640 previous + 2640 current keys, 12 heads x 128, 1536-wide
 rows): max/mean abs error against the fp32 reference (and the bf16 rounding floor: the error of
@@ -32,7 +33,7 @@ from wan_trt.model import build_model
 from wan_trt.model.static_pass import StaticPass
 from wan_trt.plugins.adaln import adaln, add_adaln, reference_adaln, reference_add_adaln
 from wan_trt.plugins.aot import TensorArg
-from wan_trt.plugins.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
+from wan_trt.plugins.qk_norm_rope import norm_rope, qk_norm_rope, reference_norm_rope, reference_qk_norm_rope
 from wan_trt.plugins.registry import fused_op
 from wan_trt.plugins.window_attention import (autotune_configs, reference_window_attention,
                                               window_attention, window_attention_kernel)
@@ -47,6 +48,7 @@ DEV = "cuda"
 CANDIDATE_ATTENTION_CONFIGS: list = []
 BF16 = torch.bfloat16
 SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
+NO_COMPILE = False  # --no-compile: no torch.compile baselines (the kernels and eager references only)
 
 
 def errors(out, ref) -> dict:
@@ -88,7 +90,7 @@ def bench_op(name: str, kernel, reference, args: tuple, ref_args: tuple, extra: 
     result = {"errors": [errors(o, r) for o, r in zip(outs, refs)],
               "ms": {"triton": timed(lambda: kernel(*args)), "eager_reference": timed(lambda: reference(*args))},
               "ms_eager_call": {"triton": timed_call(lambda: kernel(*args))}}
-    compiled = compiled_or_error(reference, *args)
+    compiled = "skipped (--no-compile)" if NO_COMPILE else compiled_or_error(reference, *args)
     if isinstance(compiled, str):
         result["ms"]["compile_reference_error"] = compiled
     else:
@@ -179,9 +181,21 @@ def norm_cases() -> dict:
     x, y = r(1, length, c, scale=3), r(1, length, c)
     gate, a, cc = r(1, frames, 1, c, scale=0.1), r(1, frames, 1, c, scale=0.1, shift=1), r(1, frames, 1, c, scale=0.1)
     up = (lambda *t: tuple(v.float() if isinstance(v, torch.Tensor) else v for v in t))
+    # the action modules' (universal: 16 heads of 64): the mouse's q, k inside its qkv output, rows
+    # [spatial token, frame]; the keyboard's queries, rows [frame, spatial token]
+    mouse_qkv, unit = r(length // frames, frames, 3 * 1024), torch.ones(1024, device=DEV, dtype=BF16)
+    mq, mk = mouse_qkv[..., :1024], mouse_qkv[..., 1024:2048]
+    action_ang = torch.randn(frames, 32, device=DEV, generator=g) * 30
+    acos, asin = action_ang.cos(), action_ang.sin()
+    kq = r(1, length, 1024)
     return {
         "qk_norm_rope": bench_op("qk_norm_rope", qk_norm_rope, reference_qk_norm_rope,
                                  (q, k, wq, wk, cos, sin, 1e-6, c), up(q, k, wq, wk, cos, sin, 1e-6, c)),
+        "qk_norm_rope_mouse": bench_op("qk_norm_rope_mouse", qk_norm_rope, reference_qk_norm_rope,
+                                       (mq, mk, unit, unit, acos, asin, 1e-6, 64),
+                                       up(mq, mk, unit, unit, acos, asin, 1e-6, 64)),
+        "norm_rope_keyboard": bench_op("norm_rope_keyboard", norm_rope, reference_norm_rope,
+                                       (kq, unit, acos, asin, 1e-6, 64), up(kq, unit, acos, asin, 1e-6, 64)),
         "adaln": bench_op("adaln", adaln, reference_adaln, (x, a, cc, frames, 1e-6), up(x, a, cc, frames, 1e-6)),
         "add_adaln": bench_op("add_adaln", add_adaln, reference_add_adaln, (x, y, gate, a, cc, frames, 1e-6),
                               up(x, y, gate, a, cc, frames, 1e-6)),
@@ -236,14 +250,18 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--full-pass", action="store_true")
     p.add_argument("--aot", action="store_true")
+    p.add_argument("--no-attention", action="store_true", help="skip window attention (the norms only)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     args = p.parse_args()
+    global NO_COMPILE
+    NO_COMPILE = args.no_compile
     result = provenance()
 
     def save():
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
 
-    stages = [("window_attention", attention_case), ("norms", norm_cases)]
+    stages = ([] if args.no_attention else [("window_attention", attention_case)]) + [("norms", norm_cases)]
     stages += [("tensorrt_aot_ptx", aot_ptx)] if args.aot else []
     stages += [("full_pass", full_pass)] if args.full_pass else []
     for key, stage in stages:
