@@ -39,7 +39,7 @@
 #                                            (scripts/block_kernels.py); needs `build` (REV installed here)
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
-# CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6) and BACKENDS (bench) can be set in
+# CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6), BACKENDS (bench) and ROUNDS (ab-runtime, 3) can be set in
 # the environment. Each step logs to RESULTS/<step>.log; the engine lives under out/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -136,7 +136,7 @@ case "$step" in
     if [ "$step" = ab-runtime ]; then  # PYTHONPATH first: REV's modules before this checkout's
       runs=$results/time_blocks_${tag}.jsonl
       rm -f "$runs"
-      for round in 1 2 3; do
+      for round in $(seq "${ROUNDS:-3}"); do
         PYTHONPATH=$site python3 scripts/time_blocks.py "rev_$rev" "$EXPORT" --out "$runs"
         python3 scripts/time_blocks.py current "$EXPORT" --out "$runs"
       done

@@ -13,6 +13,9 @@ Every input buffer is allocated once from the spec. One block = the denoising pa
 K/V is committed as the next block's previous-frames cache: a swap when P == F, a
 slice copy otherwise; never a reallocation. A step checks all its inputs before it changes
 anything, and a block that comes out NaN/Inf is refused (:class:`NonFiniteBlock`) uncommitted.
+Given its inputs on the device, a step waits for nothing before its passes are queued (inputs on the
+host are copied to it first): the inputs' finiteness is read with the outputs' (one sync), and a step
+whose inputs hold NaN/Inf is refused there, naming the input, with nothing committed.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from wan_trt.engines.runtime.cuda_graph import CapturedCall
 from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.finite import NonFiniteBlock, first_flagged, first_non_finite, largest_magnitudes
 from wan_trt.engines.runtime.runner import Runner
+from wan_trt.engines.runtime.staging import HostStaging
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, progress
 from wan_trt.rotary import MAX_STREAM_FRAMES
@@ -82,12 +86,15 @@ class BlockInputs:
     """One block's inputs, checked and on the session's device and dtype; nothing committed yet.
 
     cond_concat: [1, 20, F, H, W]; windows: ``<name>_window`` -> [1, F, 12, D];
-    histories: the action histories with this block's raw frames appended.
+    histories: the action histories with this block's raw frames appended; checked: the inputs whose
+    finiteness the step checks with its outputs (converted), given: the same as the caller passed them.
     """
 
     cond_concat: torch.Tensor
     windows: dict[str, torch.Tensor]
     histories: dict[str, ActionHistory]
+    checked: dict[str, torch.Tensor]
+    given: dict[str, torch.Tensor]
 
 
 class StreamingSession:
@@ -113,6 +120,8 @@ class StreamingSession:
         self.schedule = BlockSchedule.from_config(self.cfg)
         self.noise = noise or NoiseSource(seed)
         self.feeds = self.spec.allocate("inputs", self.device)
+        rotary = [name for r in self.spec.rotaries for name in (r.cos, r.sin)]
+        self.rotary = HostStaging(self.feeds, rotary, self.device) if rotary else None
         self.histories = self._new_histories(0)
         self.started = False
         self.block = 0
@@ -211,7 +220,7 @@ class StreamingSession:
         outputs = self._run(x0, self.schedule.clean_timestep, pass_seconds, time_passes)
         clock.mark("clean")
         commit = self._prepare_commit(outputs)  # while the device runs the clean pass
-        self._check_outputs(x0, outputs)
+        self._check_outputs(x0, outputs, block)
         clock.mark("checks")
         frames = None
         if self.decoder is not None:  # before the commit: a decode that fails leaves the caches as they were
@@ -233,7 +242,8 @@ class StreamingSession:
     # ---- checks (no state changes) ------------------------------------------------------------
     def _validate_block_inputs(self, cond_concat: torch.Tensor, mouse: torch.Tensor | None,
                                keyboard: torch.Tensor | None) -> BlockInputs:
-        """Every check of a step, before anything changes: started, RoPE range, shapes, finiteness."""
+        """Every check of a step that needs no device sync, before anything changes: started, RoPE range,
+        shapes, dtypes (finiteness: with the outputs, :meth:`_check_outputs`)."""
         if not self.started:
             raise WanTrtError("step() before start(): call session.start(visual_context) first")
         start, frames = self.start_frame, self.cfg.block_frames
@@ -243,10 +253,9 @@ class StreamingSession:
         cond = self._checked(COND_CONCAT, cond_concat, self.spec.tensor(COND_CONCAT).shape)
         raw = self._raw_actions(mouse, keyboard)
         given = {COND_CONCAT: cond_concat, "mouse": mouse, "keyboard": keyboard}
-        self._check_finite({COND_CONCAT: cond, **raw}, f"of block {self.block}", given)
         histories = {name: self.histories[name].appended(value) for name, value in raw.items()}
         windows = {ACTION_WINDOWS[name]: h.windows(start, frames) for name, h in histories.items()}
-        return BlockInputs(cond, windows, histories)
+        return BlockInputs(cond, windows, histories, {COND_CONCAT: cond, **raw}, given)
 
     def _raw_actions(self, mouse: torch.Tensor | None, keyboard: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """This block's raw action frames [1, n, D] per input the config has (held actions expanded)."""
@@ -308,15 +317,19 @@ class StreamingSession:
     def _graphed(self) -> bool:
         return self.graph_block_end and self.runner.fixed_buffers
 
-    def _check_outputs(self, x0: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
-        """Refuse a block whose latents or new cache entries are non-finite, before they are committed."""
+    def _check_outputs(self, x0: torch.Tensor, outputs: dict[str, torch.Tensor], block: BlockInputs) -> None:
+        """Refuse a block whose inputs hold NaN/Inf (named as in :meth:`_check_finite`) or whose latents or
+        new cache entries came out non-finite, before anything is committed: one device sync."""
         entries = {cur: outputs[cur] for _, cur in self._cache_pairs()}
-        if self._graphed() and entries:  # the entries' reduction replayed, the latents' beside it
+        if self._graphed() and entries:  # the entries' reduction replayed, the inputs' and the latents' beside it
             tensors = list(entries.values())
             largest = self._captured["checks"](tensors, lambda: largest_magnitudes(tensors))
-            name = first_flagged([LATENTS, *entries], torch.cat([largest_magnitudes([x0]), largest]))
+            beside = largest_magnitudes([*block.checked.values(), x0])
+            name = first_flagged([*block.checked, LATENTS, *entries], torch.cat([beside, largest]))
         else:
-            name = first_non_finite({LATENTS: x0, **entries})
+            name = first_non_finite({**block.checked, LATENTS: x0, **entries})
+        if name in block.checked:
+            self._check_finite(block.checked, f"of block {self.block}", block.given)
         if name is not None:
             raise NonFiniteBlock(f"{name} of block {self.block} came out non-finite (NaN or Inf): the block was not "
                                  f"committed and the session is as before it; check the weights and the inputs "
@@ -334,8 +347,8 @@ class StreamingSession:
         self.feeds[COND_CONCAT].copy_(block.cond_concat)
         for name, window in block.windows.items():
             self.feeds[name].copy_(window)
-        for name, factors in self._rotary_feeds().items():
-            self.feeds[name].copy_(factors)
+        if self.rotary is not None:
+            self.rotary.load(self._rotary_feeds())
         if VALID_FRAMES in self.feeds:
             self.feeds[VALID_FRAMES].fill_(self.valid_frames)
 

@@ -17,6 +17,7 @@ from wan_trt.engines.runtime.cuda_graph import CapturedCall, CudaGraphRunner
 from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
+from wan_trt.errors import WanTrtError
 from wan_trt.model import build_model
 from wan_trt.spec import PassSpec
 from wan_trt.stream import NoiseSource, synthetic_stream
@@ -196,3 +197,66 @@ def test_a_capture_that_failed_is_tried_again_not_replayed_empty():
         latents = [r.latents.clone() for r in stream_blocks(session, inputs, 2)]
     expected, _, _ = _stream(cfg, model, inputs, graphed=True)
     assert len(latents) == 2 and all(torch.equal(a, e) for a, e in zip(latents, expected[:2]))
+
+
+@pytest.mark.parametrize("name", ["cond_concat", "mouse", "keyboard"])
+def test_the_replayed_check_names_a_non_finite_input(name):
+    """The inputs' finiteness is read with the outputs' (the replayed check's one sync): a NaN in an input
+    is named as that input, not as the latents it spoiled, and nothing outliving the step changed."""
+    cfg = load_config("universal-small")
+    model = build_model(cfg, seed=1)
+    inputs = synthetic_stream(cfg, 4, seed=2)
+    session = _cpu_session(cfg, model, graphed=True)
+    stream_blocks(session, inputs, 2)
+    mouse, keyboard = inputs.block_actions(cfg, 2)
+    given = {"cond_concat": inputs.block_cond(cfg, 2), "mouse": mouse, "keyboard": keyboard}
+    given[name] = given[name].clone()
+    given[name].view(-1)[3] = float("nan")
+    before = _state(session)
+    with pytest.raises(WanTrtError, match=f"{name} of block 2 holds non-finite values"):
+        session.step(given["cond_concat"], given["mouse"], given["keyboard"])
+    _assert_same_state(_persistent(before), _persistent(_state(session)))
+
+
+@CUDA
+def test_a_step_queues_its_passes_without_waiting_for_the_device():
+    """Up to its check, a step over CUDA graphs waits for nothing: the inputs' finiteness is read with the
+    outputs' and the rotary tables go through pinned memory (a pageable copy and a .tolist() each held the
+    host while the device sat idle). Under CUDA's sync debug mode a wait is an error."""
+    cfg = load_config("universal-small")
+    model = build_model(cfg, seed=1).cuda()
+    inputs = synthetic_stream(cfg, 4, seed=2)
+    with CudaGraphRunner(TorchRunner(model, PassSpec.from_config(cfg, "fp32"))) as runner:
+        session = StreamingSession(runner, noise=NoiseSource(2))
+        stream_blocks(session, inputs, 2)  # captured
+        mouse, keyboard = inputs.block_actions(cfg, 2)
+        cond, mouse, keyboard = (t.cuda() for t in (inputs.block_cond(cfg, 2), mouse, keyboard))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            block = session._validate_block_inputs(cond, mouse, keyboard)
+            session._feed(block)
+            x0, _ = session._denoise(False)
+            session._run(x0, session.schedule.clean_timestep, [])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+
+
+@CUDA
+def test_with_cuda_graphs_a_non_finite_input_is_named_at_the_check():
+    """On the GPU path (CUDA-graph runner, the replayed check): a NaN in an input is found with the outputs'
+    reduction and named as that input, and nothing outliving the step changed."""
+    cfg = load_config("universal-small")
+    model = build_model(cfg, seed=1).cuda()
+    inputs = synthetic_stream(cfg, 4, seed=2)
+    with CudaGraphRunner(TorchRunner(model, PassSpec.from_config(cfg, "fp32"))) as runner:
+        session = StreamingSession(runner, noise=NoiseSource(2))
+        stream_blocks(session, inputs, 2)  # captured
+        mouse, keyboard = inputs.block_actions(cfg, 2)
+        cond = inputs.block_cond(cfg, 2).clone()
+        cond.view(-1)[7] = float("nan")
+        before = _state(session)
+        with pytest.raises(WanTrtError, match="cond_concat of block 2 holds non-finite values"):
+            session.step(cond.cuda(), mouse.cuda(), keyboard.cuda())
+        _assert_same_state(_persistent(before), _persistent(_state(session)))
