@@ -10,7 +10,9 @@ or gained, independent of the wall clock's run-to-run spread. The table counts e
 of the block: the passes' kernels, memsets, and the session's own (re-noising, checks, cache commit).
 The ``timeline`` says where the device sat idle inside the block: the span from its first kernel's start
 to its last one's end, the time no kernel ran in it, the gaps between kernels by length, and the
-longest gaps with the kernels either side.
+longest gaps with the kernels either side. ``--host`` also records the host (PyTorch's ops and the Python
+functions, with their source lines) and lists, for each of the longest gaps, what the host started while the
+device waited (under the Python tracer the host runs slower: time the block without it).
 """
 from __future__ import annotations
 
@@ -30,16 +32,18 @@ from wan_trt.stream import NoiseSource, synthetic_stream
 WARM_BLOCKS = 6
 GAP_BINS_US = (2, 5, 20, 100)  # gaps up to 2 us, 2-5, 5-20, 20-100, over 100
 LONGEST = 12
+HOST_EVENTS = 40  # host events listed per gap (--host)
 
 
-def timeline(kernels: list[tuple[float, float, str]]) -> dict:
-    """Idle time between device activities (start us, end us, name) of one block."""
+def timeline(kernels: list[tuple[float, float, str]], host: list[tuple[float, str]] | None = None) -> dict:
+    """Idle time between device activities (start us, end us, name) of one block; ``host``: (start us, name)
+    of the host's events, listed per longest gap."""
     kernels = sorted(kernels)
     span = kernels[-1][1] - kernels[0][0]
     gaps, reach = [], kernels[0][1]
     for (start, end, name), before in zip(kernels[1:], kernels):
         if start > reach:
-            gaps.append((start - reach, before[2], name))
+            gaps.append((start - reach, before[2], name, reach, start))
         reach = max(reach, end)
     bins = collections.Counter()
     idle = collections.Counter()
@@ -48,9 +52,15 @@ def timeline(kernels: list[tuple[float, float, str]]) -> dict:
         bins[label] += 1
         idle[label] += gap
     longest = sorted(gaps, reverse=True)[:LONGEST]
-    return {"span_ms": round(span / 1e3, 3), "idle_ms": round(sum(g for g, *_ in gaps) / 1e3, 3),
-            "gaps": {label: [bins[label], round(idle[label] / 1e3, 3)] for label in sorted(bins)},
-            "longest_gaps_us": [[round(g, 1), before[:80], after[:80]] for g, before, after in longest]}
+    result = {"span_ms": round(span / 1e3, 3), "idle_ms": round(sum(g[0] for g in gaps) / 1e3, 3),
+              "gaps": {label: [bins[label], round(idle[label] / 1e3, 3)] for label in sorted(bins)},
+              "longest_gaps_us": [[round(g, 1), before[:80], after[:80]] for g, before, after, *_ in longest]}
+    if host is not None:
+        result["host_in_longest_gaps"] = [
+            {"gap_us": round(g, 1), "after": after[:80],
+             "host_started": list(dict.fromkeys(name[:120] for t, name in sorted(host) if begin <= t < end))[:HOST_EVENTS]}
+            for g, _, after, begin, end in longest]
+    return result
 
 
 def main() -> None:
@@ -58,6 +68,7 @@ def main() -> None:
     parser.add_argument("tag")
     parser.add_argument("export", type=Path)
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--host", action="store_true", help="also record the host: what it did in the longest gaps")
     args = parser.parse_args()
     engine = default_engine_path(args.export, "aoti_plugins", "cuda")
     bench = Bench(args.export, "cuda", {"aoti-plugins": engine})
@@ -68,20 +79,23 @@ def main() -> None:
         mouse, keyboard = inputs.block_actions(session.cfg, WARM_BLOCKS)
         cond = inputs.block_cond(session.cfg, WARM_BLOCKS)
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        activities = [torch.profiler.ProfilerActivity.CUDA] + ([torch.profiler.ProfilerActivity.CPU] if args.host else [])
+        with torch.profiler.profile(activities=activities, with_stack=args.host) as prof:
             session.step(cond, mouse, keyboard)
             torch.cuda.synchronize()
     per_kernel = collections.defaultdict(lambda: [0, 0.0])  # name -> [launches, ms]
-    spans = []
+    spans, host = [], []
     for event in prof.events():
-        if event.device_type.name == "CUDA":
+        if event.device_type.name == "CPU":
+            host.append((event.time_range.start, event.name))
+        elif event.device_type.name == "CUDA":
             entry = per_kernel[event.name]
             entry[0] += 1
             entry[1] += event.device_time / 1e3
             spans.append((event.time_range.start, event.time_range.end, event.name))
     rows = sorted(([name, n, round(ms, 4)] for name, (n, ms) in per_kernel.items()), key=lambda r: -r[2])
     result = {**provenance(), "tag": args.tag, "kernels_per_block": sum(r[1] for r in rows),
-              "busy_ms_per_block": round(sum(r[2] for r in rows), 3), "timeline": timeline(spans), "rows": rows}
+              "busy_ms_per_block": round(sum(r[2] for r in rows), 3), "timeline": timeline(spans, host if args.host else None), "rows": rows}
     print(args.tag, result["kernels_per_block"], result["busy_ms_per_block"], json.dumps(result["timeline"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"kernels_{args.tag}.json").write_text(json.dumps(result, indent=0))
