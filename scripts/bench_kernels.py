@@ -90,8 +90,10 @@ def bench_op(name: str, kernel, reference, args: tuple, ref_args: tuple, extra: 
     result = {"errors": [errors(o, r) for o, r in zip(outs, refs)],
               "ms": {"triton": timed(lambda: kernel(*args)), "eager_reference": timed(lambda: reference(*args))},
               "ms_eager_call": {"triton": timed_call(lambda: kernel(*args))}}
-    compiled = "skipped (--no-compile)" if NO_COMPILE else compiled_or_error(reference, *args)
-    if isinstance(compiled, str):
+    compiled = None if NO_COMPILE else compiled_or_error(reference, *args)
+    if compiled is None:
+        result["ms"]["compile_reference_skipped"] = "--no-compile"
+    elif isinstance(compiled, str):
         result["ms"]["compile_reference_error"] = compiled
     else:
         result["ms"]["compile_reference"] = timed(lambda: compiled(*args))

@@ -10,9 +10,11 @@ or gained, independent of the wall clock's run-to-run spread. The table counts e
 of the block: the passes' kernels, memsets, and the session's own (re-noising, checks, cache commit).
 The ``timeline`` says where the device sat idle inside the block: the span from its first kernel's start
 to its last one's end, the time no kernel ran in it, the gaps between kernels by length, and the
-longest gaps with the kernels either side. ``--host`` also records the host (PyTorch's ops and the Python
-functions, with their source lines) and lists, for each of the longest gaps, what the host started while the
-device waited (under the Python tracer the host runs slower: time the block without it).
+longest gaps with the kernels either side. ``--host`` also records the host (PyTorch's ops and the CUDA
+runtime's calls, each with the innermost Python function around it outside torch and the standard library)
+and lists, for each of the longest gaps, what the host started while the device waited, in order (the
+first and last HOST_EVENTS / 2 of them when there are more). Recording the host slows it: time the
+block without it.
 """
 from __future__ import annotations
 
@@ -33,6 +35,27 @@ WARM_BLOCKS = 6
 GAP_BINS_US = (2, 5, 20, 100)  # gaps up to 2 us, 2-5, 5-20, 20-100, over 100
 LONGEST = 12
 HOST_EVENTS = 40  # host events listed per gap (--host)
+
+
+def project_frame(event) -> str:
+    """The innermost Python function around a profiled host ``event`` (its parents under the profiler's Python
+    tracer, named 'file(line): function') that is neither torch's nor the standard library's; '' if none."""
+    while event is not None:
+        name = event.name
+        if ".py(" in name and "torch/" not in name and "python3." not in name and not name.startswith("<"):
+            return name
+        event = event.cpu_parent
+    return ""
+
+
+def started_in(host: list[tuple[float, str]], begin: float, end: float) -> list[str]:
+    """The host's events that started in [begin, end), in order, repeats dropped; the first and last
+    HOST_EVENTS / 2 when there are more, with a count of those left out between them."""
+    names = list(dict.fromkeys(name for t, name in sorted(host) if begin <= t < end))
+    if len(names) <= HOST_EVENTS:
+        return names
+    half = HOST_EVENTS // 2
+    return names[:half] + [f"... {len(names) - 2 * half} more ..."] + names[-half:]
 
 
 def timeline(kernels: list[tuple[float, float, str]], host: list[tuple[float, str]] | None = None) -> dict:
@@ -58,8 +81,7 @@ def timeline(kernels: list[tuple[float, float, str]], host: list[tuple[float, st
     if host is not None:
         result["host_in_longest_gaps"] = [
             {"gap_us": round(g, 1), "after": after[:80],
-             "host_started": list(dict.fromkeys(name[:120] for t, name in sorted(host) if begin <= t < end))[:HOST_EVENTS]}
-            for g, _, after, begin, end in longest]
+             "host_started": started_in(host, begin, end)} for g, _, after, begin, end in longest]
     return result
 
 
@@ -79,7 +101,8 @@ def main() -> None:
         mouse, keyboard = inputs.block_actions(session.cfg, WARM_BLOCKS)
         cond = inputs.block_cond(session.cfg, WARM_BLOCKS)
         torch.cuda.synchronize()
-        activities = [torch.profiler.ProfilerActivity.CUDA] + ([torch.profiler.ProfilerActivity.CPU] if args.host else [])
+        activities = [torch.profiler.ProfilerActivity.CUDA]
+        activities += [torch.profiler.ProfilerActivity.CPU] if args.host else []
         with torch.profiler.profile(activities=activities, with_stack=args.host) as prof:
             session.step(cond, mouse, keyboard)
             torch.cuda.synchronize()
@@ -87,7 +110,8 @@ def main() -> None:
     spans, host = [], []
     for event in prof.events():
         if event.device_type.name == "CPU":
-            host.append((event.time_range.start, event.name))
+            frame = project_frame(event.cpu_parent)
+            host.append((event.time_range.start, f"{event.name} @ {frame}" if frame else event.name))
         elif event.device_type.name == "CUDA":
             entry = per_kernel[event.name]
             entry[0] += 1
@@ -95,7 +119,8 @@ def main() -> None:
             spans.append((event.time_range.start, event.time_range.end, event.name))
     rows = sorted(([name, n, round(ms, 4)] for name, (n, ms) in per_kernel.items()), key=lambda r: -r[2])
     result = {**provenance(), "tag": args.tag, "kernels_per_block": sum(r[1] for r in rows),
-              "busy_ms_per_block": round(sum(r[2] for r in rows), 3), "timeline": timeline(spans, host if args.host else None), "rows": rows}
+              "busy_ms_per_block": round(sum(r[2] for r in rows), 3),
+              "timeline": timeline(spans, host if args.host else None), "rows": rows}
     print(args.tag, result["kernels_per_block"], result["busy_ms_per_block"], json.dumps(result["timeline"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"kernels_{args.tag}.json").write_text(json.dumps(result, indent=0))

@@ -11,11 +11,12 @@
 Every input buffer is allocated once from the spec. One block = the denoising passes
 (x0 = x_t - sigma * flow, then re-noise) and the clean pass at t = 0, whose current-block
 K/V is committed as the next block's previous-frames cache: a swap when P == F, a
-slice copy otherwise; never a reallocation. A step checks all its inputs before it changes
-anything, and a block that comes out NaN/Inf is refused (:class:`NonFiniteBlock`) uncommitted.
+slice copy otherwise; never a reallocation. A step checks its inputs' shapes and types before it
+changes anything, and a block that comes out NaN/Inf is refused (:class:`NonFiniteBlock`) uncommitted.
 Given its inputs on the device, a step waits for nothing before its passes are queued (inputs on the
 host are copied to it first): the inputs' finiteness is read with the outputs' (one sync), and a step
-whose inputs hold NaN/Inf is refused there, naming the input, with nothing committed.
+whose inputs hold NaN/Inf is refused there, naming the input, with nothing committed (its passes ran:
+only the per-block feeds and the runner's outputs were overwritten, which every step overwrites).
 """
 from __future__ import annotations
 
@@ -100,9 +101,10 @@ class BlockInputs:
 class StreamingSession:
     """Streams blocks through ``runner`` (any backend) with the static-cache schedule.
 
-    ``step`` is atomic: it checks every input (and that :meth:`start` was called) before it
-    changes any state, and a block whose latents or caches come out non-finite is refused
-    without committing anything, so the session stays as it was before that step.
+    ``step`` is atomic: it checks every input's shape and type (and that :meth:`start` was called)
+    before it changes any state, and a block whose inputs hold NaN/Inf, or whose latents or caches
+    come out non-finite, is refused without committing anything (caches, valid frames, action
+    histories, decoder histories), so the stream stays as it was before that step.
 
     ``graph_block_end`` (default True): with a runner whose buffers keep their addresses (CUDA
     graphs, ``fixed_buffers``), the check of a block's new cache entries and their commit each run
@@ -209,7 +211,8 @@ class StreamingSession:
                 Defaults to False.
 
         Raises:
-            WanTrtError: a bad input (nothing changed) or a non-finite block (nothing committed).
+            WanTrtError: an input of the wrong shape or type (nothing changed), or NaN/Inf in an input
+                or the block (nothing committed).
         """
         begin = time.perf_counter()
         block = self._validate_block_inputs(cond_concat, mouse, keyboard)

@@ -36,7 +36,7 @@ class HostStaging:
             end += -(-feeds[name].numel() // step) * step
         self.device = device
         self.cuda = device.type == "cuda"
-        self.device_buffer = torch.zeros(end, dtype=dtype, device=device)  # allocations start 256-byte aligned
+        self.device_buffer = torch.zeros(end, dtype=dtype, device=device)  # CUDA allocations start 256-byte aligned
         self.host_buffer = torch.zeros(end, dtype=dtype, pin_memory=self.cuda)
         for name in names:
             feeds[name] = self._slice(self.device_buffer, name)
