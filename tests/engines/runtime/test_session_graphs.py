@@ -5,6 +5,7 @@ and the replayed check still refuses a non-finite cache entry without committing
 On the CPU (every run) the session's side is tested with a capture that records the work without
 running it and a replay that runs it, as a CUDA graph's capture launches nothing and its replay runs
 the captured kernels over the same buffers; on a GPU with real CUDA graphs."""
+import contextlib
 import dataclasses
 
 import pytest
@@ -218,19 +219,26 @@ def test_the_replayed_check_names_a_non_finite_input(name):
     _assert_same_state(_persistent(before), _persistent(_state(session)))
 
 
-@CUDA
-def test_a_step_queues_its_passes_without_waiting_for_the_device():
-    """Up to its check, a step over CUDA graphs waits for nothing: the inputs' finiteness is read with the
-    outputs' and the rotary tables go through pinned memory (a pageable copy and a .tolist() each held the
-    host while the device sat idle). Under CUDA's sync debug mode a wait is an error."""
+@contextlib.contextmanager
+def _graphed_session_after_two_blocks():
+    """A universal-small session over a CUDA-graph runner (fp32 PyTorch model) that has streamed two blocks
+    (its graphs captured), and block 2's inputs on the host: (session, cond, mouse, keyboard)."""
     cfg = load_config("universal-small")
     model = build_model(cfg, seed=1).cuda()
     inputs = synthetic_stream(cfg, 4, seed=2)
     with CudaGraphRunner(TorchRunner(model, PassSpec.from_config(cfg, "fp32"))) as runner:
         session = StreamingSession(runner, noise=NoiseSource(2))
-        stream_blocks(session, inputs, 2)  # captured
-        mouse, keyboard = inputs.block_actions(cfg, 2)
-        cond, mouse, keyboard = (t.cuda() for t in (inputs.block_cond(cfg, 2), mouse, keyboard))
+        stream_blocks(session, inputs, 2)
+        yield (session, inputs.block_cond(cfg, 2), *inputs.block_actions(cfg, 2))
+
+
+@CUDA
+def test_a_step_queues_its_passes_without_waiting_for_the_device():
+    """Up to its check, a step over CUDA graphs waits for nothing: the inputs' finiteness is read with the
+    outputs' and the rotary tables go through pinned memory (a pageable copy and a .tolist() each held the
+    host while the device sat idle). Under CUDA's sync debug mode a wait is an error."""
+    with _graphed_session_after_two_blocks() as (session, cond, mouse, keyboard):
+        cond, mouse, keyboard = (t.cuda() for t in (cond, mouse, keyboard))
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
@@ -247,14 +255,8 @@ def test_a_step_queues_its_passes_without_waiting_for_the_device():
 def test_with_cuda_graphs_a_non_finite_input_is_named_at_the_check():
     """On the GPU path (CUDA-graph runner, the replayed check): a NaN in an input is found with the outputs'
     reduction and named as that input, and nothing outliving the step changed."""
-    cfg = load_config("universal-small")
-    model = build_model(cfg, seed=1).cuda()
-    inputs = synthetic_stream(cfg, 4, seed=2)
-    with CudaGraphRunner(TorchRunner(model, PassSpec.from_config(cfg, "fp32"))) as runner:
-        session = StreamingSession(runner, noise=NoiseSource(2))
-        stream_blocks(session, inputs, 2)  # captured
-        mouse, keyboard = inputs.block_actions(cfg, 2)
-        cond = inputs.block_cond(cfg, 2).clone()
+    with _graphed_session_after_two_blocks() as (session, cond, mouse, keyboard):
+        cond = cond.clone()
         cond.view(-1)[7] = float("nan")
         before = _state(session)
         with pytest.raises(WanTrtError, match="cond_concat of block 2 holds non-finite values"):
