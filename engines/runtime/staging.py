@@ -28,36 +28,33 @@ class HostStaging:
             raise WanTrtError(f"staged feeds {names} must share one dtype, got {sorted(map(str, dtypes))}")
         dtype = dtypes.pop()
         step = ALIGNMENT // dtype.itemsize  # elements from one aligned start to the next
-        self.names = list(names)
-        self.shapes = [feeds[n].shape for n in names]
-        self.offsets, end = [], 0
+        offsets, end = [], 0
         for name in names:
-            self.offsets.append(end)
+            offsets.append(end)
             end += -(-feeds[name].numel() // step) * step
         self.device = device
         self.cuda = device.type == "cuda"
         self.device_buffer = torch.zeros(end, dtype=dtype, device=device)  # CUDA allocations start 256-byte aligned
         self.host_buffer = torch.zeros(end, dtype=dtype, pin_memory=self.cuda)
-        for name in names:
-            feeds[name] = self._slice(self.device_buffer, name)
-        self.copied: torch.cuda.Event | None = None  # the last copy out of the pinned buffer
 
-    def _slice(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
-        i = self.names.index(name)
-        shape = self.shapes[i]
-        return buffer[self.offsets[i]:self.offsets[i] + shape.numel()].view(shape)
+        def views(buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {n: buffer[o:o + feeds[n].numel()].view(feeds[n].shape) for n, o in zip(names, offsets)}
+        self.host_views = views(self.host_buffer)  # made once: the feeds' slots in the pinned buffer
+        feeds.update(views(self.device_buffer))
+        self.copied: torch.cuda.Event | None = None  # the last copy out of the pinned buffer
 
     def load(self, values: dict[str, torch.Tensor]) -> None:
         """Copy ``values`` (host tensors of the feeds' shapes) into the feeds: one copy, queued on the
         current stream, and the host goes on at once. The pinned buffer is rewritten only once the copy
         that read it last has run."""
-        wrong = [n for n, shape in zip(self.names, self.shapes) if values[n].shape != shape]
+        wrong = [n for n, view in self.host_views.items() if values[n].shape != view.shape]
         if wrong:
-            raise WanTrtError(f"staged feeds {wrong}: expected shapes {[list(s) for s in self.shapes]}")
+            shapes = [list(view.shape) for view in self.host_views.values()]
+            raise WanTrtError(f"staged feeds {wrong}: expected shapes {shapes}")
         if self.copied is not None and not self.copied.query():  # long done at a block's start
             self.copied.synchronize()
-        for name in self.names:
-            self._slice(self.host_buffer, name).copy_(values[name])
+        for name, view in self.host_views.items():
+            view.copy_(values[name])
         self.device_buffer.copy_(self.host_buffer, non_blocking=self.cuda)
         if self.cuda:
             self.copied = torch.cuda.Event()
