@@ -124,6 +124,8 @@ class StreamingSession:
         self.feeds = self.spec.allocate("inputs", self.device)
         rotary = [name for r in self.spec.rotaries for name in (r.cos, r.sin)]
         self.rotary = HostStaging(self.feeds, rotary, self.device) if rotary else None
+        self._rotary_start: int | None = None  # the start frame whose tables the rotary feeds hold
+        self._next_noise: tuple[int, torch.Tensor] | None = None  # (block, its first noise), drawn ahead
         self.histories = self._new_histories(0)
         self.started = False
         self.block = 0
@@ -192,6 +194,7 @@ class StreamingSession:
         self.histories = self._new_histories(start_block)
         self.block = self.stream_start = start_block
         self.valid_frames = 0
+        self._next_noise = None
         self.started = True
 
     @torch.no_grad()
@@ -223,6 +226,7 @@ class StreamingSession:
         outputs = self._run(x0, self.schedule.clean_timestep, pass_seconds, time_passes)
         clock.mark("clean")
         commit = self._prepare_commit(outputs)  # while the device runs the clean pass
+        self._stage_next_block()  # so too
         self._check_outputs(x0, outputs, block)
         clock.mark("checks")
         frames = None
@@ -350,18 +354,41 @@ class StreamingSession:
         self.feeds[COND_CONCAT].copy_(block.cond_concat)
         for name, window in block.windows.items():
             self.feeds[name].copy_(window)
-        if self.rotary is not None:
-            self.rotary.load(self._rotary_feeds())
+        self._load_rotaries(self.start_frame)
         if VALID_FRAMES in self.feeds:
             self.feeds[VALID_FRAMES].fill_(self.valid_frames)
 
-    def _rotary_feeds(self) -> dict[str, torch.Tensor]:
-        """The block's rotary factors (its absolute position), formed on the host in float64."""
-        return self.spec.rotary_feeds(self.start_frame)
+    def _rotary_feeds(self, start_frame: int) -> dict[str, torch.Tensor]:
+        """The rotary factors of the block starting at ``start_frame`` (its absolute position), formed on
+        the host in float64."""
+        return self.spec.rotary_feeds(start_frame)
+
+    def _load_rotaries(self, start_frame: int) -> None:
+        """The rotary feeds for the block starting at ``start_frame``, unless they hold its tables already."""
+        if self.rotary is not None and self._rotary_start != start_frame:
+            self._rotary_start = None  # until the load is queued
+            self.rotary.load(self._rotary_feeds(start_frame))
+            self._rotary_start = start_frame
+
+    def _stage_next_block(self) -> None:
+        """The next block's rotary tables and first noise, made while the device runs this block's clean
+        pass: the host would otherwise make them at the next step's start with the device idle. Both are
+        queued after the clean pass, the last reader of this block's tables; a refused block leaves the
+        next step to load its own tables again (the feeds say which start frame they hold)."""
+        following = self.block + 1
+        start = following * self.cfg.block_frames
+        if start + self.cfg.block_frames > MAX_STREAM_FRAMES:
+            return
+        self._load_rotaries(start)
+        self._next_noise = (following, self._first_noise(following))
+
+    def _first_noise(self, block: int) -> torch.Tensor:
+        return self.noise(block, 0, self.spec.tensor(LATENTS).shape, self.device, self.dtype)
 
     def _denoise(self, time_passes: bool) -> tuple[torch.Tensor, list[float]]:
         latents = self.spec.tensor(LATENTS)
-        x = self.noise(self.block, 0, latents.shape, self.device, self.dtype)
+        ahead, self._next_noise = self._next_noise, None
+        x = ahead[1] if ahead is not None and ahead[0] == self.block else self._first_noise(self.block)
         sched, seconds = self.schedule, []
         for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas)):
             x0 = flow_to_x0(self._run(x, t, seconds, time_passes)[FLOW], x, sigma)

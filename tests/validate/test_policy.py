@@ -57,8 +57,8 @@ def test_the_stream_check_covers_positions_far_into_a_stream(export_dir, monkeyp
     code, so it wrapped too and lent the engine twice its error (the check passed)."""
     manifest, backend = _backend(export_dir, None)
 
-    def wrapping_counter(session):
-        return session.spec.rotary_feeds(session.start_frame % (1 << 16))
+    def wrapping_counter(session, start_frame):
+        return session.spec.rotary_feeds(start_frame % (1 << 16))
 
     monkeypatch.setattr(StreamingSession, "_rotary_feeds", wrapping_counter)
     report = check_runner(export_dir, manifest, backend, CheckOptions(blocks=2, seed=1, save_results=False))

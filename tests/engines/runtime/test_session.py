@@ -52,7 +52,7 @@ def _all_valid(session):
 
 
 def _rope_from_zero(session):
-    session._rotary_feeds = lambda: session.spec.rotary_feeds(0)  # every block at frame 0
+    session._rotary_feeds = lambda start: session.spec.rotary_feeds(0)  # every block at frame 0
 
 
 @pytest.mark.parametrize("patch", [_no_commit, _all_valid, _rope_from_zero])
