@@ -36,7 +36,10 @@
 #   scripts/gpu_bench.sh ab-runtime RESULTS  REV's runtime (the session: its Python code) against this checkout's on
 #                                            this checkout's engine: runs of each in turn, alternating
 #                                            (scripts/time_blocks.py), and one block's kernel timeline under each
-#                                            (scripts/block_kernels.py); needs `build` (REV installed here)
+#                                            (scripts/block_kernels.py; KERNELS=0 skips them); needs `build`
+#   scripts/gpu_bench.sh site                REV installed apart as build-rev, ab-runtime and ab take it
+#                                            (out/site_<rev>), where git has REV: on a machine whose clone lacks
+#                                            the commit, copy that folder there and pass REV=<rev> as printed
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6), BACKENDS (bench) and ROUNDS (ab-runtime, 3) can be set in
@@ -52,9 +55,9 @@ ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 DECODER=out/${CONFIG}_${PRECISION}_decoder
 DECODER_OPS=${DECODER_OPS:-plugins}
 DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
-step=${1:?"step: setup | build | build-rev | ab | ab-runtime | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
+step=${1:?"step: setup | site | build | build-rev | ab | ab-runtime | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
-[ "$step" = setup ] || { mkdir -p "$results" && results=$(cd "$results" && pwd); }
+[ "$step" = setup ] || [ "$step" = site ] || { mkdir -p "$results" && results=$(cd "$results" && pwd); }
 tag=${CONFIG}_${PRECISION}
 
 run_step() {  # name, command...: log to RESULTS/name.log, keep the exit status
@@ -124,8 +127,10 @@ case "$step" in
       --backends aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager "${also[@]}" \
       --profile aoti-plugins,aoti-plugins@fp16,aoti-plugins@fp8 --overwrite --out "$results/bench_${CONFIG}_precisions.json"
     ;;
-  build-rev|ab|ab-runtime)
-    rev=$(git rev-parse --short=12 "${REV:?set REV to the commit to compare with}^{commit}")
+  site|build-rev|ab|ab-runtime)
+    : "${REV:?set REV to the commit to compare with}"
+    if [ -d "$PWD/out/site_$REV/wan_trt" ]; then rev=$REV  # installed already (by `site`, maybe elsewhere)
+    else rev=$(git rev-parse --short=12 "$REV^{commit}"); fi
     rev_export=$PWD/out/${CONFIG}_${PRECISION}_aoti_${rev}
     site=$PWD/out/site_${rev}  # REV's wan_trt, installed apart
     if [ "$step" != ab ] && [ ! -d "$site/wan_trt" ]; then
@@ -133,7 +138,9 @@ case "$step" in
       git archive "$rev" | tar -x -C "$src"
       python3 -m pip install -q --no-deps --no-build-isolation --target "$site" "$src"
     fi
-    if [ "$step" = ab-runtime ]; then  # PYTHONPATH first: REV's modules before this checkout's
+    if [ "$step" = site ]; then
+      echo "REV=$rev: out/site_$rev"
+    elif [ "$step" = ab-runtime ]; then  # PYTHONPATH first: REV's modules before this checkout's
       runs=$results/time_blocks_${tag}.jsonl
       rm -f "$runs"
       for round in $(seq "${ROUNDS:-3}"); do
@@ -141,8 +148,10 @@ case "$step" in
         python3 scripts/time_blocks.py current "$EXPORT" --out "$runs"
       done
       python3 scripts/time_blocks.py --summarize "$runs" --out "$results/ab_runtime_${tag}.json"
-      PYTHONPATH=$site python3 scripts/block_kernels.py "runtime_rev_$rev" "$EXPORT" --out "$results"
-      python3 scripts/block_kernels.py runtime_current "$EXPORT" --out "$results"
+      if [ "${KERNELS:-1}" != 0 ]; then
+        PYTHONPATH=$site python3 scripts/block_kernels.py "runtime_rev_$rev" "$EXPORT" --out "$results"
+        python3 scripts/block_kernels.py runtime_current "$EXPORT" --out "$results"
+      fi
     elif [ "$step" = build-rev ]; then
       # run from the installed copy: in the checkout (or the source tree) python -m finds that wan_trt first
       (cd "$site" && export PYTHONPATH=$site &&
