@@ -4,10 +4,13 @@ different groupings (cuDNN, channels-last, benchmark mode): which one the engine
     python3 scripts/conv_widths.py --out RESULTS/conv_widths_<device>.json
 
 A convolution with C outputs computed as groups (e.g. 64 + 32) is one cuDNN call per group over the same
-input, each with its own filters; "128" means C padded with zero filters to 128. Each row times ``--calls``
-calls in a row (as many as a block runs at that stage: the GPU's power draw over a block decides its clock),
-the rows taken in turn for ``--rounds`` rounds; the median per call is reported, and each grouping's output
-is compared with the plain convolution's (same filters).
+input, each with its own filters; "128" means C padded with zero filters to 128. Each timing is as many
+calls in a row as a block runs at that stage (about 15 ms of work, then a sync: shorter than a decoder
+block, whose power draw lowers the clock, so a grouping that computes more may fare worse in the engine
+than here), the rows taken in turn for ``--rounds`` rounds; the median per call is reported, and each
+grouping's output is compared with the plain convolution's (same filters). Only the convolutions are
+timed: not the join of a split output or the slice of a padded one (the engine's fused norms read both
+as they are).
 """
 from __future__ import annotations
 

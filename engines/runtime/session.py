@@ -44,8 +44,9 @@ from wan_trt.stream import ActionHistory, NoiseSource, first_raw_frame, max_stre
 class BlockResult:
     """One streamed block: its latents, its frames (with a decoder) and its time (seconds, up to the
     step's final device sync); ``stage_ms``: milliseconds of the denoising passes, the clean pass, the
-    output checks, the decode and the cache commit (device time between events on a GPU, no extra
-    sync); ``pass_seconds`` only when the step was asked to time its passes."""
+    output checks (with the next block's first noise and rotary tables, queued just before them), the
+    decode and the cache commit (device time between events on a GPU, no extra sync); ``pass_seconds``
+    only when the step was asked to time its passes."""
 
     index: int
     start_frame: int

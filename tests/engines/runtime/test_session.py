@@ -108,16 +108,45 @@ def test_one_held_action_per_block():
     assert len(timed.pass_seconds) == cfg.passes_per_block and all(s > 0 for s in timed.pass_seconds)
 
 
+def _recorded(session):
+    """Record the session's rotary-table loads (their start frames) and noise draws ((block, step))."""
+    loads, draws = [], []
+    load, noise = session.rotary.load, session.noise
+    session.rotary.load = lambda values: loads.append(values) or load(values)
+    session.noise = lambda block, step, *args: draws.append((block, step)) or noise(block, step, *args)
+    return loads, draws
+
+
+def test_the_next_blocks_tables_and_first_noise_are_made_during_the_step_before():
+    """A step leaves the next block's rotary tables loaded and its first noise drawn (made while the device
+    runs the clean pass), so the next step's start loads and draws nothing of its own; a stream's first step
+    loads its own tables."""
+    cfg, session, inputs = _started("universal-small")
+    loads, draws = _recorded(session)
+    for b in range(2):
+        session.step(inputs.block_cond(cfg, b), *inputs.block_actions(cfg, b))
+    steps = len(session.schedule.timesteps)
+    assert draws == [(0, 0)] + [d for b in range(2) for d in [(b, i) for i in range(1, steps)] + [(b + 1, 0)]]
+    starts = [b * cfg.block_frames for b in range(3)]  # block 0 by its own step, 1 and 2 by the step before
+    assert len(loads) == 3 and session._rotary_start == starts[-1]
+    for values, start in zip(loads, starts):
+        expected = session.spec.rotary_feeds(start)
+        assert values.keys() == expected.keys() and all(torch.equal(values[k], expected[k]) for k in values)
+
+
 def test_a_stream_runs_to_the_last_frame_it_can_reach_and_no_further():
-    """The only length limit: MAX_STREAM_FRAMES (where float64 angles stop being exact to fp32)."""
+    """The only length limit: MAX_STREAM_FRAMES (where float64 angles stop being exact to fp32). The last
+    block stages nothing for a block after it."""
     cfg = load_config("universal-small")
     session = StreamingSession(TorchRunner(build_model(cfg), PassSpec.from_config(cfg, "fp32")))
     last = max_stream_blocks(cfg) - 1
     inputs = synthetic_stream(cfg, 2, first_block=last)
     session.start(inputs.visual_context, start_block=last)
+    loads, draws = _recorded(session)
     mouse, keyboard = inputs.block_actions(cfg, last)
     result = session.step(inputs.block_cond(cfg, last), mouse, keyboard)
     assert result.start_frame == last * cfg.block_frames and torch.isfinite(result.latents).all()
+    assert len(loads) == 1 and all(block == last for block, _ in draws)
     with pytest.raises(WanTrtError, match=f"past the {MAX_STREAM_FRAMES} latent frames a stream can reach"):
         session.step(inputs.block_cond(cfg, last), mouse, keyboard)
 

@@ -236,7 +236,8 @@ def _graphed_session_after_two_blocks():
 def test_a_step_queues_its_passes_without_waiting_for_the_device():
     """Up to its check, a step over CUDA graphs waits for nothing: the inputs' finiteness is read with the
     outputs' and the rotary tables go through pinned memory (a pageable copy and a .tolist() each held the
-    host while the device sat idle). Under CUDA's sync debug mode a wait is an error."""
+    host while the device sat idle), the next block's made during this one. Under CUDA's sync debug mode a
+    wait is an error."""
     with _graphed_session_after_two_blocks() as (session, cond, mouse, keyboard):
         cond, mouse, keyboard = (t.cuda() for t in (cond, mouse, keyboard))
         torch.cuda.synchronize()
@@ -246,9 +247,12 @@ def test_a_step_queues_its_passes_without_waiting_for_the_device():
             session._feed(block)
             x0, _ = session._denoise(False)
             session._run(x0, session.schedule.clean_timestep, [])
+            session._stage_next_block()  # block 3's tables and first noise
         finally:
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
+        frames = session.cfg.block_frames
+        assert session._rotary_start == 3 * frames and session._next_noise[0] == 3
 
 
 @CUDA
