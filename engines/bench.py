@@ -38,7 +38,7 @@ from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, ENGINE_FLAGS, RunnerSources, Unavailable, get_backend,
                                      make_runner, parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
-from wan_trt.engines.bench_decoder import DECODER_PROFILE, bench_decoder, check_decoder_request, engine_variants
+from wan_trt.engines.bench_decoder import DECODER_PROFILE, DECODER_WARMUP_BLOCKS, bench_decoder, check_decoder_request, engine_variants
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable
 from wan_trt.engines.runtime.runner import Runner, check_device
@@ -54,18 +54,24 @@ from wan_trt.outputs import check_out_file, json_with_keys, write_file
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 REPORT_KEYS = {"command", "environment", "backends", "skipped", "failed"}  # in every results file
+# Warm-up blocks left out of a row's times: the first (its CUDA graphs are captured), and with a decoder the
+# second too (DECODER_WARMUP_BLOCKS). A run needs at least one block more.
+WARMUP_BLOCKS = 1
 CHART_SOFTWARE = "wan-trt bench"  # the charts' PNG tEXt Software
 
 
 def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: int, warmup: int = 1
                 ) -> dict[str, Any]:
-    """Stats of the steady blocks: those after the first ``warmup`` (all of them if there are no others)."""
-    steady = [1e3 * s for s in block_seconds[warmup:]] or [1e3 * s for s in block_seconds]
+    """Stats of the steady blocks: those after the first ``warmup`` (there must be some: a run too short
+    for them is refused up front, :func:`run_bench`). ``ms_per_pass`` only where passes were timed one
+    by one (``None`` otherwise: a block's time over its passes would count the work between them)."""
+    steady = [1e3 * s for s in block_seconds[warmup:]]
+    if not steady:
+        raise WanTrtError(f"{len(block_seconds)} block(s) timed, none after the {warmup} warm-up block(s)")
     block = summarize_ms(steady)
-    out = {"block_ms": block, "block_ms_all": [1e3 * s for s in block_seconds],
-           "ms_per_pass": summarize_ms([1e3 * s for s in pass_seconds]) if pass_seconds else
-           {"mean": block["mean"] / passes}, "video_fps": 12 / (block["mean"] / 1e3)}
-    return out
+    return {"block_ms": block, "block_ms_all": [1e3 * s for s in block_seconds],
+            "ms_per_pass": summarize_ms([1e3 * s for s in pass_seconds]) if pass_seconds else None,
+            "video_fps": 12 / (block["mean"] / 1e3)}
 
 
 def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
@@ -73,8 +79,8 @@ def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
     """Stream ``blocks`` blocks through the static-cache session over ``runner`` as a user would
     (no device sync between passes), then ``timed_blocks`` more with every pass synchronised and timed.
     With ``decoder`` every block is also decoded to frames (end to end); ``stage_ms`` gives the
-    steady blocks' median per stage. Steady: after block 0 (its CUDA graphs are captured), with a
-    decoder after block 1 (the decoder's steady graph is captured there)."""
+    steady blocks' median per stage. Steady: after :data:`WARMUP_BLOCKS`, with a decoder after
+    :data:`DECODER_WARMUP_BLOCKS`."""
     with runner, contextlib.ExitStack() as stack:
         if decoder is not None:
             stack.enter_context(decoder)
@@ -82,9 +88,9 @@ def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
         results = stream_blocks(session, inputs, blocks)
         timed = stream_blocks(session, inputs, min(blocks, timed_blocks + 1), time_passes=True)
     passes = [s for r in timed[1:] for s in r.pass_seconds]
-    warmup = 1 if decoder is None else 2
+    warmup = WARMUP_BLOCKS if decoder is None else DECODER_WARMUP_BLOCKS
     stats = block_stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block, warmup)
-    steady = results[warmup:] or results
+    steady = results[warmup:]
     stats["stage_ms"] = {k: statistics.median(r.stage_ms[k] for r in steady) for k in steady[0].stage_ms}
     return stats
 
@@ -288,6 +294,11 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         decoder_spec = decoder_manifests["steady"].spec
         check_decoder_request(o.decoder, decoder_manifests, o.decoder_engine, o.device)
     blocks, out, chart = o.blocks, o.out, o.chart
+    warmup = DECODER_WARMUP_BLOCKS if o.decoder is not None else WARMUP_BLOCKS
+    if blocks <= warmup:
+        raise WanTrtError(f"--blocks {blocks}: the first {warmup} block(s) are warm-up"
+                          f"{' (the decoder rows: graphs captured in both)' if o.decoder is not None else ''}, "
+                          f"timed apart from the steady ones; give --blocks {warmup + 1} or more")
     if out is not None and chart is not None and Path(out).resolve() == Path(chart).resolve():
         raise WanTrtError(f"--out and --chart are both {out}: the chart would replace the report; give two files")
     for flag, path, written, what in (("--out", out, is_report, "wan-trt bench report"),
@@ -299,7 +310,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     cfg = bench.spec.config
     if o.end_to_end:
         check_attachable(decoder_spec, bench.spec)
-    report: dict[str, Any] = {**provenance("wan-trt"),
+    report: dict[str, Any] = {**provenance("wan-trt", o.device),
                               "config": cfg.name, "precision": bench.spec.precision, "blocks": blocks,
                               "passes_per_block": cfg.passes_per_block, "weights": bench.manifest.weights,
                               "flops_per_block": bench.flops_per_block,

@@ -340,12 +340,14 @@ def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine,
                            chart=Path(chart) if chart else None, overwrite=overwrite)
     report = run_bench(directory, options)
     for name, r in report["backends"].items():
+        per_pass = "      -" if r["ms_per_pass"] is None else f"{r['ms_per_pass']['mean']:7.1f}"  # passes not timed apart
         click.echo(f"{name:28} {r['block_ms']['mean']:9.1f} ms/block  p50 {r['block_ms']['p50']:8.1f}  "
-                   f"p95 {r['block_ms']['p95']:8.1f}  {r['ms_per_pass']['mean']:7.1f} ms/pass  "
+                   f"p95 {r['block_ms']['p95']:8.1f}  (n {r['block_ms']['n']})  {per_pass} ms/pass  "
                    f"{r['video_fps']:6.1f} fps  {r['tflops']:6.1f} TFLOP/s ({100 * r['dense_bf16_fraction']:.0f} % of "
                    "dense bf16)")
     for name, r in report.get("decoder", {}).get("rows", {}).items():
-        click.echo(f"{'decoder ' + name:16} {r['block_ms']['p50']:9.1f} ms/block p50 {r['tflops']:6.1f} TFLOP/s")
+        click.echo(f"{'decoder ' + name:16} {r['block_ms']['p50']:9.1f} ms/block p50 (n {r['block_ms']['n']}) "
+                   f"{r['tflops']:6.1f} TFLOP/s")
     for name, why in report.get("decoder", {}).get("skipped", {}).items():
         click.echo(f"{'decoder ' + name:16} skipped: {why}")
     for name, r in report["end_to_end"].items():

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from wan_trt.errors import WanTrtError
 from wan_trt.plugins.registry import FUSED_OPS
 
 # Kernel-name patterns -> op class, first match wins (lower-case names).
@@ -40,14 +41,16 @@ def device_name(device: torch.device | str = "cuda") -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
-def environment() -> dict[str, Any]:
-    """Tool versions and device of a result file."""
+def environment(device: torch.device | str | None = None) -> dict[str, Any]:
+    """Tool versions and device of a result file: ``device`` (what the work ran on), by default the
+    current CUDA device where there is one, else the CPU."""
     env = {"torch": torch.__version__, "python": platform.python_version()}
-    if torch.cuda.is_available():
-        env.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda,
-                   driver_capability=list(torch.cuda.get_device_capability()))
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        env.update(device=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   driver_capability=list(torch.cuda.get_device_capability(device)))
     else:
-        env["device"] = device_name("cpu")
+        env["device"] = device_name(device)
     try:
         import triton
         env["triton"] = triton.__version__
@@ -56,11 +59,12 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def provenance(program: str | None = None) -> dict[str, Any]:
-    """The ``command`` (``program``, default this script's name, and its arguments), ``environment`` and
-    ``source`` (:func:`source_revision`) fields every result file starts with."""
+def provenance(program: str | None = None, device: torch.device | str | None = None) -> dict[str, Any]:
+    """The ``command`` (``program``, default this script's name, and its arguments), ``environment`` (of
+    ``device``, see :func:`environment`) and ``source`` (:func:`source_revision`) fields every result file
+    starts with."""
     program = program or Path(sys.argv[0]).name
-    return {"command": " ".join([program] + sys.argv[1:]), "environment": environment(),
+    return {"command": " ".join([program] + sys.argv[1:]), "environment": environment(device),
             "source": source_revision()}
 
 
@@ -116,8 +120,11 @@ def time_fn(fn: Callable[[], Any], warmup: int = 3, iters: int = 10, device: str
 
 
 def summarize_ms(samples: list[float]) -> dict[str, float]:
+    """mean, p50 (the median: the middle two samples' mean for an even count), p95, min and the count n."""
+    if not samples:
+        raise WanTrtError("no samples to summarize")
     ordered = sorted(samples)
-    return {"mean": statistics.fmean(ordered), "p50": ordered[len(ordered) // 2],
+    return {"mean": statistics.fmean(ordered), "p50": statistics.median(ordered),
             "p95": ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))],
             "min": ordered[0], "n": len(ordered)}
 

@@ -147,7 +147,7 @@ def test_every_decoder_row_runs_or_says_why_not(plain_export, decoder_export, de
     from wan_trt.config_load import load_config
     from wan_trt.export.decoder import export_decoder
 
-    base = [str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager"]
+    base = [str(plain_export), "--device", "cpu", "--blocks", "3", "--backends", "torch-eager"]
     res = _bench(base + ["--decoder", str(decoder_export), "--out", str(tmp_path / "none.json")])
     assert res.exit_code == 1 and "--decoder-engine" in res.output and "CUDA" in res.output, res.output
     assert not (tmp_path / "none.json").exists()
@@ -213,3 +213,42 @@ def test_an_engine_no_benched_row_runs_and_a_chart_without_matplotlib_are_refuse
                   "--chart", str(tmp_path / "c.png")])
     assert res.exit_code == 1 and "needs matplotlib" in res.output, res.output
     assert not (tmp_path / "b.json").exists() and not (tmp_path / "c.png").exists()
+
+
+def test_no_row_reports_a_warm_up_block_as_steady(plain_export, decoder_export, decoder_aoti, tmp_path):
+    """With a decoder the first two blocks are warm-up (graphs captured in both): --blocks 2 timed none after
+    them, and the decoder and end-to-end rows reported block 0 (9 frames, the capture) as their steady p50."""
+    out = tmp_path / "bench.json"
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager",
+                  "--decoder", str(decoder_export), "--decoder-engine", str(decoder_aoti), "--out", str(out)])
+    assert res.exit_code == 1 and "--blocks 3 or more" in res.output and "Traceback" not in res.output, res.output
+    assert not out.exists()
+
+
+def test_p50_is_the_median_and_only_timed_passes_give_ms_per_pass(plain_export, tmp_path):
+    """p50 of an even count was the upper of the middle two samples (of two: the larger); the reference
+    pipeline's ms/pass was its block time over four, printed as if measured."""
+    from wan_trt.profiling import summarize_ms
+
+    assert summarize_ms([1.0, 2.0, 3.0, 10.0])["p50"] == 2.5 and summarize_ms([4.0, 1.0, 9.0])["p50"] == 4.0
+    out = tmp_path / "bench.json"
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "3", "--backends", "reference-eager,torch-eager",
+                  "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["backends"]
+    assert rows["reference-eager"]["ms_per_pass"] is None and rows["torch-eager"]["ms_per_pass"]["n"] > 0
+    assert rows["torch-eager"]["block_ms"]["n"] == 2 and "(n 2)" in res.output
+
+
+def test_a_result_file_names_the_device_that_ran_it(monkeypatch):
+    """A CPU run on a machine with a GPU was recorded as run on the GPU (the environment took the current CUDA
+    device whatever the run used)."""
+    import torch
+
+    from wan_trt.profiling import device_name, provenance
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert provenance("wan-trt", "cpu")["environment"]["device"] == device_name("cpu")
+    assert provenance("wan-trt", "cuda")["environment"]["device"] == "Some GPU"
