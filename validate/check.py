@@ -106,7 +106,8 @@ class OutputCheck:
 @dataclass
 class CheckReport:
     """What a check found. ``target``: the export directory or engine file checked (``engine_sha256``: the
-    engine's, as verified before it ran), ``device`` and ``options``: how it ran."""
+    engine's, as verified before it ran; ``engines``: every engine file that ran, by graph, each ``{path,
+    sha256}``, where a check runs more than one: a decoder's two), ``device`` and ``options``: how it ran."""
 
     backend: str
     precision: str
@@ -116,6 +117,7 @@ class CheckReport:
     engine_sha256: str | None = None
     device: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    engines: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -126,7 +128,8 @@ class CheckReport:
         strict JSON has no NaN or Infinity."""
         return json_values({
             "backend": self.backend, "precision": self.precision, "ok": self.ok, "target": self.target,
-            "engine_sha256": self.engine_sha256, "device": self.device, "options": self.options,
+            "engine_sha256": self.engine_sha256, **({"engines": self.engines} if self.engines else {}),
+            "device": self.device, "options": self.options,
             "single_pass": [{"output": o.name, **o.stats.as_dict(), "yardstick_rel_l2": o.yardstick.rel_l2,
                              "allowed_rel_l2": o.allowed_rel_l2, "polygraphy_ok": o.polygraphy_ok, "ok": o.ok}
                             for o in self.outputs],

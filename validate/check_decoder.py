@@ -48,26 +48,34 @@ def require_history_check(options: CheckOptions) -> None:
 
 
 def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners: dict[str, Runner],
-                  options: CheckOptions, engine: PairedEngine | None = None) -> CheckReport:
-    """Check the decoder graphs run by ``runners`` (by call) against the PyTorch decoder; ``engine``: the
-    steady graph's engine of the pair run, or None for the exports' graphs. The report is written to
-    ``<steady export>/check/report_<engine stem or backend>.json`` (:func:`report_path`)."""
+                  options: CheckOptions, pair: dict[str, PairedEngine] | None = None,
+                  named: Path | None = None) -> CheckReport:
+    """Check the decoder graphs run by ``runners`` (by call) against the PyTorch decoder; ``pair``: the
+    engines run (by call), or None for the exports' graphs; ``named``: the engine file the check was asked
+    for (either of the pair: the report's ``target`` and ``engine_sha256``; both engines are in its
+    ``engines``). The report is written to ``<steady export>/check/report_<engine stem or backend>.json``
+    (:func:`report_path`)."""
     require_history_check(options)
     require_polygraphy()
     spec = manifests["steady"].spec
     device = str(runners["steady"].device)
     name = f"decoder-{runners['steady'].name}"
-    file_name = f"decoder-{engine.path.stem}" if engine is not None else name
+    file_name = f"decoder-{pair['steady'].path.stem}" if pair is not None else name
     path, results = report_path(dirs["steady"], file_name), {c: results_path(dirs[c], file_name) for c in CALLS}
     clear_report(path, *results.values())
     with stage("rebuild the PyTorch decoders"):
         low = reference_model(manifests["steady"], spec.dtype, device)
         verify_weights(manifests["steady"], low)
         fp32 = low if spec.precision == "fp32" else reference_model(manifests["steady"], torch.float32, device)
-    target = engine.path if engine is not None else dirs["steady"].parent
-    report = CheckReport(name, spec.precision, target=str(Path(target).resolve()), device=device,
-                         engine_sha256=engine.meta.engine_file.get("sha256") if engine is not None else None,
-                         options=dataclasses.asdict(options))
+    engines = {c: {"path": str(e.path.resolve()), "sha256": e.meta.engine_file.get("sha256")}
+               for c, e in (pair or {}).items()}
+    target = Path(named if named is not None else pair["steady"].path if pair is not None else dirs["steady"].parent)
+    ran = [c for c, e in engines.items() if e["path"] == str(target.resolve())]
+    if pair is not None and not ran:
+        raise WanTrtError(f"{target}: not an engine of the decoder pair checked ({', '.join(engines)})")
+    report = CheckReport(name, spec.precision, target=str(target.resolve()), device=device,
+                         engine_sha256=engines[ran[0]]["sha256"] if ran else None, options=dataclasses.asdict(options),
+                         engines=engines)
     for call in CALLS:
         call_spec = manifests[call].spec
         reference = TorchRunner(fp32, DecoderSpec.from_config(spec.config, "fp32", call))
@@ -160,4 +168,4 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
     runners = {call: backend_module(get_backend(e.meta.backend)).check_runners(e.path, e.manifest)[0]
                for call, e in pair.items()}
     return check_decoder({c: e.directory for c, e in pair.items()}, {c: e.manifest for c, e in pair.items()},
-                         runners, options, pair["steady"])
+                         runners, options, pair, target)

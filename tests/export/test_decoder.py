@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from wan_trt.cli import main
 from wan_trt.config_load import load_config
 from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
+from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.bench import BenchOptions, run_bench
 from wan_trt.engines.build import BuildOptions, build_engine
@@ -113,7 +114,6 @@ def test_a_decoder_check_that_would_leave_its_histories_unjudged_is_refused(deco
 def test_a_plugins_decoder_engine_is_benched_under_its_own_backend_name(decoder_aoti, tmp_path):
     """A decoder engine built with --ops plugins is run and named by the registry's aoti-plugins entries,
     as the DiT's is, not as a plain AOTInductor package."""
-    from wan_trt.engines.artifact import EngineMetadata
     from wan_trt.engines.bench_decoder import engine_variants
     for call in ("first", "steady"):
         (tmp_path / call).mkdir()
@@ -136,8 +136,16 @@ def test_aoti_engines_build_check_stream_and_bench(decoder_export, decoder_aoti,
     engine = build_engine(str(decoder_export), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))
     assert engine == decoder_aoti == decoder_export / "steady" / "engine_aoti_cpu.pt2"
     assert (decoder_export / "first" / engine.name).is_file()
-    report = check_target(decoder_export / "first" / engine.name, CheckOptions(blocks=8, save_results=False))
+    first = decoder_export / "first" / engine.name
+    report = check_target(first, CheckOptions(blocks=8, save_results=False))
     assert report.ok and len(report.stream) == 8, report.table()
+    # the engine asked for is the target, both that ran are named (the report named only the steady one)
+    recorded = {c: EngineMetadata.read(decoder_export / c / engine.name).engine_file["sha256"] for c in ("first", "steady")}
+    written = json.loads((decoder_export / "steady" / "check" / f"report_decoder-{engine.stem}.json").read_text())
+    for r in (report.as_dict(), written):
+        assert r["target"] == str(first.resolve()) and r["engine_sha256"] == recorded["first"]
+        assert r["engines"] == {c: {"path": str((decoder_export / c / engine.name).resolve()), "sha256": recorded[c]}
+                                for c in ("first", "steady")}
     cfg = load_config(CFG)
     latents = stream_latents(DecoderSpec.from_config(cfg, "fp32"), 8, seed=5)
     with DecoderStream.from_engine(engine, "aoti", "cpu") as stream:
