@@ -45,6 +45,13 @@ def check_digest_record(record: Any, where: str) -> None:
         raise WanTrtError(f"{where}: expected {{'size': bytes, 'sha256': 64 hex digits}}, got {record!r}")
 
 
+def file_identity(path: str | Path) -> tuple[int, int, int, int]:
+    """(device, inode, size, modification time in ns) of ``path``: changes when the file is replaced (a build
+    renames a new one over it) or rewritten in place."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def verify_file(path: str | Path, record: dict[str, Any], remake: str) -> None:
     """Refuse ``path`` unless its size and sha256 are the recorded ones; ``remake`` says how to fix it."""
     path = Path(path)

@@ -21,6 +21,7 @@ from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, chann
 from wan_trt.engines.runtime.cuda_graph import CudaGraphRunner
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.runtime_file import write_runtime_file
+from wan_trt.digest import file_identity
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import stage
@@ -125,14 +126,26 @@ class AotiRunner(Runner):
         self.engine = Path(engine)
         self.single_threaded = single_threaded  # no thread synchronisation: required under CUDA-graph capture
         self.meta = EngineMetadata.read(self.engine)
+        self.verified = file_identity(self.engine)  # the file whose sha256 check_against verifies
         self.meta.check_against(manifest, self.engine)
+        self._check_unchanged()
         super().__init__(manifest.spec, self.meta.device)
         self.name = self.meta.backend_name
         self.compiled = None
 
     def activate(self) -> None:
+        """Load the package: the file verified when the runner was made (refused if it was replaced or
+        rewritten since, before and after the load: a report would give the verified file's sha256)."""
         make_libstdcxx_global()
-        self.compiled = torch._inductor.aoti_load_package(str(self.engine), run_single_threaded=self.single_threaded)
+        self._check_unchanged()
+        compiled = torch._inductor.aoti_load_package(str(self.engine), run_single_threaded=self.single_threaded)
+        self._check_unchanged()
+        self.compiled = compiled
+
+    def _check_unchanged(self) -> None:
+        if file_identity(self.engine) != self.verified:
+            raise WanTrtError(f"engine {self.engine} was replaced or rewritten since it was verified (a build "
+                              "writing it meanwhile?): what would run is not the file checked; run again")
 
     def deactivate(self) -> None:
         self.compiled = None

@@ -1,6 +1,7 @@
 """AOTInductor engine on the CPU: build, check, Python runtime, bench, bad input (the C++ runtime:
 tests/engines/runtime/test_cpp.py; the package is the session-wide ``aoti`` fixture of tests/conftest.py)."""
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -225,3 +226,18 @@ def test_inspect_refuses_an_engine_that_is_not_the_one_built(aoti, tmp_path, dam
     res = CliRunner().invoke(main, ["inspect", str(copy)])
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert res.output.startswith("error: ") and "rebuild it" in res.output, res.output
+
+
+def test_an_engine_replaced_after_its_verification_is_not_loaded(aoti, tmp_path):
+    """The runner verified the file when it was made and loaded it again at every activation, minutes later
+    in a check: a build that installed another engine there meanwhile had it run under the verified sha256
+    (found by a second reader's audit)."""
+    export_dir, engine = aoti
+    copy = _copy_engine(engine, tmp_path / "engine.pt2")
+    runner = AotiRunner(copy, Manifest.read(export_dir))
+    other = tmp_path / "other.pt2"
+    shutil.copy(copy, other)
+    os.replace(other, copy)  # what install_engine does: a new file renamed over the old (same bytes here)
+    with pytest.raises(WanTrtError, match="replaced or rewritten since it was verified"):
+        with runner:
+            pass
