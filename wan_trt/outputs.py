@@ -57,6 +57,9 @@ def check_parent_chain(path: Path, flag: str) -> None:
 def output_lock(target: Path, what: str) -> Iterator[None]:
     """Hold an exclusive lock on ``target`` (lock file beside it, removed afterwards); fail at once if held."""
     lock = target.with_name(f".{target.name}.lock")
+    if lock.is_symlink() or (lock.exists() and (not lock.is_file() or lock.stat().st_size)):
+        raise WanTrtError(f"{lock} is in the way of wan-trt's lock for {target} (an empty file it creates and "
+                          "removes): it is not one, and is never removed; move it away or pick another output path")
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -212,6 +215,9 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
         return []
     if not out.is_dir():
         raise WanTrtError(f"--out {out} is a file, not a folder; pick another --out")
+    if os.path.ismount(out):
+        raise WanTrtError(f"--out {out} is a mount point: an {what} is written apart and renamed into place, which "
+                          f"a mount point cannot take; give a folder inside it, e.g. --out {out / 'out'}")
     if not any(out.iterdir()):
         return []
     stale, held = build_leftovers(out)
@@ -294,8 +300,8 @@ def _swap_into_place(staging: Path, out: Path, old_files: list[Path], what: str)
         os.rename(out, aside)
     try:
         os.rename(staging, out)
-    except OSError:
-        if aside is not None:
+    except BaseException:  # an interrupt too: the old output goes back where it was, not left hidden aside
+        if aside is not None and not out.exists():
             os.rename(aside, out)
         raise
     if aside is not None:

@@ -336,3 +336,52 @@ def test_leftovers_of_a_killed_run_are_named_by_what_it_was(tmp_path, caplog):
     messages = [r.getMessage() for r in caplog.records]
     for name, kind in (("killed-stream", "stream output"), ("killed-export", "export")):
         assert any(m.endswith(f".run.partial-{name}, left by an interrupted {kind}") for m in messages), messages
+
+
+def test_an_interrupt_between_the_two_renames_puts_the_old_output_back(tmp_path, plain_export, monkeypatch):
+    """The old export is renamed aside, then the new one into place: an interrupt (not an OSError) between the
+    two left --out missing and the old export hidden in .NAME.old-XXXX, never cleaned up or named."""
+    import os
+
+    import wan_trt.outputs as outputs
+
+    out = tmp_path / "ex"
+    shutil.copytree(plain_export, out)
+    before = _tree(out)
+    rename, calls = os.rename, []
+
+    def interrupted(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the new output into place
+            raise KeyboardInterrupt
+        return rename(src, dst)
+
+    monkeypatch.setattr(outputs.os, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _export(out, overwrite=True)
+    monkeypatch.setattr(outputs.os, "rename", rename)
+    assert _tree(out) == before and not list(tmp_path.glob(".ex.old-*"))
+
+
+def test_a_user_file_where_the_lock_goes_is_refused_and_kept(tmp_path):
+    """The lock file .NAME.lock beside --out was opened with O_CREAT and unlinked afterwards: a user's file of
+    that name was deleted."""
+    lock = tmp_path / ".ex.lock"
+    lock.write_text("my notes")
+    with pytest.raises(WanTrtError, match="in the way of wan-trt's lock"):
+        _export(tmp_path / "ex")
+    assert lock.read_text() == "my notes" and not (tmp_path / "ex").exists()
+
+
+def test_a_mount_point_as_out_is_refused_before_any_work(tmp_path, plain_export, monkeypatch):
+    """An --out that is a mount point (a container's volume) cannot be renamed aside: the export crashed with
+    a traceback (EBUSY) after all its work."""
+    import os.path
+
+    out = tmp_path / "volume"
+    shutil.copytree(plain_export, out)
+    mounted = str(out)
+    ismount = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: str(p) == mounted or ismount(p))
+    with pytest.raises(WanTrtError, match="is a mount point.*a folder inside it"):
+        _export(out, overwrite=True)
