@@ -322,11 +322,16 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
                                           *(f"{b}+decoder" for b in o.end_to_end),
                                           *(f"profile {b}" for b in backend_profiles)]}
 
+    # Saved after every row. An earlier report being replaced (--overwrite) stays whole until this one is: the
+    # rows so far go beside it (.NAME.incomplete), so a killed run leaves both.
+    progress = None if not out else Path(out).with_name(f".{Path(out).name}.incomplete") if Path(out).exists() \
+        else Path(out)
+
     def save(done: str | None = None) -> None:
         if done is not None:
             report["pending"].remove(done)
         if out:
-            write_file(Path(out), json.dumps(report, indent=2).encode())
+            write_file(Path(out) if report["complete"] else progress, json.dumps(report, indent=2).encode())
 
     save()  # an unwritable --out fails now, not after minutes of benchmarking
     for backend in backends:
@@ -358,6 +363,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         write_chart(report, Path(chart))
     report["complete"] = True
     save()
+    if progress is not None and progress != Path(out):
+        progress.unlink(missing_ok=True)
     return report
 
 

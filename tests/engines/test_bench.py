@@ -252,3 +252,28 @@ def test_a_result_file_names_the_device_that_ran_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert provenance("wan-trt", "cpu")["environment"]["device"] == device_name("cpu")
     assert provenance("wan-trt", "cuda")["environment"]["device"] == "Some GPU"
+
+
+def test_an_earlier_report_stays_whole_until_the_new_one_is(plain_export, tmp_path, monkeypatch):
+    """With --overwrite the first save replaced the earlier complete report: a run killed after it left only
+    an incomplete one. Now its rows so far go beside it, and the report is replaced at the end."""
+    import wan_trt.engines.bench as bench_module
+
+    out = tmp_path / "bench.json"
+    args = [str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager,reference-eager",
+            "--out", str(out)]
+    assert _bench(args).exit_code == 0
+    earlier = out.read_text()
+
+    def killed(path, data):  # the run stops at its second save (after its first row)
+        real(path, data)
+        if json.loads(data)["pending"] == ["reference-eager"]:
+            raise KeyboardInterrupt
+    real = bench_module.write_file
+    monkeypatch.setattr(bench_module, "write_file", killed)
+    assert _bench(args + ["--overwrite"]).exit_code != 0
+    progress = tmp_path / ".bench.json.incomplete"
+    assert out.read_text() == earlier and json.loads(progress.read_text())["complete"] is False
+    monkeypatch.setattr(bench_module, "write_file", real)
+    assert _bench(args + ["--overwrite"]).exit_code == 0
+    assert json.loads(out.read_text())["complete"] and not progress.exists()
