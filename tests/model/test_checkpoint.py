@@ -159,3 +159,10 @@ def test_ambiguous_or_foreign_wrappers_are_refused(tmp_path):
     torch.save({"weights": state, "step": 5}, tmp_path / "other.pt")
     with pytest.raises(WanTrtError, match=r"expected a state dict of tensors.*found weights \(dict\), step \(int\)"):
         read_state_dict(tmp_path / "other.pt")
+
+
+def test_keys_that_are_not_names_are_refused_by_name(tmp_path):
+    """A state dict keyed by integers crashed (AttributeError: 'int' object has no attribute 'startswith')."""
+    torch.save({0: torch.zeros(3), "blocks.0.x": torch.zeros(1)}, tmp_path / "ints.pt")
+    with pytest.raises(WanTrtError, match=r"keys are parameter names \(strings\); found 0 \(int\)"):
+        read_state_dict(tmp_path / "ints.pt")

@@ -60,6 +60,10 @@ def _unwrap(state: object, path: Path, flag: str) -> dict[str, torch.Tensor]:
             if isinstance(state, Mapping) else type(state).__name__
         raise WanTrtError(f"{flag} {path}: expected a state dict of tensors (optionally under "
                           f"'{_WRAPPERS[0]}'), found {found}")
+    odd = [k for k in state if not isinstance(k, str)]
+    if odd:
+        shown = ", ".join(f"{k!r} ({type(k).__name__})" for k in odd[:_SHOW])
+        raise WanTrtError(f"{flag} {path}: a state dict's keys are parameter names (strings); found {shown}")
     return dict(state)
 
 
