@@ -59,13 +59,15 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int, dtype: torch.dty
         except UnicodeDecodeError as exc:
             raise WanTrtError(f"{where}: not UTF-8 text (byte {exc.start} of the line); expected JSON") from None
         try:
-            entry = json.loads(line, parse_constant=_not_json)
+            entry = json.loads(line, parse_constant=_not_json, object_pairs_hook=_Object.of)
         except json.JSONDecodeError as exc:
             raise WanTrtError(f"{where}: not JSON ({exc.msg})") from None
         except ValueError as exc:  # a number Python will not read (an integer of over 4300 digits)
             raise WanTrtError(f"{where}: not a JSON line wan-trt reads ({exc})") from None
         except RecursionError:
             raise WanTrtError(f"{where}: not JSON (nested too deeply)") from None
+        if isinstance(entry, _Object) and entry.repeated is not None:
+            raise WanTrtError(f"{where}: key {entry.repeated!r} given twice; give each action once")
         if not isinstance(entry, dict) or set(entry) != set(dims):
             got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
             raise WanTrtError(f"{where}: expected an object with keys {sorted(dims)} ({cfg.name}), got {got}")
@@ -83,6 +85,21 @@ def _lines(data: bytes) -> list[bytes]:
     splits the same way; str.splitlines would also split at '\\r', form feeds and Unicode separators)."""
     lines = data.split(b"\n")
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+class _Object(dict):
+    """A JSON object as read, with its first repeated key (JSON's objects may repeat one; Python's reader
+    keeps the last value, which would take one of two actions without a word)."""
+
+    repeated: str | None = None
+
+    @classmethod
+    def of(cls, pairs: list[tuple[str, object]]) -> "_Object":
+        obj = cls(pairs)
+        if len(obj) < len(pairs):
+            seen: set[str] = set()
+            obj.repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
+        return obj
 
 
 def _not_json(constant: str):

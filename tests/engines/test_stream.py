@@ -201,7 +201,8 @@ def test_actions_come_from_a_json_lines_file(tmp_path):
     bad = {"not JSON": "{mouse", "keys ['keyboard', 'mouse']": json.dumps({"mouse": [0, 0]}),
            "9 rows of 2": json.dumps({"mouse": [[0, 0]] * 5, "keyboard": [0] * keys}),
            "not JSON (NaN is not a JSON value)": json.dumps({"mouse": [float("nan"), 0], "keyboard": [0] * keys}),
-           "2 finite numbers": json.dumps({"mouse": [10 ** 400, 0], "keyboard": [0] * keys})}
+           "2 finite numbers": json.dumps({"mouse": [10 ** 400, 0], "keyboard": [0] * keys}),
+           "key 'mouse' given twice": '{"mouse": [9, 9], "keyboard": ' + str([0] * keys) + ', "mouse": [0, 0]}'}
     for message, line in bad.items():
         path.write_text(line + "\n" + json.dumps(lines[1]) + "\n")
         with pytest.raises(WanTrtError, match=re.escape(message)) as info:

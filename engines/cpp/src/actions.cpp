@@ -29,6 +29,7 @@ struct Json {
   std::string text;
   std::vector<Json> items;
   std::vector<std::pair<std::string, Json>> fields;
+  std::string repeated;  // an object's first repeated key (refused by the reader, as in wan_trt.actions)
 };
 
 class Parser {
@@ -97,8 +98,8 @@ class Parser {
       if (!take(':')) fail("Expecting ':' delimiter");
       Json item = value();
       auto same = std::find_if(v.fields.begin(), v.fields.end(), [&](const auto& f) { return f.first == key; });
-      if (same != v.fields.end()) same->second = std::move(item);  // a repeated key: the last wins, as in Python
-      else v.fields.emplace_back(key, std::move(item));
+      if (same == v.fields.end()) v.fields.emplace_back(key, std::move(item));
+      else if (v.repeated.empty()) v.repeated = key;
     } while (take(','));
     if (!take('}')) fail("Expecting ',' delimiter");
     return v;
@@ -274,6 +275,8 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
     } catch (const Error& e) {
       throw Error(where + ": not JSON (" + e.what() + ")");
     }
+    if (entry.kind == Json::kObject && !entry.repeated.empty())
+      throw Error(where + ": key '" + entry.repeated + "' given twice; give each action once");
     std::set<std::string> keys;
     for (const auto& [key, value] : entry.fields) keys.insert(key);
     std::set<std::string> want;

@@ -230,7 +230,7 @@ def test_cpp_runtime_reads_actions_from_a_json_lines_file_as_python_does(aoti, w
     manifest = Manifest.read(export_dir)
     cfg = manifest.spec.config
     keys = cfg.model.action_config.keyboard_dim_in
-    lines = ['{"mouse": [9, 9], "keyboard": [1, 0, 0, 0], "mouse": [0.3, -0.2]}',  # a repeated key: the last wins
+    lines = ['{"mouse": [0.3, -0.2], "keyboard": [1, 0, 0, 0]}',
              "",  # blank lines are skipped
              {"mouse": [[0.05 * i, -0.01 * i] for i in range(12)], "keyboard": [0] * (keys - 1) + [1]},
              '{"\\u006douse": [0, 0.5], "keyboard": ' + str([[i % 2] * keys for i in range(12)]) + '}']  # \u escape
@@ -254,6 +254,8 @@ def test_cpp_runtime_reads_actions_from_a_json_lines_file_as_python_does(aoti, w
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, {"mouse": [0, 0]}],
      r"line 2 \(block 1\): expected an object with keys \['keyboard', 'mouse'\] \(universal-small\), got \['mouse'\]"),
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, [[0, 0]]], r"line 2 \(block 1\): expected an object .*, got list"),
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, '{"mouse": [9, 9], "keyboard": [0, 0, 0, 0], "mouse": [0, 0]}'],
+     r"line 2 \(block 1\): key 'mouse' given twice; give each action once"),  # JSON allows it; which one was meant?
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, '{"\\mouse": [0, 0], "keyboard": [0, 0, 0, 0]}'],
      r"line 2 \(block 1\): not JSON"),  # an invalid escape
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, "[" * 100000], r"line 2 \(block 1\): not JSON"),  # too deep
