@@ -23,7 +23,7 @@ from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
-from wan_trt.outputs import MARKER, check_out_dir, json_with_keys, staged_dir
+from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_with_keys, staged_dir
 from wan_trt.model import build_decoder, build_model
 from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.rotary import MAX_STREAM_FRAMES
@@ -63,8 +63,8 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
         raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PIPELINE_TOLERANCE)}")
     check_device(device)
     for flag, path in (("--weights", weights), ("--vae-weights", vae_weights)):
-        if path is not None and not Path(path).is_file():
-            raise WanTrtError(f"{flag} {path}: no such file")
+        if path is not None:
+            check_input_file(path, flag)
     if out is not None:
         check_out_dir(out, owned_stream_files, overwrite=overwrite, protect=_inputs(weights, vae_weights, actions),
                       what=OUTPUT)

@@ -21,6 +21,7 @@ import torch
 
 from wan_trt.config import WanConfig
 from wan_trt.errors import WanTrtError
+from wan_trt.outputs import check_input_file
 from wan_trt.stream import raw_frames_in_block
 
 
@@ -42,8 +43,7 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int, dtype: torch.dty
     after the blocks before it ran."""
     path = Path(path)
     limit = torch.finfo(dtype).max
-    if not path.is_file():
-        raise WanTrtError(f"--actions {path}: no such file")
+    check_input_file(path, "--actions")
     dims = action_dims(cfg)
     lines = [(i, line) for i, line in enumerate(_lines(path.read_bytes()), 1) if line.strip(JSON_SPACE)]
     if not lines:

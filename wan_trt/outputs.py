@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -274,6 +275,18 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def check_input_file(path: str | Path, flag: str) -> None:
+    """Refuse an input that is not a regular file, saying what it is (a pipe, such as a shell's ``<(...)``, or
+    a folder was reported as no such file)."""
+    path = Path(path)
+    if path.is_file():
+        return
+    if not path.exists():
+        raise WanTrtError(f"{flag} {path}: no such file")
+    kind = "a folder" if path.is_dir() else "a pipe" if stat.S_ISFIFO(path.stat().st_mode) else "not a regular file"
+    raise WanTrtError(f"{flag} {path}: {kind}, where a file is read; write it to a file first")
 
 
 def usual_file_mode() -> int:

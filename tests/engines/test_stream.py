@@ -260,3 +260,24 @@ def test_vae_weights_that_no_decoder_would_read_are_refused(tmp_path, flags):
                                     "--vae-weights", str(junk), *args])
     assert res.exit_code == 1 and "the video decoder runs only when the stream writes its video" in res.output, \
         res.output
+
+
+def test_an_input_that_is_a_pipe_or_a_folder_is_named_as_such(tmp_path):
+    """--actions <(...) (a pipe) and a folder were reported as 'no such file'."""
+    import os
+
+    from wan_trt.actions import read_actions
+    from wan_trt.config_load import load_config
+
+    fifo = tmp_path / "actions.pipe"
+    os.mkfifo(fifo)
+    cfg = load_config("universal-small")
+    with pytest.raises(WanTrtError, match="actions.pipe: a pipe, where a file is read"):
+        read_actions(fifo, cfg, 1)
+    with pytest.raises(WanTrtError, match="a folder, where a file is read"):
+        read_actions(tmp_path, cfg, 1)
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "1", "--no-video",
+                                    "--weights", str(fifo), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1 and "--weights" in res.output and "a pipe" in res.output, res.output
+    with pytest.raises(WanTrtError, match="no such file"):
+        read_actions(tmp_path / "missing.jsonl", cfg, 1)
