@@ -317,14 +317,15 @@ class CheckOptions:
     """What `wan-trt check` was asked for, beside the target.
 
     Attributes:
-        provider: ONNX Runtime execution provider for an export directory ('cpu' or 'cuda').
+        provider: ONNX Runtime execution provider for an export directory ('cpu' or 'cuda'; None where the
+            target is an engine, which runs on the device it was built for).
         blocks: blocks of the multi-block stream check.
         seed: seed of the stream's inputs and noise.
         stream: run the stream check.
         save_results: save Polygraphy's RunResults under check/.
     """
 
-    provider: str = "cpu"
+    provider: str | None = "cpu"
     blocks: int = 8
     seed: int = 0
     stream: bool = True

@@ -200,9 +200,9 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
 
 @main.command()
 @click.argument("target", type=PathArg(exists=True))
-@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="ONNX Runtime execution provider for an export directory (bf16/fp16 graphs need cuda: "
-                   "ORT-CPU has no bf16 kernels).")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="ONNX Runtime execution provider for an export directory (default cpu; bf16/fp16 graphs need "
+                   "cuda: ORT-CPU has no bf16 kernels). An engine runs where it was built: refused with one.")
 @click.option("--blocks", type=click.IntRange(1), default=8, show_default=True,
               help="Blocks of the multi-block stream check (a decoder's: 2 or more).")
 @click.option("--stream/--no-stream", default=True, show_default=True,
@@ -223,7 +223,11 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
     from wan_trt.validate.check import CheckOptions
     from wan_trt.validate.check_decoder import check_target
 
-    options = CheckOptions(provider=provider, blocks=blocks, seed=seed, stream=stream, save_results=save_results)
+    if provider is not None and not Path(target).is_dir():
+        raise WanTrtError(f"--provider {provider}: {target} is an engine, which runs on the device it was built for "
+                          "(ONNX Runtime's provider applies to an export directory); drop --provider")
+    options = CheckOptions(provider=(provider or "cpu") if Path(target).is_dir() else None, blocks=blocks, seed=seed,
+                           stream=stream, save_results=save_results)
     # with --json stdout carries the report only: library chatter (Polygraphy prints) goes to stderr
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         report = check_target(target, options)

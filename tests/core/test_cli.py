@@ -94,3 +94,11 @@ def test_an_empty_path_is_refused_not_taken_for_none(args, flag):
 def test_a_seed_out_of_range_is_refused_before_any_work(seed):
     """A seed past int64 / 1000003 overflowed inside the noise source (a traceback, after the model was built)."""
     _one_error_line(_run(["stream", "--config", "universal-small", "--blocks", "1", "--seed", seed]), "--seed")
+
+
+def test_a_provider_given_with_an_engine_is_refused(aoti):
+    """--provider applies to an export's ONNX graph: with an engine it was ignored and recorded in the report
+    as if the engine had run on it."""
+    _, engine = aoti
+    _one_error_line(_run(["check", str(engine), "--provider", "cuda", "--no-save-results"]),
+                    "--provider cuda", "an engine", "drop --provider")
