@@ -18,6 +18,7 @@ and lend the engine twice its own error). A block the session refuses as non-fin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -62,6 +63,16 @@ def report_path(directory: Path, name: str) -> Path:
     """Where the report of the check of ``name`` (an engine file's stem, or the runner of an export's graph)
     goes: one file per engine, so that checks of two engines of one export keep their own."""
     return Path(directory) / RESULTS_DIR / f"report_{name}.json"
+
+
+def engine_report_name(engine: Path, directory: Path) -> str:
+    """The name an engine's report and results go by under its export ``directory``: its file's stem where
+    `wan-trt build` puts engines (the export folder), else the stem and a hash of its path (two engines of
+    one file name in two folders kept one report between them, each check replacing the other's)."""
+    engine = Path(engine).resolve()
+    if engine.parent == Path(directory).resolve():
+        return engine.stem
+    return f"{engine.stem}-{hashlib.sha256(str(engine).encode()).hexdigest()[:8]}"
 
 
 def results_path(directory: Path, name: str) -> Path:
@@ -345,7 +356,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     require_polygraphy()  # before minutes of reference building
     spec, o = manifest.spec, options
     device = str(backend.device)
-    name = target.stem if target is not None else backend.name
+    name = engine_report_name(target, directory) if target is not None else backend.name
     path, results = report_path(directory, name), results_path(directory, name)
     clear_report(path, results)
     with stage("rebuild the PyTorch references"):

@@ -33,8 +33,8 @@ from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
-                                   check_single_pass, clear_report, report_path, require_polygraphy, results_path,
-                                   write_report)
+                                   check_single_pass, clear_report, engine_report_name, report_path,
+                                   require_polygraphy, results_path, write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
@@ -60,7 +60,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     spec = manifests["steady"].spec
     device = str(runners["steady"].device)
     name = f"decoder-{runners['steady'].name}"
-    file_name = f"decoder-{pair['steady'].path.stem}" if pair is not None else name
+    file_name = f"decoder-{engine_report_name(pair['steady'].path, dirs['steady'])}" if pair is not None else name
     path, results = report_path(dirs["steady"], file_name), {c: results_path(dirs[c], file_name) for c in CALLS}
     clear_report(path, *results.values())
     with stage("rebuild the PyTorch decoders"):

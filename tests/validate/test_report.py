@@ -84,3 +84,16 @@ def test_each_engine_keeps_its_own_run_results_and_none_outlive_a_check_that_sav
     assert all(path.is_file() for path in results.values())
     check_engine(engines[0], CheckOptions(stream=False, save_results=False))
     assert not results["engine_a"].exists() and results["engine_b"].is_file()
+
+
+def test_engines_of_one_file_name_in_two_folders_keep_their_own_reports(two_engines, tmp_path):
+    """Reports were named by the engine file's stem only: a second engine of one export with the same file name
+    in another folder deleted and replaced the first's report."""
+    export, engines = two_engines
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = _copy_engine(engines[0], elsewhere / engines[0].name)  # engine_a.pt2 again, in another folder
+    check_engine(engines[0], CheckOptions(stream=False, save_results=False))
+    check_engine(moved, CheckOptions(stream=False, save_results=False))
+    reports = [json.loads(p.read_text()) for p in sorted((export / "check").glob("report_engine_a*.json"))]
+    assert sorted(r["target"] for r in reports) == sorted(str(p.resolve()) for p in (engines[0], moved))
