@@ -248,8 +248,15 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
   std::map<std::string, int64_t> dims;  // the action inputs the config has, by name
   for (const std::string name : {"keyboard", "mouse"})
     if (spec.has_input(name + "_window")) dims[name] = spec.input(name + "_window").shape.back();
+  namespace fs = std::filesystem;
+  const fs::file_status status = fs::status(path);
+  if (!fs::exists(status)) throw Error("--actions " + path + ": no such file");
+  if (!fs::is_regular_file(status))  // as wan_trt.outputs.check_input_file says it
+    throw Error("--actions " + path + ": " +
+                (fs::is_directory(status) ? "a folder" : fs::is_fifo(status) ? "a pipe" : "not a regular file") +
+                ", where a file is read; write it to a file first");
   std::ifstream file(path);
-  if (!std::filesystem::is_regular_file(path) || !file) throw Error("--actions " + path + ": no such file");
+  if (!file) throw Error("--actions " + path + ": cannot be read");
   std::vector<std::pair<int64_t, std::string>> lines;  // (line number, text) of the non-blank lines
   std::string line;
   for (int64_t number = 1; std::getline(file, line); ++number) {
