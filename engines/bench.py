@@ -38,7 +38,8 @@ from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, ENGINE_FLAGS, RunnerSources, Unavailable, get_backend,
                                      make_runner, parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
-from wan_trt.engines.bench_decoder import DECODER_PROFILE, DECODER_WARMUP_BLOCKS, bench_decoder, check_decoder_request, engine_variants
+from wan_trt.engines.bench_decoder import (DECODER_PROFILE, DECODER_WARMUP_BLOCKS, bench_decoder, check_decoder_request,
+                                           engine_variants)
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable
 from wan_trt.engines.runtime.runner import Runner, check_device
@@ -324,8 +325,9 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
 
     # Saved after every row. An earlier report being replaced (--overwrite) stays whole until this one is: the
     # rows so far go beside it (.NAME.incomplete), so a killed run leaves both.
-    progress = None if not out else Path(out).with_name(f".{Path(out).name}.incomplete") if Path(out).exists() \
-        else Path(out)
+    progress = Path(out) if out else None
+    if progress is not None and progress.exists():
+        progress = progress.with_name(f".{progress.name}.incomplete")
 
     def save(done: str | None = None) -> None:
         if done is not None:

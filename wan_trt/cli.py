@@ -223,10 +223,11 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
     from wan_trt.validate.check import CheckOptions
     from wan_trt.validate.check_decoder import check_target
 
-    if provider is not None and not Path(target).is_dir():
+    export = Path(target).is_dir()  # else an engine file
+    if provider is not None and not export:
         raise WanTrtError(f"--provider {provider}: {target} is an engine, which runs on the device it was built for "
                           "(ONNX Runtime's provider applies to an export directory); drop --provider")
-    options = CheckOptions(provider=(provider or "cpu") if Path(target).is_dir() else None, blocks=blocks, seed=seed,
+    options = CheckOptions(provider=(provider or "cpu") if export else None, blocks=blocks, seed=seed,
                            stream=stream, save_results=save_results)
     # with --json stdout carries the report only: library chatter (Polygraphy prints) goes to stderr
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
