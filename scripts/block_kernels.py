@@ -9,8 +9,8 @@ Two engines' tables say which kernels a change removed or added and how much dev
 or gained, independent of the wall clock's run-to-run spread. The table counts every device activity
 of the block: the passes' kernels, memsets, and the session's own (re-noising, checks, cache commit).
 The ``timeline`` says where the device sat idle inside the block: the span from its first kernel's start
-to its last one's end, the time no kernel ran in it, the gaps between kernels by length, and the
-longest gaps with the kernels either side. ``--host`` also records the host (PyTorch's ops and the CUDA
+to its last one's end, the time no kernel ran in it, the gaps between kernels by length, the idle time
+summed by the activity each gap follows (``idle_after``), and the longest gaps with the kernels either side. ``--host`` also records the host (PyTorch's ops and the CUDA
 runtime's calls, each with the innermost Python function around it outside torch and the standard library)
 and lists, for each of the longest gaps, what the host started while the device waited, in order (the
 first and last HOST_EVENTS / 2 of them when there are more). Recording the host slows it: time the
@@ -75,8 +75,14 @@ def timeline(kernels: list[tuple[float, float, str]], host: list[tuple[float, st
         bins[label] += 1
         idle[label] += gap
     longest = sorted(gaps, reverse=True)[:LONGEST]
+    after = collections.defaultdict(lambda: [0, 0.0])  # the activity a gap follows -> [gaps, us]
+    for gap, before, *_ in gaps:
+        after[before[:80]][0] += 1
+        after[before[:80]][1] += gap
     result = {"span_ms": round(span / 1e3, 3), "idle_ms": round(sum(g[0] for g in gaps) / 1e3, 3),
               "gaps": {label: [bins[label], round(idle[label] / 1e3, 3)] for label in sorted(bins)},
+              "idle_after": [[name, n, round(us / 1e3, 3)] for name, (n, us) in
+                             sorted(after.items(), key=lambda kv: -kv[1][1])[:LONGEST]],
               "longest_gaps_us": [[round(g, 1), before[:80], after[:80]] for g, before, after, *_ in longest]}
     if host is not None:
         result["host_in_longest_gaps"] = [

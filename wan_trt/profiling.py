@@ -41,10 +41,17 @@ def device_name(device: torch.device | str = "cuda") -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
+# environment variables that change which kernels the CUDA libraries run (recorded where set)
+KERNEL_ENV = ("CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG")
+
+
 def environment(device: torch.device | str | None = None) -> dict[str, Any]:
     """Tool versions and device of a result file: ``device`` (what the work ran on), by default the
-    current CUDA device where there is one, else the CPU."""
+    current CUDA device where there is one, else the CPU; ``variables``: those of :data:`KERNEL_ENV` set."""
     env = {"torch": torch.__version__, "python": platform.python_version()}
+    variables = {name: os.environ[name] for name in KERNEL_ENV if name in os.environ}
+    if variables:
+        env["variables"] = variables
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         env.update(device=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
