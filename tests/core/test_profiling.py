@@ -3,7 +3,7 @@ import subprocess
 
 import pytest
 
-from wan_trt.profiling import classify, provenance, source_revision
+from wan_trt.profiling import classify, environment, provenance, source_revision
 
 
 @pytest.mark.parametrize("kernel, expected", [
@@ -65,3 +65,11 @@ def test_source_revision_names_the_commit_and_local_changes(tmp_path):
 
 def test_result_files_start_with_the_source_revision():
     assert set(provenance("wan-trt")) == {"command", "environment", "source"}
+
+
+def test_the_environment_names_the_variables_that_pick_library_kernels(monkeypatch):
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert "variables" not in environment("cpu")
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "0")
+    assert environment("cpu")["variables"] == {"CUBLASLT_WORKSPACE_SIZE": "0"}
