@@ -19,6 +19,7 @@ import click
 from wan_trt.cli_options import (PathArg, config_option, device_option, pick_device, pick_precision, precision_aliases,
                                  precision_option, seed_option, weights_option)
 from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS, parse_backends
+from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger, setup_logging
 
@@ -90,6 +91,7 @@ NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.
 def main(verbose: bool) -> None:
     """wan-trt: Matrix-Game 2.0 (CausalWanModel) from PyTorch to deployable engines."""
     setup_logging(verbose)
+    prefer_workspace_free_gemms()  # before any GEMM of the process (PyTorch reads it once)
 
 
 # ---- commands ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.cuda_graph import CapturedCall
 from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.finite import NonFiniteBlock, first_flagged, first_non_finite, largest_magnitudes
@@ -115,6 +116,7 @@ class StreamingSession:
 
     def __init__(self, runner: Runner, seed: int = 0, noise: NoiseSource | None = None,
                  decoder: DecoderStream | None = None):
+        prefer_workspace_free_gemms()  # effective where no GEMM ran in this process yet (see its module)
         self.runner = runner
         self.spec = runner.spec
         self.cfg = self.spec.config

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -362,8 +363,14 @@ std::vector<std::pair<std::string, double>> StageClock::elapsed_ms() const {
 
 // ---- session --------------------------------------------------------------------------------
 
+std::string prefer_workspace_free_gemms() {
+  setenv("CUBLASLT_WORKSPACE_SIZE", "0", /*overwrite=*/0);
+  return std::getenv("CUBLASLT_WORKSPACE_SIZE");
+}
+
 StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed, DecoderStream* decoder)
     : runner_(runner), spec_(spec), seed_(seed), device_(runner.device()), decoder_(decoder) {
+  prefer_workspace_free_gemms();  // effective where no GEMM ran in this process yet
   feeds_ = allocate(spec.inputs, device_);
   if (decoder) {
     decoder->check_attachable(spec);

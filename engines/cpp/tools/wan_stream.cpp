@@ -127,6 +127,7 @@ std::unique_ptr<wan_trt::Runner> make_runner(const std::string& engine, const wa
 }
 
 int run(int argc, char** argv) {
+  wan_trt::prefer_workspace_free_gemms();  // before any GEMM of the process
   std::map<std::string, std::string> args{{"--blocks", "8"}, {"--seed", "0"}, {"--device", "cpu"}};
   bool cuda_graph = false, tensorrt = false;
   for (int i = 1; i < argc; ++i) {

@@ -131,6 +131,12 @@ int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block);
 at::Tensor noise(int64_t seed, int64_t block, int64_t step, at::IntArrayRef shape, at::Device device,
                  at::ScalarType dtype);
 
+// Ask PyTorch's cuBLASLt for no workspace (CUBLASLT_WORKSPACE_SIZE=0) unless the environment names a size:
+// its GEMMs then run without a memset before each (engines/runtime/cublas_workspace.py says why). Read once,
+// at the process's first cuBLASLt GEMM: a session asks when it is made; call this first thing where the
+// process runs GEMMs before. Returns the size asked for (KiB).
+std::string prefer_workspace_free_gemms();
+
 // Decoder output [1, 3, n, H, W] in [-1, 1] -> uint8 [n, H, W, 3], as wan_trt.video.to_uint8_frames.
 at::Tensor to_uint8_frames(const at::Tensor& rgb);
 
