@@ -32,6 +32,7 @@ from wan_trt.log import logger
 MARKER = ".wan-trt-export"  # inside every staging and finished output folder (exports, stream outputs)
 # what `wan-trt check` adds to an export (a partial report: one it was writing when it was killed)
 CHECK_FILES = ("check/report_*.json", "check/.report_*.json.partial-*", "check/run_results_*.json")
+OWN_FOLDERS = ("check",)  # folders wan-trt makes in its outputs, which a check it stops may leave empty
 # the files wan-trt wrote into an existing output folder, or None if it is not wan-trt's
 OwnedFiles = Callable[[Path], list[Path] | None]
 
@@ -179,7 +180,9 @@ def engine_files_in(directory: Path) -> list[Path]:
 
 
 def foreign_files(directory: Path, owned: list[Path]) -> list[str]:
-    """Relative names of what ``directory`` holds besides ``owned`` (folders holding only owned files pass)."""
+    """Relative names of what ``directory`` holds besides ``owned``: files, links and empty folders other
+    than :data:`OWN_FOLDERS` (named 'name/': replacing an output removes the folders it empties). Folders
+    holding only owned files pass."""
     keep = {p.resolve() for p in owned}
     found = []
     for root, dirs, files in os.walk(directory):
@@ -187,6 +190,9 @@ def foreign_files(directory: Path, owned: list[Path]) -> list[str]:
             path = Path(root, name)
             if path.resolve() not in keep or path.is_symlink():
                 found.append(str(path.relative_to(directory)))
+        folder = Path(root).relative_to(directory)
+        if not dirs and not files and folder != Path(".") and str(folder) not in OWN_FOLDERS:
+            found.append(f"{folder}/")
     return sorted(found)
 
 

@@ -385,3 +385,23 @@ def test_a_mount_point_as_out_is_refused_before_any_work(tmp_path, plain_export,
     monkeypatch.setattr(os.path, "ismount", lambda p: str(p) == mounted or ismount(p))
     with pytest.raises(WanTrtError, match="is a mount point.*a folder inside it"):
         _export(out, overwrite=True)
+
+
+def test_overwrite_refuses_an_export_holding_a_users_empty_folder(tmp_path, plain_export):
+    mixed = tmp_path / "mixed"
+    shutil.copytree(plain_export, mixed)
+    (mixed / "renders" / "later").mkdir(parents=True)  # the user's, empty: the swap would have deleted it
+    with pytest.raises(WanTrtError, match=r"holds files wan-trt did not write \(renders/later/\)"):
+        _export(mixed, overwrite=True)
+    assert (mixed / "renders" / "later").is_dir()
+    assert _tree(mixed) == sorted(_tree(plain_export) + ["renders", "renders/later"])
+
+
+def test_overwrite_takes_the_empty_check_folder_a_stopped_check_leaves(tmp_path, plain_export):
+    out = tmp_path / "exp"
+    shutil.copytree(plain_export, out)
+    for report in (out / "check").glob("*"):
+        report.unlink()  # as a check stopped after clearing the earlier report leaves it
+    (out / "check").mkdir(exist_ok=True)
+    _export(out, overwrite=True)
+    assert Manifest.read(out) is not None
