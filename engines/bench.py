@@ -41,6 +41,7 @@ from wan_trt.engines.backends.aoti import check_fp8_device
 from wan_trt.engines.bench_decoder import (DECODER_PROFILE, DECODER_WARMUP_BLOCKS, bench_decoder, check_decoder_request,
                                            engine_variants)
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
+from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable
 from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
@@ -249,6 +250,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     Named backends must run: one that cannot, or that raises, lands in ``report["failed"]``.
     """
     o = options
+    prefer_workspace_free_gemms()  # before any GEMM: every row, torch's too, runs as the engines' runtime does
     check_device(o.device)  # before any model is built
     named = o.backends is not None
     backends = list(ALL_BACKENDS) if o.backends is None else parse_backends(",".join(o.backends))

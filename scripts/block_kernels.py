@@ -63,11 +63,12 @@ def timeline(kernels: list[tuple[float, float, str]], host: list[tuple[float, st
     of the host's events, listed per longest gap."""
     kernels = sorted(kernels)
     span = kernels[-1][1] - kernels[0][0]
-    gaps, reach = [], kernels[0][1]
-    for (start, end, name), before in zip(kernels[1:], kernels):
+    gaps, reach, last = [], kernels[0][1], kernels[0][2]  # last: the activity that ends at ``reach``
+    for start, end, name in kernels[1:]:
         if start > reach:
-            gaps.append((start - reach, before[2], name, reach, start))
-        reach = max(reach, end)
+            gaps.append((start - reach, last, name, reach, start))
+        if end > reach:
+            reach, last = end, name
     bins = collections.Counter()
     idle = collections.Counter()
     for gap, *_ in gaps:
@@ -75,14 +76,14 @@ def timeline(kernels: list[tuple[float, float, str]], host: list[tuple[float, st
         bins[label] += 1
         idle[label] += gap
     longest = sorted(gaps, reverse=True)[:LONGEST]
-    after = collections.defaultdict(lambda: [0, 0.0])  # the activity a gap follows -> [gaps, us]
+    idle_after = collections.defaultdict(lambda: [0, 0.0])  # the activity a gap follows -> [gaps, us]
     for gap, before, *_ in gaps:
-        after[before[:80]][0] += 1
-        after[before[:80]][1] += gap
+        idle_after[before][0] += 1
+        idle_after[before][1] += gap
     result = {"span_ms": round(span / 1e3, 3), "idle_ms": round(sum(g[0] for g in gaps) / 1e3, 3),
               "gaps": {label: [bins[label], round(idle[label] / 1e3, 3)] for label in sorted(bins)},
-              "idle_after": [[name, n, round(us / 1e3, 3)] for name, (n, us) in
-                             sorted(after.items(), key=lambda kv: -kv[1][1])[:LONGEST]],
+              "idle_after": [[name[:160], n, round(us / 1e3, 3)] for name, (n, us) in
+                             sorted(idle_after.items(), key=lambda kv: -kv[1][1])[:LONGEST]],
               "longest_gaps_us": [[round(g, 1), before[:80], after[:80]] for g, before, after, *_ in longest]}
     if host is not None:
         result["host_in_longest_gaps"] = [

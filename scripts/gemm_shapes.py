@@ -7,9 +7,10 @@ what other ways to run the same arithmetic would take.
 
 The shapes are recorded from one pass of the graph form (`wan-trt export`'s prepared model, PyTorch ops)
 on the meta device: every mm / addmm / bmm with its count a pass. On CUDA each shape with at least
-``--min-rows`` rows is timed as the engine runs it (the aten op: cuBLAS / cuBLASLt; the FFN's
-up-projection with its GELU epilogue, as the fused engine runs it), each call replayed as a CUDA graph
-(device time, no launch overhead). Then:
+``--min-rows`` rows is timed through the aten op the engine calls (cuBLAS / cuBLASLt, set up as the
+runtime sets it up; the FFN's up-projection with its GELU epilogue, as the fused engine runs it), one
+call replayed as a CUDA graph (device time, no launch overhead; an engine's own launches of a shape can
+take less, its operands warm in L2 from the kernel before). Then:
 
     qkv_as_one     the self-attention's q, k and v projections (same input) as one [C, 3C] GEMM, with and
                    without a copy of its v third into a dense tensor (a cache output is dense)
@@ -17,7 +18,7 @@ up-projection with its GELU epilogue, as the fused engine runs it), each call re
                    cuBLAS; the time of whichever it picks)
 
 Output: per shape ms per call, calls per pass and ms per pass of each way. The attentions' batched GEMMs
-(one batch a head) are listed, not timed: engines run them as fused attention kernels.
+are listed, not timed: engines run them as fused attention kernels.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from wan_trt.config_load import load_config
+from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.graphs import graph_kind
 from wan_trt.profiling import provenance
 from wan_trt.spec import PassSpec
@@ -111,6 +113,7 @@ def main() -> int:
     parser.add_argument("--autotune", action="store_true")
     parser.add_argument("--min-rows", type=int, default=1024)
     args = parser.parse_args()
+    prefer_workspace_free_gemms()  # cuBLASLt as the engines' runtime sets it up, before the first GEMM
     spec, rows = pass_gemms(args.config, args.precision)
     dtype = spec.dtype
     width = spec.config.model.dim
@@ -125,7 +128,7 @@ def main() -> int:
         batch, m, n, k = gemm_dims(row)
         if m < args.min_rows:
             continue
-        if row["op"] == "bmm" and batch == spec.config.model.num_heads:  # q.k and p.v of an attention
+        if row["op"] == "bmm":  # with this many rows, q.k or p.v of an attention (the main, cross or few-key one)
             row["engine"] = "a fused attention kernel (not timed here: scripts/bench_kernels.py)"
             continue
         gelu = row["op"] == "addmm" and row["shapes"][2] == ffn

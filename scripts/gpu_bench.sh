@@ -43,8 +43,10 @@
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
 # CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6), BACKENDS (bench) and ROUNDS (ab-runtime, 3) can be set in
-# the environment. Each step logs to RESULTS/<step>.log; the engine lives under out/.
+# the environment. Each step logs to RESULTS/<step>.log; the engine lives under out/. Every step runs with
+# CUBLASLT_WORKSPACE_SIZE=0 unless it is set (as wan-trt's runtime sets it up), runtimes of commits before it too.
 set -euo pipefail
+export CUBLASLT_WORKSPACE_SIZE=${CUBLASLT_WORKSPACE_SIZE-0}
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-universal}
 PRECISION=${PRECISION:-bf16}

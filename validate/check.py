@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 from wan_trt.engines.backends import backend_module, get_backend
 from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.errors import WanTrtError
@@ -400,6 +401,7 @@ def check_engine(engine: str | Path, options: CheckOptions = CheckOptions()) -> 
     The export checked against is the one the engine was built from (found by the manifest hash its
     metadata records, and logged); the engine file must have the size and sha256 recorded at build.
     """
+    prefer_workspace_free_gemms()  # before any GEMM: the engine runs as the runtime runs it
     engine = Path(engine)
     meta = EngineMetadata.read(engine)
     directory, manifest = export_for_engine(engine, meta)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.model.transformer import CausalWanModel
@@ -47,6 +48,7 @@ def compare_stream(reference: CausalWanModel, runner: Runner, blocks: int, seed:
     caches); ``inputs`` default to :func:`synthetic_stream` (seeded) for those blocks; ``expected``: the
     reference's latents of these inputs, where the caller has them already.
     """
+    prefer_workspace_free_gemms()  # before the reference's GEMMs, as the session would
     cfg = runner.spec.config
     inputs = inputs or synthetic_stream(cfg, blocks, seed, first_block=start_block)
     if expected is None:

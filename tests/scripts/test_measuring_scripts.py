@@ -31,3 +31,9 @@ def test_gemm_shapes_records_every_gemm_of_a_pass_with_its_count():
     assert square["calls_per_pass"] == 6 * cfg.model.num_layers
     ffn = [r for r in rows if r["op"] == "addmm" and r["shapes"][2] in ([c, cfg.model.ffn_dim], [cfg.model.ffn_dim, c])]
     assert [r["calls_per_pass"] for r in ffn] == [cfg.model.num_layers] * 2
+
+
+def test_a_gap_is_charged_to_the_activity_that_ended_last_before_it():
+    # a copy overlaps the long kernel and ends first: the gap follows the kernel, which ends at 30
+    result = load("block_kernels").timeline([(0, 30, "attention"), (5, 10, "copy"), (34, 40, "gemm")])
+    assert result["idle_after"] == [["attention", 1, 0.004]]

@@ -2,12 +2,12 @@
 // Mirrors engines/session.py step for step; tests compare the two on the same engine.
 #include "wan_trt/runtime.h"
 
+#include <c10/util/env.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -364,8 +364,9 @@ std::vector<std::pair<std::string, double>> StageClock::elapsed_ms() const {
 // ---- session --------------------------------------------------------------------------------
 
 std::string prefer_workspace_free_gemms() {
-  setenv("CUBLASLT_WORKSPACE_SIZE", "0", /*overwrite=*/0);
-  return std::getenv("CUBLASLT_WORKSPACE_SIZE");
+  // PyTorch's own environment functions: portable, and under the lock PyTorch reads the environment with
+  c10::utils::set_env("CUBLASLT_WORKSPACE_SIZE", "0", /*overwrite=*/false);
+  return c10::utils::get_env("CUBLASLT_WORKSPACE_SIZE").value_or("");
 }
 
 StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed, DecoderStream* decoder)
