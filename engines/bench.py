@@ -99,9 +99,9 @@ def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
 
 def bench_upstream(model, inputs, blocks: int) -> dict[str, Any]:
     """The upstream-semantics pipeline: time between yields = one block (and the previous clean pass)."""
-    times, last = [], time.perf_counter()
+    times, last, device = [], time.perf_counter(), next(model.parameters()).device
     for _ in ReferencePipeline(model).run(inputs, blocks, NoiseSource(0)):
-        synchronize()
+        synchronize(device)
         now = time.perf_counter()
         times.append(now - last)
         last = now
@@ -146,14 +146,14 @@ class Bench:
 
     def run(self, backend: str, blocks: int, decoder: DecoderStream | None = None) -> dict[str, Any]:
         inputs = synthetic_stream(self.spec.config, blocks, seed=0)
-        reset_peak_memory()
-        start = allocated_memory_gib()
+        reset_peak_memory(self.device)
+        start = allocated_memory_gib(self.device)
         if get_backend(backend).reference_pipeline:
             result = bench_upstream(self.model(), inputs, blocks)
         else:
             result = bench_session(self.runner(backend), inputs, blocks, decoder=decoder)
         result.update(throughput(self.flops_per_block, result["block_ms"]["p50"]))
-        result.update(peak_torch_mem_gib=peak_memory_gib(), start_torch_mem_gib=start)
+        result.update(peak_torch_mem_gib=peak_memory_gib(self.device), start_torch_mem_gib=start)
         return result
 
     def profile(self, backend: str) -> dict[str, Any]:
@@ -163,7 +163,7 @@ class Bench:
         with runner, torch.no_grad():
             for _ in range(3):
                 runner.infer(feeds)
-            return op_class_profile(lambda: runner.infer(feeds))
+            return op_class_profile(lambda: runner.infer(feeds), runner.device)
 
 
 @dataclass

@@ -68,10 +68,10 @@ def time_blocks(decode: Callable[[int, torch.Tensor], Any], latents: torch.Tenso
     """Seconds per block of ``decode(block_index, block_latents)``, synchronised per block."""
     seconds = []
     for b, i in enumerate(range(0, latents.shape[2], block_frames)):
-        synchronize()
+        synchronize(latents.device)
         begin = time.perf_counter()
         decode(b, latents[:, :, i:i + block_frames])
-        synchronize()
+        synchronize(latents.device)
         seconds.append(time.perf_counter() - begin)
     return seconds
 
@@ -115,7 +115,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
         per_second = 1e3 / steady["p50"]
         rows[name] = {"block_ms": steady, "block_ms_all": [1e3 * s for s in seconds],
                       "video_fps": spec.video_frames * per_second, **throughput(flops["steady"], steady["p50"]),
-                      "peak_torch_mem_gib": peak_memory_gib()}
+                      "peak_torch_mem_gib": peak_memory_gib(device)}
         logger.info("decoder %s: %.1f ms/block p50", name, steady["p50"])
 
     if device.startswith("cuda"):
@@ -123,7 +123,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
         for name, (compile, benchmark) in REFERENCE_ROWS.items():
             with stage(f"bench decoder {name}"):
                 torch.backends.cudnn.benchmark = benchmark
-                reset_peak_memory()
+                reset_peak_memory(device)
                 module = reference_model(manifests["steady"], torch.float16, device)
                 record(name, time_blocks(reference_decode(module, compile), latents.half(), cfg.block_frames))
                 del module
@@ -137,7 +137,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
                        if len(variants) == 1 and f"{variants[0]}+cudagraph" in BY_NAME else {})
         for name in variants:
             with stage(f"bench decoder {name}"), DecoderStream.from_engine(engine, name, device) as stream:
-                reset_peak_memory()
+                reset_peak_memory(device)
                 record(name, time_blocks(lambda b, z: stream.decode(z), latents.to(spec.dtype), cfg.block_frames))
     report = {"export": str(directory), "precision": spec.precision, "flops_per_block": flops,
               "roofline_ms_dense_bf16_h100": roofline_ms(flops["steady"]), "rows": rows, "skipped": skipped}
@@ -157,5 +157,5 @@ def profile_decode(engine: Path, device: str, spec: DecoderSpec) -> dict[str, An
     with DecoderStream.from_engine(engine, backend, device) as stream, torch.no_grad():
         for i in range(2):
             stream.decode(latents[:, :, i * f:(i + 1) * f])
-        return {"backend": backend, **op_class_profile(lambda: stream.decode(latents[:, :, 2 * f:]))}
+        return {"backend": backend, **op_class_profile(lambda: stream.decode(latents[:, :, 2 * f:]), device)}
 

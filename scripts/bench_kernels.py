@@ -226,7 +226,7 @@ def full_pass() -> dict:
                                                                                              expected)}
             result["ms_per_pass"][name] = timed(lambda: fn(*args))
             print(name, result["ms_per_pass"][name], result["accuracy"][name]["flow"], flush=True)
-        profile = op_class_profile(lambda: runs["eager_plugins"](*args), top=60)
+        profile = op_class_profile(lambda: runs["eager_plugins"](*args), DEV, top=60)
         result["fused_kernel_launches_per_pass"] = profile["wan_trt_kernel_launches"]
         result["profile_eager_plugins"] = profile
     return result

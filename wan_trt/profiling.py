@@ -109,23 +109,6 @@ def source_revision(root: Path = SOURCE_ROOT) -> dict[str, Any] | None:
         return None
 
 
-def time_fn(fn: Callable[[], Any], warmup: int = 3, iters: int = 10, device: str = "cuda") -> dict[str, float]:
-    """Milliseconds per call: mean, p50, p95, min (synchronised wall time per call)."""
-    cuda = torch.device(device).type == "cuda"
-    for _ in range(warmup):
-        fn()
-    if cuda:
-        torch.cuda.synchronize()
-    samples = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        samples.append(1e3 * (time.perf_counter() - start))
-    return summarize_ms(samples)
-
-
 def summarize_ms(samples: list[float]) -> dict[str, float]:
     """mean, p50 (the median: the middle two samples' mean for an even count), p95, min and the count n."""
     if not samples:
@@ -136,13 +119,13 @@ def summarize_ms(samples: list[float]) -> dict[str, float]:
             "min": ordered[0], "n": len(ordered)}
 
 
-def op_class_profile(fn: Callable[[], Any], top: int = 25) -> dict[str, Any]:
-    """Device time of one call of ``fn`` by op class and the top kernels (torch.profiler)."""
+def op_class_profile(fn: Callable[[], Any], device: torch.device | str = "cuda", top: int = 25) -> dict[str, Any]:
+    """Device time of one call of ``fn`` on ``device`` by op class and the top kernels (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         fn()
-        torch.cuda.synchronize()
+        synchronize(device)
     kernels: dict[str, float] = {}
     launches: dict[str, int] = {}
     for evt in prof.events():
@@ -168,21 +151,29 @@ def classify(kernel: str) -> str:
     return "other"
 
 
-def reset_peak_memory() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+def _cuda(device: torch.device | str) -> torch.device | None:
+    """``device`` if it is a CUDA device, else None: the memory and sync helpers act on the device a run
+    uses (``cuda:1`` included), never on whichever is current, and on nothing for a CPU run."""
+    device = torch.device(device)
+    return device if device.type == "cuda" else None
 
 
-def allocated_memory_gib() -> float | None:
-    """Device memory allocated now (None without CUDA)."""
-    return torch.cuda.memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None
+def reset_peak_memory(device: torch.device | str) -> None:
+    if (cuda := _cuda(device)) is not None:
+        torch.cuda.reset_peak_memory_stats(cuda)
 
 
-def peak_memory_gib() -> float | None:
-    """Peak allocated device memory since the last reset (None without CUDA)."""
-    return torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None
+def allocated_memory_gib(device: torch.device | str) -> float | None:
+    """Memory allocated on ``device`` now (None for a CPU run)."""
+    return torch.cuda.memory_allocated(cuda) / 2 ** 30 if (cuda := _cuda(device)) is not None else None
 
 
-def synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+def peak_memory_gib(device: torch.device | str) -> float | None:
+    """Peak memory allocated on ``device`` since the last reset (None for a CPU run)."""
+    return torch.cuda.max_memory_allocated(cuda) / 2 ** 30 if (cuda := _cuda(device)) is not None else None
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for ``device``'s work (nothing to wait for on the CPU)."""
+    if (cuda := _cuda(device)) is not None:
+        torch.cuda.synchronize(cuda)

@@ -73,3 +73,24 @@ def test_the_environment_names_the_variables_that_pick_library_kernels(monkeypat
     assert "variables" not in environment("cpu")
     monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "0")
     assert environment("cpu")["variables"] == {"CUBLASLT_WORKSPACE_SIZE": "0"}
+
+
+def test_memory_and_sync_helpers_act_on_the_runs_device(monkeypatch):
+    """A run on cuda:1 is synchronised and measured on cuda:1, not on whichever device is current; a CPU run
+    on a machine with a GPU reports no device memory (it reported the GPU's)."""
+    import torch
+    from wan_trt import profiling
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("synchronize", "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None, _n=name: calls.append((_n, device)) or 2 ** 30)
+    profiling.synchronize("cuda:1")
+    profiling.reset_peak_memory("cuda:1")
+    assert profiling.peak_memory_gib("cuda:1") == 1.0 and profiling.allocated_memory_gib("cuda:1") == 1.0
+    assert calls == [(n, torch.device("cuda:1")) for n in
+                     ("synchronize", "reset_peak_memory_stats", "max_memory_allocated", "memory_allocated")]
+    calls.clear()
+    profiling.synchronize("cpu")
+    profiling.reset_peak_memory("cpu")
+    assert profiling.peak_memory_gib("cpu") is None and profiling.allocated_memory_gib("cpu") is None
+    assert calls == []
