@@ -257,7 +257,7 @@ class StreamingSession:
         if not self.started:
             raise WanTrtError("step() before start(): call session.start(visual_context) first")
         start, frames = self.start_frame, self.cfg.block_frames
-        if start + frames > MAX_STREAM_FRAMES:
+        if not self._within_reach(self.block):
             raise WanTrtError(f"block {self.block} would end at latent frame {start + frames}, past the "
                               f"{MAX_STREAM_FRAMES} latent frames a stream can reach: start a new stream")
         cond = self._checked(COND_CONCAT, cond_concat, self.spec.tensor(COND_CONCAT).shape)
@@ -379,11 +379,14 @@ class StreamingSession:
         queued after the clean pass, the last reader of this block's tables; a refused block leaves the
         next step to load its own tables again (the feeds say which start frame they hold)."""
         following = self.block + 1
-        start = following * self.cfg.block_frames
-        if start + self.cfg.block_frames > MAX_STREAM_FRAMES:
+        if not self._within_reach(following):
             return
-        self._load_rotaries(start)
+        self._load_rotaries(following * self.cfg.block_frames)
         self._next_noise = (following, self._first_noise(following))
+
+    def _within_reach(self, block: int) -> bool:
+        """Whether ``block`` ends within the latent frames a stream can reach (:data:`MAX_STREAM_FRAMES`)."""
+        return block < max_stream_blocks(self.cfg)
 
     def _first_noise(self, block: int) -> torch.Tensor:
         return self.noise(block, 0, self.spec.tensor(LATENTS).shape, self.device, self.dtype)
