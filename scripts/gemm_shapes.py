@@ -119,8 +119,9 @@ def main() -> int:
     width = spec.config.model.dim
     report = {**provenance(), "config": args.config, "precision": args.precision, "shapes": rows}
     if not torch.cuda.is_available():
-        print(json.dumps(rows, indent=1))
-        print("no CUDA device: shapes only", file=sys.stderr)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"no CUDA device: the shapes only, in {args.out}", file=sys.stderr)
         return 0
     torch._inductor.config.max_autotune_gemm_backends = "ATEN,TRITON"
     ffn = [width, spec.config.model.ffn_dim]
