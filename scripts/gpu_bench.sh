@@ -37,6 +37,11 @@
 #                                            this checkout's engine: runs of each in turn, alternating
 #                                            (scripts/time_blocks.py), and one block's kernel timeline under each
 #                                            (scripts/block_kernels.py; KERNELS=0 skips them); needs `build`
+#   scripts/gpu_bench.sh ab-env RESULTS      this checkout's runtime on its engine with ENV_VAR (CUBLASLT_WORKSPACE_SIZE) set
+#                                            to ENV_A (0: no cuBLASLt workspace, as the runtime sets it up) and ENV_B
+#                                            (1024 KiB: the default PyTorch's CUDA source gives it where the variable
+#                                            is unset) in turn, ROUNDS rounds (scripts/time_blocks.py), then one block's
+#                                            kernels under each (scripts/block_kernels.py; KERNELS=0 skips them)
 #   scripts/gpu_bench.sh site                REV installed apart as build-rev, ab-runtime and ab take it
 #                                            (out/site_<rev>), where git has REV: on a machine whose clone lacks
 #                                            the commit, copy that folder there and pass REV=<rev> as printed
@@ -57,7 +62,7 @@ ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 DECODER=out/${CONFIG}_${PRECISION}_decoder
 DECODER_OPS=${DECODER_OPS:-plugins}
 DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
-step=${1:?"step: setup | site | build | build-rev | ab | ab-runtime | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
+step=${1:?"step: setup | site | build | build-rev | ab | ab-runtime | ab-env | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || [ "$step" = site ] || { mkdir -p "$results" && results=$(cd "$results" && pwd); }
 tag=${CONFIG}_${PRECISION}
@@ -113,6 +118,22 @@ case "$step" in
     ;;
   block-end)
     python3 scripts/bench_block_end.py "$EXPORT" "$ENGINE" --out "$results/block_end_${tag}.json"
+    ;;
+  ab-env)  # this checkout's runtime on its engine under two values of one environment variable
+    var=${ENV_VAR:-CUBLASLT_WORKSPACE_SIZE}; a=${ENV_A:-0}; b=${ENV_B:-1024}
+    runs=$results/time_blocks_env_${tag}.jsonl
+    rm -f "$runs"
+    for round in $(seq "${ROUNDS:-3}"); do
+      for value in "$a" "$b"; do
+        env "$var=$value" python3 scripts/time_blocks.py "$var=$value" "$EXPORT" --out "$runs"
+      done
+    done
+    python3 scripts/time_blocks.py --summarize "$runs" --out "$results/ab_env_${tag}.json"
+    if [ "${KERNELS:-1}" != 0 ]; then
+      for value in "$a" "$b"; do
+        env "$var=$value" python3 scripts/block_kernels.py "env_${var}_${value}" "$EXPORT" --out "$results"
+      done
+    fi
     ;;
   long)
     python3 scripts/long_stream.py "$EXPORT" "$ENGINE" --blocks "${LONG_BLOCKS:-1500}" \
