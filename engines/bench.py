@@ -97,9 +97,10 @@ def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
     return stats
 
 
-def bench_upstream(model, inputs, blocks: int) -> dict[str, Any]:
-    """The upstream-semantics pipeline: time between yields = one block (and the previous clean pass)."""
-    times, last, device = [], time.perf_counter(), next(model.parameters()).device
+def bench_upstream(model, inputs, blocks: int, device: str) -> dict[str, Any]:
+    """The upstream-semantics pipeline on ``device``: time between yields = one block (and the previous clean
+    pass)."""
+    times, last = [], time.perf_counter()
     for _ in ReferencePipeline(model).run(inputs, blocks, NoiseSource(0)):
         synchronize(device)
         now = time.perf_counter()
@@ -149,7 +150,7 @@ class Bench:
         reset_peak_memory(self.device)
         start = allocated_memory_gib(self.device)
         if get_backend(backend).reference_pipeline:
-            result = bench_upstream(self.model(), inputs, blocks)
+            result = bench_upstream(self.model(), inputs, blocks, self.device)
         else:
             result = bench_session(self.runner(backend), inputs, blocks, decoder=decoder)
         result.update(throughput(self.flops_per_block, result["block_ms"]["p50"]))

@@ -32,7 +32,8 @@ from wan_trt.log import logger
 MARKER = ".wan-trt-export"  # inside every staging and finished output folder (exports, stream outputs)
 # what `wan-trt check` adds to an export (a partial report: one it was writing when it was killed)
 CHECK_FILES = ("check/report_*.json", "check/.report_*.json.partial-*", "check/run_results_*.json")
-OWN_FOLDERS = ("check",)  # folders wan-trt makes in its outputs, which a check it stops may leave empty
+# per kind of output, the folders wan-trt makes in it that a run it stops may leave empty (an export's check/)
+OWN_FOLDERS = {"export": (Path("check"),)}
 # the files wan-trt wrote into an existing output folder, or None if it is not wan-trt's
 OwnedFiles = Callable[[Path], list[Path] | None]
 
@@ -179,19 +180,23 @@ def engine_files_in(directory: Path) -> list[Path]:
     return found
 
 
-def foreign_files(directory: Path, owned: list[Path]) -> list[str]:
-    """Relative names of what ``directory`` holds besides ``owned``: files, links and empty folders other
-    than :data:`OWN_FOLDERS` (named 'name/': replacing an output removes the folders it empties). Folders
-    holding only owned files pass."""
+def foreign_files(directory: Path, owned: list[Path], own_folders: Sequence[Path] = ()) -> list[str]:
+    """Relative names of what ``directory`` holds besides ``owned``: files, links, empty folders other than
+    ``own_folders`` and folders that cannot be read (named 'name/': replacing an output removes the folders
+    it empties, and what cannot be read cannot be told to be wan-trt's). Folders holding only owned files
+    pass."""
     keep = {p.resolve() for p in owned}
     found = []
-    for root, dirs, files in os.walk(directory):
+
+    def unreadable(error: OSError) -> None:
+        found.append(f"{Path(error.filename).relative_to(directory)}/")
+    for root, dirs, files in os.walk(directory, onerror=unreadable):
         for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
             path = Path(root, name)
             if path.resolve() not in keep or path.is_symlink():
                 found.append(str(path.relative_to(directory)))
         folder = Path(root).relative_to(directory)
-        if not dirs and not files and folder != Path(".") and str(folder) not in OWN_FOLDERS:
+        if not dirs and not files and folder != Path(".") and folder not in own_folders:
             found.append(f"{folder}/")
     return sorted(found)
 
@@ -231,10 +236,10 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
     if held:
         raise WanTrtError(f"--out {out}: a wan-trt build is writing into it ({held[0].name}); wait for it to finish")
     owned = owned_files(out)
-    foreign = foreign_files(out, (owned or []) + stale)
+    foreign = foreign_files(out, (owned or []) + stale, OWN_FOLDERS.get(what, ()))
     if owned is None or foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        why = f"is not a wan-trt {what}" if owned is None else "holds files wan-trt did not write"
+        why = f"is not a wan-trt {what}" if owned is None else "holds files or folders wan-trt did not write"
         raise WanTrtError(f"--out {out} {why} ({shown}); --overwrite replaces only wan-trt {what}s: pick "
                           "another --out, or move those files away yourself")
     if not overwrite:

@@ -119,7 +119,7 @@ def summarize_ms(samples: list[float]) -> dict[str, float]:
             "min": ordered[0], "n": len(ordered)}
 
 
-def op_class_profile(fn: Callable[[], Any], device: torch.device | str = "cuda", top: int = 25) -> dict[str, Any]:
+def op_class_profile(fn: Callable[[], Any], device: torch.device | str, top: int = 25) -> dict[str, Any]:
     """Device time of one call of ``fn`` on ``device`` by op class and the top kernels (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 

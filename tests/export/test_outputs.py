@@ -1,4 +1,5 @@
 """Export outputs: --overwrite replaces only wan-trt exports, staging and locking, failed writes, manifests."""
+import os
 import resource
 import shutil
 import signal
@@ -37,7 +38,7 @@ def test_overwrite_refuses_a_folder_of_user_files(tmp_path, plain_export):
     mixed = tmp_path / "mixed"
     shutil.copytree(plain_export, mixed)
     (mixed / "notes.txt").write_text("keep me too")
-    with pytest.raises(WanTrtError, match=r"holds files wan-trt did not write \(notes.txt\)"):
+    with pytest.raises(WanTrtError, match=r"holds files or folders wan-trt did not write \(notes.txt\)"):
         _export(mixed, overwrite=True)
     assert (user / "notes.txt").read_text() == "keep me" and (mixed / "notes.txt").read_text() == "keep me too"
     assert _tree(mixed) == sorted(_tree(plain_export) + ["notes.txt"])
@@ -206,7 +207,7 @@ def test_only_files_shaped_exactly_as_a_builds_own_count_as_its_leftovers(tmp_pa
         out = tmp_path / name.strip(".")
         shutil.copytree(plain_export, out)
         (out / name).write_bytes(b"")
-        with pytest.raises(WanTrtError, match="holds files wan-trt did not write"):
+        with pytest.raises(WanTrtError, match="holds files or folders wan-trt did not write"):
             _export(out, overwrite=True)
         assert (out / name).is_file()
 
@@ -391,7 +392,7 @@ def test_overwrite_refuses_an_export_holding_a_users_empty_folder(tmp_path, plai
     mixed = tmp_path / "mixed"
     shutil.copytree(plain_export, mixed)
     (mixed / "renders" / "later").mkdir(parents=True)  # the user's, empty: the swap would have deleted it
-    with pytest.raises(WanTrtError, match=r"holds files wan-trt did not write \(renders/later/\)"):
+    with pytest.raises(WanTrtError, match=r"holds files or folders wan-trt did not write \(renders/later/\)"):
         _export(mixed, overwrite=True)
     assert (mixed / "renders" / "later").is_dir()
     assert _tree(mixed) == sorted(_tree(plain_export) + ["renders", "renders/later"])
@@ -405,3 +406,26 @@ def test_overwrite_takes_the_empty_check_folder_a_stopped_check_leaves(tmp_path,
     (out / "check").mkdir(exist_ok=True)
     _export(out, overwrite=True)
     assert Manifest.read(out) is not None
+
+
+def test_overwrite_refuses_an_export_holding_a_folder_it_cannot_read(tmp_path, plain_export, monkeypatch):
+    mixed = tmp_path / "mixed"
+    shutil.copytree(plain_export, mixed)
+    (mixed / "locked").mkdir()
+    real = os.scandir
+
+    def scandir(path="."):  # as for a folder of mode 000 and a user other than root
+        if os.fspath(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(WanTrtError, match=r"did not write \(locked/\)"):
+        _export(mixed, overwrite=True)
+    monkeypatch.undo()
+    assert (mixed / "locked").is_dir()
+
+
+def test_a_stream_output_takes_no_empty_check_folder_as_its_own(tmp_path):
+    from wan_trt.outputs import foreign_files
+    (tmp_path / "check").mkdir()
+    assert foreign_files(tmp_path, []) == ["check/"]  # only an export's check/ is wan-trt's
