@@ -59,6 +59,11 @@ REPORT_KEYS = {"command", "environment", "backends", "skipped", "failed"}  # in 
 # Warm-up blocks left out of a row's times: the first (its CUDA graphs are captured), and with a decoder the
 # second too (DECODER_WARMUP_BLOCKS). A run needs at least one block more.
 WARMUP_BLOCKS = 1
+
+
+def warmup_blocks(decoded: bool) -> int:
+    """Warm-up blocks of a run, with (``decoded``) or without a decoder."""
+    return DECODER_WARMUP_BLOCKS if decoded else WARMUP_BLOCKS
 CHART_SOFTWARE = "wan-trt bench"  # the charts' PNG tEXt Software
 
 
@@ -90,7 +95,7 @@ def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
         results = stream_blocks(session, inputs, blocks)
         timed = stream_blocks(session, inputs, min(blocks, timed_blocks + 1), time_passes=True)
     passes = [s for r in timed[1:] for s in r.pass_seconds]
-    warmup = WARMUP_BLOCKS if decoder is None else DECODER_WARMUP_BLOCKS
+    warmup = warmup_blocks(decoder is not None)
     stats = block_stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block, warmup)
     steady = results[warmup:]
     stats["stage_ms"] = {k: statistics.median(r.stage_ms[k] for r in steady) for k in steady[0].stage_ms}
@@ -298,7 +303,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         decoder_spec = decoder_manifests["steady"].spec
         check_decoder_request(o.decoder, decoder_manifests, o.decoder_engine, o.device)
     blocks, out, chart = o.blocks, o.out, o.chart
-    warmup = DECODER_WARMUP_BLOCKS if o.decoder is not None else WARMUP_BLOCKS
+    warmup = warmup_blocks(o.decoder is not None)
     if blocks <= warmup:
         raise WanTrtError(f"--blocks {blocks}: the first {warmup} block(s) are warm-up"
                           f"{' (the decoder rows: graphs captured in both)' if o.decoder is not None else ''}, "

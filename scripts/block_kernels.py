@@ -10,10 +10,11 @@ or gained, independent of the wall clock's run-to-run spread. The table counts e
 of the block: the passes' kernels, memsets, and the session's own (re-noising, checks, cache commit).
 The ``timeline`` says where the device sat idle inside the block: the span from its first kernel's start
 to its last one's end, the time no kernel ran in it, the gaps between kernels by length, the idle time
-summed by the activity each gap follows (``idle_after``), and the longest gaps with the kernels either side. ``--host`` also records the host (PyTorch's ops and the CUDA
-runtime's calls, each with the innermost Python function around it outside torch and the standard library)
-and lists, for each of the longest gaps, what the host started while the device waited, in order (the
-first and last HOST_EVENTS / 2 of them when there are more). Recording the host slows it: time the
+summed by the activity each gap follows (``idle_after``), and the longest gaps with the kernels either
+side. ``--host`` also records the host (PyTorch's ops and the CUDA runtime's calls, each with the
+innermost Python function around it outside torch and the standard library) and lists, for each of the
+longest gaps, what the host started while the device waited, in order (the first and last
+HOST_EVENTS / 2 of them when there are more). Recording the host slows it: time the
 block without it.
 """
 from __future__ import annotations

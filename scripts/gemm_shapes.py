@@ -105,6 +105,11 @@ def autotuned(fn, args: list[torch.Tensor]) -> float | str:
         return f"{type(exc).__name__}: {exc}"[:300]
 
 
+def write(report: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="universal")
@@ -119,8 +124,7 @@ def main() -> int:
     width = spec.config.model.dim
     report = {**provenance(), "config": args.config, "precision": args.precision, "shapes": rows}
     if not torch.cuda.is_available():
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        write(report, args.out)
         print(f"no CUDA device: the shapes only, in {args.out}", file=sys.stderr)
         return 0
     torch._inductor.config.max_autotune_gemm_backends = "ATEN,TRITON"
@@ -160,8 +164,7 @@ def main() -> int:
     print(json.dumps(report["qkv_as_one"]), file=sys.stderr)
     timed_rows = [r for r in rows if "ms_per_pass" in r]
     report["ms_per_pass_timed_shapes"] = sum(r["ms_per_pass"] for r in timed_rows)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    write(report, args.out)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
