@@ -87,3 +87,67 @@ def test_library_entries_that_run_gemms_before_a_session_ask_first(entry, monkey
     with pytest.raises(Stop):
         call()
     assert seen == ["0"]
+
+
+# ---- on a GPU: the setting reaches cuBLASLt ----------------------------------------------------------------
+
+GPU_CHILD = r"""
+import json, sys
+import torch
+from torch.profiler import ProfilerActivity, profile
+from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
+from wan_trt.model.fp8 import Fp8Linear, quantize_rows, reference_fp8_linear
+
+prefer_workspace_free_gemms()  # before this process's first GEMM, as wan-trt and the sessions ask
+torch.manual_seed(0)
+h = torch.randn(2640, 1536, device="cuda", dtype=torch.bfloat16)  # a universal block's tokens
+up = torch.nn.Linear(1536, 8960, device="cuda", dtype=torch.bfloat16)  # the FFN's up-projection
+gelu = lambda: torch._addmm_activation(up.bias, h, up.weight.t(), use_gelu=True)  # the engines' GELU epilogue
+for _ in range(3):
+    gelu()
+torch.cuda.synchronize()
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    for _ in range(4):
+        gelu()
+    torch.cuda.synchronize()
+names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+fp8 = {}  # the fp8 engines' FP8 GEMMs (cuBLASLt too), each against the fp32 reference
+for k, n in ((1536, 1536), (1536, 8960), (8960, 1536)):
+    linear = Fp8Linear(torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16))
+    rows = quantize_rows(torch.randn(2640, k, device="cuda", dtype=torch.bfloat16))
+    got = linear(rows).float()
+    want = reference_fp8_linear(rows.data, rows.scale, linear.weight, linear.weight_scale, linear.bias,
+                                torch.float32)
+    fp8[f"{k}x{n}"] = float((got - want).norm() / want.norm())
+print(json.dumps({"memsets": sum("memset" in n.lower() for n in names),
+                  "gemms": sorted({n for n in names if "memset" not in n.lower()}), "fp8_rel_l2": fp8}))
+"""
+
+
+def _gpu_child(workspace: str | None) -> dict:
+    """Run GPU_CHILD in a fresh process (the variable is read once per process) with the variable unset
+    (None: the child's own call sets it) or set to ``workspace`` KiB."""
+    import json
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != VARIABLE}
+    if workspace is not None:
+        env[VARIABLE] = workspace
+    run = subprocess.run([sys.executable, "-c", GPU_CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="cuBLASLt runs on a CUDA GPU")
+def test_on_a_gpu_the_setting_made_in_the_process_reaches_cublaslt():
+    """Set by the process itself before its first GEMM (not in the environment it started with), the
+    FFN's GELU-epilogue GEMM runs with no memset; given 1 MiB, the same GEMM runs a kernel that needs one
+    (the control: proof this profile sees them). The fp8 engines' FP8 GEMMs, cuBLASLt's too, still run
+    without a workspace and equal their fp32 reference."""
+    own, control = _gpu_child(None), _gpu_child("1024")
+    if control["memsets"] == 0:
+        pytest.skip(f"this GPU's cuBLASLt runs the GELU GEMM without a workspace memset either way: "
+                    f"{control['gemms']}")
+    assert own["memsets"] == 0, own
+    assert own["gemms"] != control["gemms"], (own, control)
+    assert all(err < 0.02 for err in own["fp8_rel_l2"].values()), own
