@@ -1,6 +1,7 @@
 """The C++ runtime beside the Python session on the same engines: the same frames? how fast?
 
     python scripts/cpp_stream.py EXPORT ENGINE DECODER_ENGINE --blocks 10 --out RESULT.json [--device cuda]
+                                 [--baseline-source DIR --rounds 2]
 
 Builds engines/cpp (``wan_stream``) and streams ``--blocks`` blocks of the same synthetic inputs
 (seed 0) through the DiT engine ``ENGINE`` (built from ``EXPORT``) and the decoder engine pair of
@@ -8,7 +9,9 @@ Builds engines/cpp (``wan_stream``) and streams ``--blocks`` blocks of the same 
 with ``--decoder-backend``, default aoti+cudagraph) and once from C++ (``wan_stream``, with
 ``--cuda-graph`` on a GPU). Records whether the uint8 frames are identical, the largest latent
 difference, and per runtime the block milliseconds (p50 over the blocks after the first two) and
-the stage milliseconds of every block.
+the stage milliseconds of every block. ``--baseline-source``: the engines/cpp folder of another version
+of the C++ runtime (e.g. ``git archive REV engines/cpp``), built too; ``--rounds`` runs of each C++
+runtime then alternate (this checkout's first), their steady blocks pooled into each one's p50.
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ WARMUP = 2  # blocks left out of the p50 (CUDA-graph capture, cuDNN's algorithm 
 
 
 def compare(export: str, engine: str, decoder_engine: str, blocks: int, device: str, backend: str,
-            decoder_backend: str, build_dir: str | None = None) -> dict:
+            decoder_backend: str, build_dir: str | None = None, baseline_source: str | None = None,
+            rounds: int = 1) -> dict:
     manifest = Manifest.read(export)
     inputs = synthetic_stream(manifest.spec.config, blocks, seed=0)
     sources = RunnerSources(manifest.spec, device, model=None, manifest=manifest, directory=Path(export),
@@ -44,10 +48,19 @@ def compare(export: str, engine: str, decoder_engine: str, blocks: int, device: 
     python_frames = torch.cat([r.frames for r in results])
     python_latents = torch.cat([r.latents.cpu() for r in results], dim=2)
     cuda = device.startswith("cuda")
+    runs: dict[str, list] = {"cpp": []} if baseline_source is None else {"cpp": [], "cpp_baseline": []}
     with tempfile.TemporaryDirectory() as tmp:
-        exe = build_cpp(Path(build_dir or Path(tmp) / "build"))
-        cpp = run_wan_stream(exe, Path(engine), write_stream_inputs(inputs, Path(tmp) / "in.pt"), blocks,
-                             Path(tmp) / "out.pt", seed=0, device=device, cuda_graph=cuda, decoder=Path(decoder_engine))
+        build = Path(build_dir or Path(tmp) / "build")
+        exes = {"cpp": build_cpp(build)}
+        if baseline_source is not None:
+            exes["cpp_baseline"] = build_cpp(build.with_name(build.name + "_baseline"), source=baseline_source)
+        stream_inputs = write_stream_inputs(inputs, Path(tmp) / "in.pt")
+        for _ in range(rounds):
+            for name, exe in exes.items():
+                runs[name].append(run_wan_stream(exe, Path(engine), stream_inputs, blocks, Path(tmp) / "out.pt", seed=0,
+                                                 device=device, cuda_graph=cuda, decoder=Path(decoder_engine)))
+    cpp = runs["cpp"][0]
+    steady = {name: [ms for run in done for ms in run.block_ms[WARMUP:]] for name, done in runs.items()}
     diff = (cpp.frames.int() - python_frames.int()).abs()
     differing = (diff > 0).any(dim=-1)  # [N, H, W] pixels with any channel off
     python_ms = [1e3 * r.seconds for r in results]
@@ -60,9 +73,11 @@ def compare(export: str, engine: str, decoder_engine: str, blocks: int, device: 
             "frames_max_abs_diff": int(diff.max()), "frames_mean_abs_diff": float(diff.float().mean()),
             "frames_max_abs_diff_per_block": [int(d.max()) for d in diff.split([len(r.frames) for r in results])],
             "latents_max_abs_diff": float((cpp.latents.float() - python_latents.float()).abs().max()),
-            "block_ms_p50": {"python": statistics.median(python_ms[WARMUP:]),
-                             "cpp": statistics.median(cpp.block_ms[WARMUP:])},
-            "block_ms": {"python": python_ms, "cpp": cpp.block_ms},
+            "frames_identical_each_run": {name: [bool(torch.equal(run.frames, python_frames)) for run in done]
+                                          for name, done in runs.items()},
+            "rounds": rounds, "block_ms_p50": {"python": statistics.median(python_ms[WARMUP:]),
+                                               **{name: statistics.median(ms) for name, ms in steady.items()}},
+            "block_ms": {"python": python_ms, **{name: [run.block_ms for run in done] for name, done in runs.items()}},
             "stage_ms": {"python": [r.stage_ms for r in results], "cpp": cpp.stage_ms}}
 
 
@@ -76,12 +91,14 @@ def main() -> None:
     parser.add_argument("--backend", default="aoti-plugins+cudagraph")
     parser.add_argument("--decoder-backend", default="aoti+cudagraph")
     parser.add_argument("--build-dir", help="build engines/cpp here (kept; default: a temporary folder)")
+    parser.add_argument("--baseline-source", help="engines/cpp of another version of the C++ runtime, run beside")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each C++ runtime, alternating")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.blocks <= WARMUP:
         parser.error(f"--blocks: more than {WARMUP} (the first {WARMUP} are left out of the p50)")
     report = compare(args.export, args.engine, args.decoder_engine, args.blocks, args.device, args.backend,
-                     args.decoder_backend, args.build_dir)
+                     args.decoder_backend, args.build_dir, args.baseline_source, args.rounds)
     print(json.dumps({k: v for k, v in report.items() if k not in ("block_ms", "stage_ms")}, indent=1))
     Path(args.out).write_text(json.dumps(report, indent=1))
 

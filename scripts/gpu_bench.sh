@@ -15,6 +15,7 @@
 #   scripts/gpu_bench.sh decoder RESULTS     the video decoder: export (no ONNX graph) + AOTInductor build (with
 #                                            its fused norms: --ops $DECODER_OPS, default plugins) of its
 #                                            two graphs + wan-trt check of the engines (--blocks 3) as JSON
+#                                            (DECODER_CHECK=0: no check)
 #   scripts/gpu_bench.sh decoder-bench RESULTS  one wan-trt bench: the DiT engine (CUDA graphs), the decoder rows
 #                                            (PyTorch fp16 decoder eager / compiled / compiled with cuDNN
 #                                            benchmark, the engine with and without CUDA graphs) and DiT +
@@ -23,7 +24,8 @@
 #                                            needs `build` and `decoder` first)
 #   scripts/gpu_bench.sh cpp RESULTS         the C++ runtime (wan_stream) beside the Python session on the DiT and
 #                                            decoder engines: identical frames?, ms per block (scripts/cpp_stream.py;
-#                                            needs `build` and `decoder` first)
+#                                            needs `build` and `decoder` first); with REV set, REV's C++ runtime
+#                                            too, ROUNDS (2) runs of each alternating
 #   scripts/gpu_bench.sh precisions RESULTS  one wan-trt bench of the PRECISION (bf16) engine beside the fp16 and fp8
 #                                            engines (--also-engine; built here if missing), torch.compile and
 #                                            eager, with the profile of each engine (needs `build` first)
@@ -98,6 +100,7 @@ case "$step" in
       --out "$DECODER" --overwrite
     run_step build_decoder wan-trt build "$DECODER" --backend aoti --ops "$DECODER_OPS" --precision "$PRECISION" \
       --device cuda
+    [ "${DECODER_CHECK:-1}" = 0 ] && exit 0  # the engines only
     wan-trt check "$DECODER_ENGINE" --blocks 3 --json --no-save-results \
       > "$results/check_${tag}_decoder_aoti.json" 2> "$results/check_decoder.log" || { tail -20 "$results/check_decoder.log"; exit 1; }
     tail -1 "$results/check_decoder.log"
@@ -113,8 +116,15 @@ case "$step" in
       --end-to-end aoti-plugins+cudagraph --profile decoder --overwrite --out "$results/bench_${tag}_decoder.json"
     ;;
   cpp)
+    baseline=()
+    if [ -n "${REV:-}" ]; then  # REV's C++ runtime beside this checkout's, ROUNDS runs of each, alternating
+      src=$(mktemp -d)
+      git archive "$REV" engines/cpp | tar -x -C "$src"
+      baseline=(--baseline-source "$src/engines/cpp" --rounds "${ROUNDS:-2}")
+    fi
     python3 scripts/cpp_stream.py "$EXPORT" "$ENGINE" "$DECODER_ENGINE" --blocks "${CPP_BLOCKS:-12}" \
-      --build-dir build/cpp --out "$results/cpp_stream_${tag}.json" 2> "$results/cpp.log" || { tail -20 "$results/cpp.log"; exit 1; }
+      --build-dir build/cpp "${baseline[@]}" --out "$results/cpp_stream_${tag}.json" 2> "$results/cpp.log" ||
+      { tail -20 "$results/cpp.log"; exit 1; }
     ;;
   block-end)
     python3 scripts/bench_block_end.py "$EXPORT" "$ENGINE" --out "$results/block_end_${tag}.json"

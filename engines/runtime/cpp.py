@@ -15,14 +15,16 @@ from wan_trt.stream import StreamInputs
 SOURCE = Path(__file__).resolve().parent.parent / "cpp"  # the C++ sources: engines/cpp
 
 
-def build_cpp(build_dir: str | Path, tensorrt: bool = False, jobs: int | None = None) -> Path:
-    """Configure and build engines/cpp into ``build_dir``; returns the ``wan_stream`` executable."""
+def build_cpp(build_dir: str | Path, tensorrt: bool = False, jobs: int | None = None,
+              source: str | Path = SOURCE) -> Path:
+    """Configure and build engines/cpp (or ``source``: the same folder of another version) into
+    ``build_dir``; returns the ``wan_stream`` executable."""
     import torch.utils
 
     build_dir = Path(build_dir)
-    configure = ["cmake", "-S", str(SOURCE), "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+    configure = ["cmake", "-S", str(source), "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
                  f"-DWAN_TRT_WITH_TENSORRT={'ON' if tensorrt else 'OFF'}"]
-    with stage("cmake configure + build (engines/cpp)"):
+    with stage(f"cmake configure + build ({source})"):
         for cmd in (configure, ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)]):
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:

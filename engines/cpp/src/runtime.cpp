@@ -319,6 +319,63 @@ at::Tensor DecoderStream::decode(const at::Tensor& latents) {
   return frames;
 }
 
+// ---- host staging ---------------------------------------------------------------------------
+
+struct HostStaging::Impl {
+  at::Device device;
+  at::Tensor device_buffer, host_buffer;
+  std::map<std::string, at::Tensor> host_views;
+#ifdef WAN_TRT_WITH_CUDA
+  std::unique_ptr<at::cuda::CUDAEvent> copied;  // the last copy out of the host buffer
+#endif
+};
+
+HostStaging::HostStaging(std::map<std::string, at::Tensor>& feeds, const std::vector<std::string>& names,
+                         at::Device device)
+    : impl_(std::make_unique<Impl>(Impl{device, {}, {}, {}})) {
+  constexpr int64_t kAlignment = 256;  // bytes, of every staged feed's address (TensorRT's rule for tensors)
+  if (names.empty()) throw Error("HostStaging: no feeds to stage");
+  const at::ScalarType dtype = feeds.at(names.front()).scalar_type();
+  const int64_t step = kAlignment / static_cast<int64_t>(c10::elementSize(dtype));
+  std::vector<int64_t> offsets;
+  int64_t end = 0;
+  for (const auto& name : names) {
+    if (feeds.at(name).scalar_type() != dtype) throw Error("HostStaging: the staged feeds must share one dtype");
+    offsets.push_back(end);
+    end += (feeds.at(name).numel() + step - 1) / step * step;
+  }
+  const auto options = at::TensorOptions().dtype(dtype);
+  impl_->device_buffer = at::zeros({end}, options.device(device));  // CUDA allocations start 256-byte aligned
+  impl_->host_buffer = at::zeros({end}, options.pinned_memory(device.is_cuda()));
+  for (size_t i = 0; i < names.size(); ++i) {
+    at::Tensor& feed = feeds.at(names[i]);
+    const auto shape = feed.sizes().vec();
+    impl_->host_views[names[i]] = impl_->host_buffer.narrow(0, offsets[i], feed.numel()).view(shape);
+    feed = impl_->device_buffer.narrow(0, offsets[i], feed.numel()).view(shape);
+  }
+}
+
+HostStaging::~HostStaging() = default;
+
+void HostStaging::wait() {
+#ifdef WAN_TRT_WITH_CUDA
+  if (impl_->copied && !impl_->copied->query()) impl_->copied->synchronize();
+#endif
+}
+
+at::Tensor& HostStaging::host(const std::string& name) { return impl_->host_views.at(name); }
+
+void HostStaging::load() {
+  const bool cuda = impl_->device.is_cuda();
+  impl_->device_buffer.copy_(impl_->host_buffer, /*non_blocking=*/cuda);
+#ifdef WAN_TRT_WITH_CUDA
+  if (cuda) {
+    impl_->copied = std::make_unique<at::cuda::CUDAEvent>();
+    impl_->copied->record(c10::cuda::getCurrentCUDAStream(impl_->device.index()));
+  }
+#endif
+}
+
 // ---- stage clock ----------------------------------------------------------------------------
 
 struct StageClock::Impl {
@@ -373,6 +430,9 @@ StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int6
     : runner_(runner), spec_(spec), seed_(seed), device_(runner.device()), decoder_(decoder) {
   prefer_workspace_free_gemms();  // effective where no GEMM ran in this process yet
   feeds_ = allocate(spec.inputs, device_);
+  std::vector<std::string> rotary;
+  for (const auto& r : spec.rotaries) rotary.insert(rotary.end(), {r.cos, r.sin});
+  rotary_ = std::make_unique<HostStaging>(feeds_, rotary, device_);
   if (decoder) {
     decoder->check_attachable(spec);
     if (decoder->device() != device_) throw Error("the decoder runs on another device than the session");
@@ -422,6 +482,8 @@ void StreamingSession::start(const at::Tensor& visual_context, int64_t start_blo
   base_.clear();
   block_ = start_block;
   valid_frames_ = 0;
+  next_noise_block_ = -1;
+  next_noise_ = at::Tensor();
   started_ = true;
   if (decoder_) decoder_->reset();
 }
@@ -466,12 +528,19 @@ void StreamingSession::feed_actions(const std::string& name, const at::Tensor& r
   feeds_.at(window).copy_(at::stack(windows, 1));
 }
 
-// cos/sin of (start + f) * inv_freq in double, stored fp32: the same numbers as wan_trt.rotary.
-void StreamingSession::feed_rotaries(int64_t start) {
+// cos/sin of (start + f) * inv_freq in double, stored fp32: the same numbers as wan_trt.rotary; written into
+// the pinned host buffer and copied to the device in one copy, unless the feeds hold them already.
+void StreamingSession::load_rotaries(int64_t start) {
+  if (rotary_start_ == start) return;
+  rotary_start_ = -1;  // until the copy is queued
+  rotary_->wait();
   const int64_t f = spec_.block_frames;
   for (const auto& r : spec_.rotaries) {
     const int64_t n = static_cast<int64_t>(r.inv_freq.size());
-    at::Tensor cos = at::empty({f, n}, at::kFloat), sin = at::empty({f, n}, at::kFloat);
+    at::Tensor &cos = rotary_->host(r.cos), &sin = rotary_->host(r.sin);
+    if (cos.numel() != f * n || sin.numel() != f * n || cos.scalar_type() != at::kFloat)
+      throw Error("runtime file: rotary inputs " + r.cos + ", " + r.sin + " are not fp32 [" + std::to_string(f) +
+                  ", " + std::to_string(n) + "]");
     float* c = cos.data_ptr<float>();
     float* s = sin.data_ptr<float>();
     for (int64_t i = 0; i < f; ++i)
@@ -480,9 +549,28 @@ void StreamingSession::feed_rotaries(int64_t start) {
         c[i * n + j] = static_cast<float>(std::cos(angle));
         s[i * n + j] = static_cast<float>(std::sin(angle));
       }
-    feeds_.at(r.cos).copy_(cos);
-    feeds_.at(r.sin).copy_(sin);
   }
+  rotary_->load();
+  rotary_start_ = start;
+}
+
+bool StreamingSession::within_reach(int64_t block) const {
+  return (block + 1) * spec_.block_frames <= spec_.max_stream_frames;
+}
+
+at::Tensor StreamingSession::first_noise(int64_t block) const {
+  const auto& latents = spec_.input("latents");
+  return noise(seed_, block, 0, latents.shape, device_, latents.dtype);
+}
+
+// The next block's rotary tables and first noise, made while the device runs this block's clean pass (queued
+// after it, the last reader of this block's tables). A refused block leaves the next step to load its own.
+void StreamingSession::stage_next_block() {
+  const int64_t following = block_ + 1;
+  if (!within_reach(following)) return;
+  load_rotaries(following * spec_.block_frames);
+  next_noise_ = first_noise(following);
+  next_noise_block_ = following;
 }
 
 std::map<std::string, at::Tensor> StreamingSession::run(const at::Tensor& x, double t) {
@@ -497,7 +585,7 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
   const std::string of_block = " of block " + std::to_string(block_);
   // every check before any state changes: a refused step leaves the session as it was
   if (!started_) throw Error("step() before start(): start the stream with its visual context first");
-  if (start + f > spec_.max_stream_frames)
+  if (!within_reach(block_))
     throw Error("block " + std::to_string(block_) + " would end past the " + std::to_string(spec_.max_stream_frames) +
                 " latent frames a stream can reach: start a new stream");
   at::Tensor& cond_slot = feeds_.at("cond_concat");
@@ -506,8 +594,6 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
   std::vector<std::pair<std::string, at::Tensor>> given{{"cond_concat", real_input("cond_concat", cond, for_block)}};
   if (check_actions("mouse", mouse)) given.emplace_back("mouse", real_input("mouse", mouse, for_block));
   if (check_actions("keyboard", keyboard)) given.emplace_back("keyboard", real_input("keyboard", keyboard, for_block));
-  const std::string bad_input = first_non_finite(given);
-  if (!bad_input.empty()) throw Error(bad_input + of_block + " holds non-finite values (NaN or Inf)");
   const auto kept_history = history_;  // tensor handles: feed_actions replaces, never writes in place
   const auto kept_base = base_;
   StageClock clock(device_);
@@ -516,12 +602,14 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
   try {  // until the commit, any failure (a bad block, a runner or decoder error) leaves the session as it was
     for (size_t i = 1; i < given.size(); ++i) feed_actions(given[i].first, given[i].second);
     cond_slot.copy_(given[0].second);
-    feed_rotaries(start);
+    load_rotaries(start);
     if (spec_.prev_frames > 0) feeds_.at("valid_frames").fill_(valid_frames_);
 
     const auto& latents = spec_.input("latents");
     const at::ScalarType dtype = latents.dtype;
-    at::Tensor x = noise(seed_, block_, 0, latents.shape, device_, dtype), x0;
+    at::Tensor x = next_noise_block_ == block_ ? next_noise_ : first_noise(block_), x0;
+    next_noise_block_ = -1;
+    next_noise_ = at::Tensor();
     const size_t steps = spec_.timesteps.size();
     for (size_t i = 0; i < steps; ++i) {
       at::Tensor flow = run(x, spec_.timesteps[i]).at("flow");
@@ -535,13 +623,17 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
     clock.mark("passes");
     outputs = run(x0, spec_.clean_timestep);
     clock.mark("clean");
-    std::vector<std::pair<std::string, at::Tensor>> produced{{"latents", x0}};
+    stage_next_block();  // while the device runs the clean pass
+    // the inputs first: NaN in an input makes the block's outputs NaN too
+    std::vector<std::pair<std::string, at::Tensor>> checked(given);
+    checked.emplace_back("latents", x0);
     if (spec_.prev_frames > 0)
       for (const auto& c : spec_.caches)
-        for (const auto& cur : {c.cur_k, c.cur_v}) produced.emplace_back(cur, outputs.at(cur));
-    const std::string bad_output = first_non_finite(produced);
-    if (!bad_output.empty())
-      throw Error(bad_output + of_block + " came out non-finite (NaN or Inf): the block was not committed");
+        for (const auto& cur : {c.cur_k, c.cur_v}) checked.emplace_back(cur, outputs.at(cur));
+    const std::string bad = first_non_finite(checked);
+    const bool bad_input = std::any_of(given.begin(), given.end(), [&](const auto& g) { return g.first == bad; });
+    if (bad_input) throw Error(bad + of_block + " holds non-finite values (NaN or Inf)");
+    if (!bad.empty()) throw Error(bad + of_block + " came out non-finite (NaN or Inf): the block was not committed");
     clock.mark("checks");
     result.latents = x0;
     if (decoder_) {  // before the commit: a decode that fails leaves the caches as they were

@@ -13,7 +13,9 @@
 //
 // One block: denoising passes (x0 = x_t - sigma * flow, re-noise with seeded noise), the
 // clean pass at t = 0, the output checks, the decode, then the cache commit (swap when the
-// runner allows it, copy otherwise).
+// runner allows it, copy otherwise). Given its inputs on the device, a step waits for nothing before its
+// passes are queued: the inputs' finiteness is read with the outputs' (one sync), and the next block's
+// rotary tables and first noise are made while the device runs the clean pass.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -165,6 +167,24 @@ class DecoderStream {
   bool started_ = false, benchmark_ = false;
 };
 
+// Host-made feeds reaching the device in one asynchronous copy (engines/runtime/staging.py): the feeds `names`
+// (one dtype) become views of one device buffer, each 256 bytes aligned, filled from one host buffer (pinned
+// on a GPU) by one copy that does not hold the host. Fill the slots host(name) after wait(), then load().
+class HostStaging {
+ public:
+  HostStaging(std::map<std::string, at::Tensor>& feeds, const std::vector<std::string>& names, at::Device device);
+  ~HostStaging();
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  void wait();  // until the copy that read the host buffer last has run (long done at a block's start)
+  at::Tensor& host(const std::string& name);  // the feed's slot in the host buffer
+  void load();  // one copy of the host buffer into the feeds, queued on the current stream
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // Marks stage boundaries without synchronising: CUDA events on a GPU, the host clock on a CPU.
 class StageClock {
  public:
@@ -194,7 +214,8 @@ class StreamingSession {
   // start_block: absolute index of the first block (its position and noise), with empty caches.
   void start(const at::Tensor& visual_context, int64_t start_block = 0);
   // cond: [1, C, F, H, W]; mouse/keyboard: this block's raw frames [1, n, D] (empty if the config has none).
-  // Throws Error on a bad or non-finite input (nothing changed) or a non-finite block (nothing committed).
+  // Throws Error on a bad input (nothing changed), or on a non-finite input or block (its passes ran, overwriting
+  // only the per-block feeds; nothing committed).
   Block step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard);
   int64_t block() const { return block_; }
 
@@ -203,7 +224,10 @@ class StreamingSession {
   at::Tensor real_input(const std::string& name, const at::Tensor& t, const std::string& of) const;
   bool check_actions(const std::string& name, const at::Tensor& raw) const;  // false: the config has no such input
   void feed_actions(const std::string& name, const at::Tensor& raw);
-  void feed_rotaries(int64_t start_frame);
+  void load_rotaries(int64_t start_frame);  // unless the feeds hold that start frame's tables already
+  void stage_next_block();
+  bool within_reach(int64_t block) const;
+  at::Tensor first_noise(int64_t block) const;
   void commit(std::map<std::string, at::Tensor>& outputs);
 
   Runner& runner_;
@@ -214,6 +238,10 @@ class StreamingSession {
   std::map<std::string, at::Tensor> feeds_;
   std::map<std::string, at::Tensor> history_;  // padded raw action frames, from absolute index base_
   std::map<std::string, int64_t> base_;
+  std::unique_ptr<HostStaging> rotary_;  // the rotary feeds
+  int64_t rotary_start_ = -1;            // the start frame whose tables the rotary feeds hold (-1: none)
+  int64_t next_noise_block_ = -1;        // the block whose first noise next_noise_ holds, drawn ahead
+  at::Tensor next_noise_;
   int64_t block_ = 0, valid_frames_ = 0;
   bool started_ = false;
 };
