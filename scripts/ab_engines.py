@@ -11,6 +11,12 @@ warms up. Engines in one process on one GPU see the same clocks and power cap, w
 `wan-trt bench` runs do not (two builds of the same code measured 89.1 and 90.4 ms/block in two runs
 on one H100). An earlier form of this script reversed the order every other round: at each round's
 boundary an engine then ran twice in a row, and those streams ran slower, for either engine.
+
+``--interleave N`` streams N blocks through every engine one block each in turn instead (the first
+engine's block b, the second's block b, then block b + 1): each block of one engine has a neighbour of
+the other under the same clocks and power draw, and the report adds the block-by-block differences
+against the first engine (their median, and in how many pairs each engine was faster). Rounds of whole
+streams gave 1-2 ms differences between rounds of one engine, as large as the levers measured with them.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from pathlib import Path
 
 from wan_trt.engines.artifact import default_engine_path
 from wan_trt.engines.bench import Bench
-from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
+from wan_trt.engines.runtime.session import BlockResult, StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.profiling import provenance
 from wan_trt.stream import NoiseSource, synthetic_stream
@@ -31,11 +37,44 @@ ROUND_BLOCKS = 8
 SKIP = 2  # blocks of each stream not kept: its first (no previous frames) and the one after
 
 
+def interleaved(sessions: dict[str, StreamingSession], inputs, blocks: int) -> dict[str, list[BlockResult]]:
+    """Stream the same ``blocks`` blocks of ``inputs`` through every session from a fresh start, one block of
+    each session in turn; returns each session's block results in block order."""
+    cfg = next(iter(sessions.values())).cfg
+    for session in sessions.values():
+        session.start(inputs.visual_context.to(session.device))
+    results: dict[str, list[BlockResult]] = {name: [] for name in sessions}
+    for block in range(blocks):
+        mouse, keyboard = inputs.block_actions(cfg, block)
+        cond = inputs.block_cond(cfg, block)
+        for name, session in sessions.items():
+            move = (lambda t: None if t is None else t.to(session.device))  # noqa: E731  (the session checks)
+            results[name].append(session.step(move(cond), move(mouse), move(keyboard)))
+    return results
+
+
+def paired(samples: dict[str, list[float]]) -> dict[str, dict]:
+    """Per engine after the first: the block-by-block differences from the first engine's blocks (ms,
+    positive: slower), their median, and in how many of the pairs the engine was faster."""
+    names = list(samples)
+    base = samples[names[0]]
+    out = {}
+    for name in names[1:]:
+        diffs = [a - b for a, b in zip(samples[name], base)]
+        out[name] = {"against": names[0], "median_diff_ms": statistics.median(diffs),
+                     "faster_in": sum(d < 0 for d in diffs), "pairs": len(diffs)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("engines", nargs="+", metavar="NAME=EXPORT")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--interleave", type=int, default=0, metavar="N",
+                        help="one stream of N blocks per engine, a block of each in turn (module docstring)")
     args = parser.parse_args()
+    if args.interleave and args.interleave <= SKIP:
+        parser.error(f"--interleave: more than {SKIP} blocks (the first {SKIP} of a stream are not kept)")
     pairs = [e.split("=", 1) for e in args.engines]
     if len(pairs) < 2 or any(len(p) != 2 for p in pairs) or len({n for n, _ in pairs}) != len(pairs):
         raise WanTrtError("give two or more engines as NAME=EXPORT with distinct names")
@@ -48,25 +87,36 @@ def main() -> None:
         config = bench.spec.config
         runners.append(bench.runner("aoti-plugins+cudagraph").__enter__())
         sessions[name] = StreamingSession(runners[-1], noise=NoiseSource(0))
-    inputs = synthetic_stream(config, ROUND_BLOCKS, seed=0)
     names = list(sessions)
     kept: dict[str, list[float]] = {n: [] for n in names}
     try:
-        for rnd in range(ROUNDS):
-            for name in names:
-                ms = [1e3 * r.seconds for r in stream_blocks(sessions[name], inputs, ROUND_BLOCKS)[SKIP:]]
-                if rnd > 0:
-                    kept[name] += ms
-                print(rnd, name, [round(m, 2) for m in ms], flush=True)
+        if args.interleave:
+            inputs = synthetic_stream(config, args.interleave, seed=0)
+            for name, results in interleaved(sessions, inputs, args.interleave).items():
+                kept[name] = [1e3 * r.seconds for r in results[SKIP:]]
+        else:
+            inputs = synthetic_stream(config, ROUND_BLOCKS, seed=0)
+            for rnd in range(ROUNDS):
+                for name in names:
+                    ms = [1e3 * r.seconds for r in stream_blocks(sessions[name], inputs, ROUND_BLOCKS)[SKIP:]]
+                    if rnd > 0:
+                        kept[name] += ms
+                    print(rnd, name, [round(m, 2) for m in ms], flush=True)
     finally:
         for runner in runners:
             runner.__exit__(None, None, None)
     summary = {n: {"p50": statistics.median(v), "mean": statistics.mean(v), "n": len(v)} for n, v in kept.items()}
     for name, s in summary.items():
         print(f"{name}: {s['p50']:.2f} ms/block p50, mean {s['mean']:.2f} ({s['n']} blocks)")
+    pairs_report = paired(kept) if args.interleave else None
+    for name, p in (pairs_report or {}).items():
+        print(f"{name} - {p['against']}: median {p['median_diff_ms']:+.2f} ms a block, faster in {p['faster_in']} "
+              f"of {p['pairs']} pairs")
     if args.out:
         args.out.write_text(json.dumps({**provenance(), "config": config.name, "engines": dict(pairs),
-                                        "ms_per_block": summary, "samples": kept}, indent=1))
+                                        "mode": f"interleaved, {args.interleave} blocks" if args.interleave else
+                                        f"{ROUNDS} rounds of {ROUND_BLOCKS} blocks, the first a warm-up",
+                                        "ms_per_block": summary, "paired": pairs_report, "samples": kept}, indent=1))
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@
 #                                            files from git, installed apart; out/<config>_<precision>_aoti_<rev>),
 #                                            e.g. beside `build` (both at once: `... build R & ... build-rev R; wait`)
 #   scripts/gpu_bench.sh ab RESULTS          the REV engine against this checkout's in one process: ms per block
-#                                            (scripts/ab_engines.py) and each engine's kernels of one block
-#                                            (scripts/block_kernels.py); needs `build` and `build-rev`
+#                                            (scripts/ab_engines.py; INTERLEAVE=N: one stream of N blocks each, a
+#                                            block of each engine in turn, with paired differences) and each
+#                                            engine's kernels of one block (scripts/block_kernels.py); needs
+#                                            `build` and `build-rev`
 #   scripts/gpu_bench.sh ab-runtime RESULTS  REV's runtime (the session: its Python code) against this checkout's on
 #                                            this checkout's engine: runs of each in turn, alternating
 #                                            (scripts/time_blocks.py), and one block's kernel timeline under each
@@ -193,7 +195,10 @@ case "$step" in
         run_step build_rev python3 -m wan_trt.cli build "$rev_export" --backend aoti --ops plugins \
           --precision "$PRECISION" --device cuda)
     else
-      run_step ab python3 scripts/ab_engines.py "rev=$rev_export" "current=$EXPORT" --out "$results/ab_${tag}.json"
+      interleave=()  # INTERLEAVE=N: one stream of N blocks per engine, a block of each in turn
+      [ -z "${INTERLEAVE:-}" ] || interleave=(--interleave "$INTERLEAVE")
+      run_step ab python3 scripts/ab_engines.py "rev=$rev_export" "current=$EXPORT" "${interleave[@]}" \
+        --out "$results/ab_${tag}.json"
       python3 scripts/block_kernels.py "rev_$rev" "$rev_export" --out "$results"
       python3 scripts/block_kernels.py current "$EXPORT" --out "$results"
     fi

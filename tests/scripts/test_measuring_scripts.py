@@ -37,3 +37,30 @@ def test_a_gap_is_charged_to_the_activity_that_ended_last_before_it():
     # a copy overlaps the long kernel and ends first: the gap follows the kernel, which ends at 30
     result = load("block_kernels").timeline([(0, 30, "attention"), (5, 10, "copy"), (34, 40, "gemm")])
     assert result["idle_after"] == [["attention", 1, 0.004]]
+
+
+def test_interleaved_sessions_stream_what_each_streams_alone():
+    """ab_engines --interleave steps two sessions a block each in turn: each still streams its own blocks."""
+    import torch
+
+    from wan_trt.config_load import load_config
+    from wan_trt.engines.backends.torch import TorchRunner
+    from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
+    from wan_trt.model import build_model
+    from wan_trt.spec import PassSpec
+    from wan_trt.stream import NoiseSource, synthetic_stream
+    cfg = load_config("universal-small")
+    model, spec = build_model(cfg, seed=1), PassSpec.from_config(cfg, "fp32")
+    inputs = synthetic_stream(cfg, 3, seed=2)
+    alone = stream_blocks(StreamingSession(TorchRunner(model, spec), noise=NoiseSource(0)), inputs, 3)
+    sessions = {name: StreamingSession(TorchRunner(model, spec), noise=NoiseSource(0)) for name in ("a", "b")}
+    both = load("ab_engines").interleaved(sessions, inputs, 3)
+    for name, results in both.items():
+        assert [r.index for r in results] == [0, 1, 2]
+        for got, want in zip(results, alone):
+            torch.testing.assert_close(got.latents, want.latents, rtol=0, atol=0)
+
+
+def test_paired_differences_say_which_engine_was_faster():
+    report = load("ab_engines").paired({"a": [10.0, 10.0, 10.0, 12.0], "b": [9.0, 11.0, 8.0, 11.0]})
+    assert report == {"b": {"against": "a", "median_diff_ms": -1.0, "faster_in": 3, "pairs": 4}}
