@@ -11,7 +11,9 @@ with ``--decoder-backend``, default aoti+cudagraph) and once from C++ (``wan_str
 difference, and per runtime the block milliseconds (p50 over the blocks after the first two) and
 the stage milliseconds of every block. ``--baseline-source``: the engines/cpp folder of another version
 of the C++ runtime (e.g. ``git archive REV engines/cpp``), built too; ``--rounds`` runs of each C++
-runtime then alternate (this checkout's first), their steady blocks pooled into each one's p50.
+runtime then alternate (this checkout's first), their steady blocks pooled into each one's p50; the
+frame and latent comparisons and the stage times without a suffix are those of this checkout's first
+run (``frames_max_abs_diff_each_run`` covers every run).
 """
 from __future__ import annotations
 
@@ -95,6 +97,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each C++ runtime, alternating")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
     if args.blocks <= WARMUP:
         parser.error(f"--blocks: more than {WARMUP} (the first {WARMUP} are left out of the p50)")
     report = compare(args.export, args.engine, args.decoder_engine, args.blocks, args.device, args.backend,

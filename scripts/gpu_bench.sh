@@ -120,12 +120,13 @@ case "$step" in
   cpp)
     baseline=()
     if [ -n "${REV:-}" ]; then  # REV's C++ runtime beside this checkout's, ROUNDS runs of each, alternating
-      src=$(mktemp -d)
+      src=$PWD/out/cpp_src_$REV  # one folder per REV: its build (build/cpp_baseline) is configured for it
+      rm -rf "$src" build/cpp_baseline && mkdir -p "$src"
       git archive "$REV" engines/cpp | tar -x -C "$src"
       baseline=(--baseline-source "$src/engines/cpp" --rounds "${ROUNDS:-2}")
     fi
     python3 scripts/cpp_stream.py "$EXPORT" "$ENGINE" "$DECODER_ENGINE" --blocks "${CPP_BLOCKS:-12}" \
-      --build-dir build/cpp "${baseline[@]}" --out "$results/cpp_stream_${tag}.json" 2> "$results/cpp.log" ||
+      --build-dir build/cpp ${baseline[@]+"${baseline[@]}"} --out "$results/cpp_stream_${tag}.json" 2> "$results/cpp.log" ||
       { tail -20 "$results/cpp.log"; exit 1; }
     ;;
   block-end)
@@ -197,7 +198,7 @@ case "$step" in
     else
       interleave=()  # INTERLEAVE=N: one stream of N blocks per engine, a block of each in turn
       [ -z "${INTERLEAVE:-}" ] || interleave=(--interleave "$INTERLEAVE")
-      run_step ab python3 scripts/ab_engines.py "rev=$rev_export" "current=$EXPORT" "${interleave[@]}" \
+      run_step ab python3 scripts/ab_engines.py "rev=$rev_export" "current=$EXPORT" ${interleave[@]+"${interleave[@]}"} \
         --out "$results/ab_${tag}.json"
       python3 scripts/block_kernels.py "rev_$rev" "$rev_export" --out "$results"
       python3 scripts/block_kernels.py current "$EXPORT" --out "$results"

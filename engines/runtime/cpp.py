@@ -16,14 +16,15 @@ SOURCE = Path(__file__).resolve().parent.parent / "cpp"  # the C++ sources: engi
 
 
 def build_cpp(build_dir: str | Path, tensorrt: bool = False, jobs: int | None = None,
-              source: str | Path = SOURCE) -> Path:
+              source: str | Path = SOURCE, tests: bool = False) -> Path:
     """Configure and build engines/cpp (or ``source``: the same folder of another version) into
-    ``build_dir``; returns the ``wan_stream`` executable."""
+    ``build_dir``; returns the ``wan_stream`` executable. ``tests``: the C++ test drivers too (beside it;
+    from a checkout, whose engines/cpp/tests an installed package does not hold)."""
     import torch.utils
 
     build_dir = Path(build_dir)
     configure = ["cmake", "-S", str(source), "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
-                 f"-DWAN_TRT_WITH_TENSORRT={'ON' if tensorrt else 'OFF'}"]
+                 f"-DWAN_TRT_WITH_TENSORRT={'ON' if tensorrt else 'OFF'}", f"-DWAN_TRT_BUILD_TESTS={'ON' if tests else 'OFF'}"]
     with stage(f"cmake configure + build ({source})"):
         for cmd in (configure, ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)]):
             proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -363,7 +363,7 @@ void HostStaging::wait() {
 #endif
 }
 
-at::Tensor& HostStaging::host(const std::string& name) { return impl_->host_views.at(name); }
+const at::Tensor& HostStaging::host(const std::string& name) const { return impl_->host_views.at(name); }
 
 void HostStaging::load() {
   const bool cuda = impl_->device.is_cuda();
@@ -431,7 +431,16 @@ StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int6
   prefer_workspace_free_gemms();  // effective where no GEMM ran in this process yet
   feeds_ = allocate(spec.inputs, device_);
   std::vector<std::string> rotary;
-  for (const auto& r : spec.rotaries) rotary.insert(rotary.end(), {r.cos, r.sin});
+  for (const auto& r : spec.rotaries) {
+    const int64_t n = static_cast<int64_t>(r.inv_freq.size());
+    for (const auto& name : {r.cos, r.sin}) {  // load_rotaries writes [block_frames, n] fp32 into each
+      const at::Tensor& feed = feeds_.at(name);
+      if (feed.numel() != spec.block_frames * n || feed.scalar_type() != at::kFloat)
+        throw Error("runtime file: rotary input " + name + " is not fp32 [" + std::to_string(spec.block_frames) +
+                    ", " + std::to_string(n) + "]");
+      rotary.push_back(name);
+    }
+  }
   rotary_ = std::make_unique<HostStaging>(feeds_, rotary, device_);
   if (decoder) {
     decoder->check_attachable(spec);
@@ -537,12 +546,8 @@ void StreamingSession::load_rotaries(int64_t start) {
   const int64_t f = spec_.block_frames;
   for (const auto& r : spec_.rotaries) {
     const int64_t n = static_cast<int64_t>(r.inv_freq.size());
-    at::Tensor &cos = rotary_->host(r.cos), &sin = rotary_->host(r.sin);
-    if (cos.numel() != f * n || sin.numel() != f * n || cos.scalar_type() != at::kFloat)
-      throw Error("runtime file: rotary inputs " + r.cos + ", " + r.sin + " are not fp32 [" + std::to_string(f) +
-                  ", " + std::to_string(n) + "]");
-    float* c = cos.data_ptr<float>();
-    float* s = sin.data_ptr<float>();
+    float* c = rotary_->host(r.cos).data_ptr<float>();  // fp32 [f, n]: checked when the session was made
+    float* s = rotary_->host(r.sin).data_ptr<float>();
     for (int64_t i = 0; i < f; ++i)
       for (int64_t j = 0; j < n; ++j) {
         const double angle = static_cast<double>(start + i) * r.inv_freq[j];

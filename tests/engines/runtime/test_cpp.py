@@ -18,7 +18,7 @@ BLOCKS = 8
 @pytest.fixture(scope="module")
 def wan_stream(tmp_path_factory):
     """The C++ runtime's wan_stream executable (built once: ~20 s)."""
-    return build_cpp(tmp_path_factory.mktemp("cpp") / "build")
+    return build_cpp(tmp_path_factory.mktemp("cpp") / "build", tests=True)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,22 @@ def test_cpp_runtime_refuses_non_finite_input_and_blocks(aoti, wan_stream, tmp_p
         with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): " + message):
             run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 2, out)
         assert not out.exists()
+
+
+def test_cpp_session_refuses_a_block_and_then_streams_it_as_if_never_offered(aoti, wan_stream, tmp_path):
+    """The C++ session stages the next block's rotary tables and first noise during a block's clean pass and
+    checks the inputs with the outputs: a block refused for a NaN input, then for an output that overflowed,
+    leaves nothing behind (caches, action history, staged tables and noise), so offering it again streams
+    what wan_stream streams (engines/cpp/tests/session_retry.cpp)."""
+    import subprocess
+    export_dir, engine = aoti
+    inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 4, seed=9), tmp_path / "in.pt")
+    run = subprocess.run([str(wan_stream.parent / "session_retry"), str(engine), str(inputs), "4",
+                          str(tmp_path / "retry.pt")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("refused: ") == 2, run.stdout
+    straight = run_wan_stream(wan_stream, engine, inputs, 4, tmp_path / "out.pt", seed=0).latents
+    torch.testing.assert_close(torch.load(tmp_path / "retry.pt"), straight, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("version, contract", [(1, "a RoPE table with a frame offset input"),

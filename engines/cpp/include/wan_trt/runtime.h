@@ -15,7 +15,8 @@
 // clean pass at t = 0, the output checks, the decode, then the cache commit (swap when the
 // runner allows it, copy otherwise). Given its inputs on the device, a step waits for nothing before its
 // passes are queued: the inputs' finiteness is read with the outputs' (one sync), and the next block's
-// rotary tables and first noise are made while the device runs the clean pass.
+// rotary tables and first noise are made while the device runs the clean pass. A session queues its work on
+// the current CUDA stream: keep the same one current for all of a stream's steps.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -177,7 +178,7 @@ class HostStaging {
   HostStaging(const HostStaging&) = delete;
   HostStaging& operator=(const HostStaging&) = delete;
   void wait();  // until the copy that read the host buffer last has run (long done at a block's start)
-  at::Tensor& host(const std::string& name);  // the feed's slot in the host buffer
+  const at::Tensor& host(const std::string& name) const;  // the feed's slot in the host buffer
   void load();  // one copy of the host buffer into the feeds, queued on the current stream
 
  private:
