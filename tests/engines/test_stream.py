@@ -72,6 +72,18 @@ def test_an_earlier_stream_output_is_replaced_only_with_overwrite(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no staging folder or lock left
 
 
+def test_overwrite_refuses_a_video_the_earlier_stream_did_not_write(tmp_path):
+    """An output written with --no-video holds no video.mp4 of wan-trt's: one found there later is the user's,
+    and --overwrite refuses it by name rather than delete it."""
+    out = tmp_path / "s"
+    args = ["stream", "--config", "gta_drive-small", "--blocks", "1", "--device", "cpu", "--no-video", "--out", str(out)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    (out / "video.mp4").write_text("my own render")
+    res = CliRunner().invoke(main, args + ["--overwrite"])
+    assert res.exit_code == 1 and "video.mp4" in res.output, res.output
+    assert (out / "video.mp4").read_text() == "my own render"
+
+
 def _refused(tmp_path, monkeypatch, *args):
     """Run `stream` with ``args``; it must fail with one error line, build no model and write nothing."""
     import wan_trt.engines.stream as run
