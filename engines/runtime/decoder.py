@@ -22,6 +22,7 @@ import torch
 from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 from wan_trt.engines.backends import RunnerSources, backend_module, get_backend
+from wan_trt.engines.runtime.finite import NonFiniteFrames, first_non_finite
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import check_pair
@@ -90,15 +91,17 @@ class DecoderStream:
         self.started = False
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """The block's frames, uint8 [n, H, W, 3] on the device; the histories are carried to the next block."""
-        return self._decode(latents, to_uint8_frames)
+        """The block's frames, uint8 [n, H, W, 3] on the device; the histories are carried to the next block.
+        Frames that come out NaN/Inf (which uint8 would turn into black) are refused, :class:`NonFiniteFrames`,
+        the histories left as they were: one device sync."""
+        return self._decode(latents, to_uint8_frames, checked=True)
 
     def decode_rgb(self, latents: torch.Tensor) -> torch.Tensor:
         """The block's frames as the graph returns them, fp32 [1, 3, n, H, W] in [-1, 1] (valid until the
-        next call: a runner may reuse its output buffers)."""
+        next call: a runner may reuse its output buffers); not checked: NaN/Inf come out as they are."""
         return self._decode(latents, lambda rgb: rgb)
 
-    def _decode(self, latents: torch.Tensor, frames_of) -> torch.Tensor:
+    def _decode(self, latents: torch.Tensor, frames_of, checked: bool = False) -> torch.Tensor:
         """Run the call, make its frames, then carry the histories: a failure before that changes nothing."""
         t = self.spec.tensor(LATENTS)
         if tuple(latents.shape) != t.shape:
@@ -107,6 +110,10 @@ class DecoderStream:
         self.feeds[LATENTS].copy_(latents)
         feeds = self.feeds if self.started else {LATENTS: self.feeds[LATENTS]}
         outputs = runner.infer(feeds)
+        if checked and first_non_finite({RGB: outputs[RGB]}) is not None:
+            raise NonFiniteFrames(f"the decoder's frames ({RGB}) came out non-finite (NaN or Inf); its histories "
+                                  "were not carried on: check the VAE weights (or the precision: fp16 overflows "
+                                  "where bf16 does not)")
         frames = frames_of(outputs[RGB])
         pairs = self.spec.histories  # one multi-tensor copy (channels last both: a plain copy)
         torch._foreach_copy_([self.feeds[name] for name, _ in pairs], [outputs[nxt] for _, nxt in pairs])

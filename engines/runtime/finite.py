@@ -18,6 +18,10 @@ class NonFiniteBlock(WanTrtError):
         self.block, self.tensor = block, tensor
 
 
+class NonFiniteFrames(WanTrtError):
+    """A decode whose frames came out NaN/Inf; the decoder's histories were not carried on."""
+
+
 def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     """Name of the first tensor holding NaN or Inf, or None: one device sync.
 

@@ -27,10 +27,12 @@ from typing import Callable
 
 import torch
 
+from wan_trt.decoder_spec import RGB
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.cuda_graph import CapturedCall
 from wan_trt.engines.runtime.decoder import DecoderStream
-from wan_trt.engines.runtime.finite import NonFiniteBlock, first_flagged, first_non_finite, largest_magnitudes
+from wan_trt.engines.runtime.finite import (NonFiniteBlock, NonFiniteFrames, first_flagged, first_non_finite,
+                                            largest_magnitudes)
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.staging import HostStaging
 from wan_trt.errors import WanTrtError
@@ -234,7 +236,12 @@ class StreamingSession:
         clock.mark("checks")
         frames = None
         if self.decoder is not None:  # before the commit: a decode that fails leaves the caches as they were
-            frames = self.decoder.decode(x0)
+            try:
+                frames = self.decoder.decode(x0)
+            except NonFiniteFrames as exc:
+                raise NonFiniteBlock(f"{RGB} of block {self.block} came out non-finite (NaN or Inf): the block was "
+                                     f"not committed and the session is as before it; {exc}",
+                                     block=self.block, tensor=RGB) from exc
             clock.mark("decode")
         commit()
         self.histories = block.histories

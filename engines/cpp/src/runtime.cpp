@@ -307,12 +307,17 @@ void DecoderStream::check_attachable(const RuntimeSpec& spec) const {
                 "in the DiT's latent dtype (the same precision; bf16 for an fp8 DiT)");
 }
 
+static std::string first_non_finite(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+
 at::Tensor DecoderStream::decode(const at::Tensor& latents) {
   at::Tensor& slot = feeds_.at("latents");
   if (latents.sizes() != slot.sizes())
     throw Error("decoder latents: expected " + c10::str(slot.sizes()) + ", got " + c10::str(latents.sizes()));
   slot.copy_(latents);
   auto outputs = started_ ? steady_.infer(feeds_) : first_.infer({{"latents", slot}});
+  if (!first_non_finite({{"rgb", outputs.at("rgb")}}).empty())  // uint8 would turn NaN into black frames
+    throw Error("the decoder's frames (rgb) came out non-finite (NaN or Inf); its histories were not carried on: "
+                "check the VAE weights (or the precision: fp16 overflows where bf16 does not)");
   at::Tensor frames = to_uint8_frames(outputs.at("rgb"));  // before the histories move on: a failure here
   for (const auto& [input, output] : spec_.histories) feeds_.at(input).copy_(outputs.at(output));  // changes nothing
   started_ = true;

@@ -98,3 +98,30 @@ def test_a_decoder_that_fails_to_load_leaves_nothing_loaded_or_switched_on():
     with pytest.raises(RuntimeError, match="failed to load"):
         decoder.__enter__()
     assert not decoder.first.is_active and torch.backends.cudnn.benchmark == before
+
+
+def test_frames_that_come_out_non_finite_refuse_the_block():
+    """A decoder whose frames come out NaN (here a NaN head bias; in practice weights that overflow) made
+    black frames of them (uint8 turns NaN into 0) and the step passed. The step is refused instead, naming
+    the frames, with nothing committed: its caches and the decoder's histories stay as they were."""
+    from wan_trt.engines.runtime.finite import NonFiniteBlock
+    cfg = load_config(CFG)
+    model = build_model(cfg, torch.float32, "cpu", seed=1)
+    module, decoder = _decoder(cfg)
+    inputs = synthetic_stream(cfg, 3, seed=3)
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(3),
+                               decoder=decoder)
+    good = stream_blocks(session, inputs, 3)
+    stream_blocks(session, inputs, 1)
+    histories = {name: t.clone() for name, t in decoder.feeds.items()}
+    bias = module.decoder.head[2].bias
+    kept = bias.clone()
+    bias.fill_(float("nan"))
+    mouse, keyboard = inputs.block_actions(cfg, 1)
+    with pytest.raises(NonFiniteBlock, match="rgb of block 1 came out non-finite") as refused:
+        session.step(inputs.block_cond(cfg, 1), mouse, keyboard)
+    assert refused.value.tensor == "rgb" and session.block == 1
+    assert all(torch.equal(decoder.feeds[n], t) for n, t in histories.items() if n != "latents")
+    bias.copy_(kept)  # the same block again, now decodable: as if never refused
+    again = [session.step(inputs.block_cond(cfg, b), *inputs.block_actions(cfg, b)) for b in (1, 2)]
+    assert all(torch.equal(a.frames, g.frames) and torch.equal(a.latents, g.latents) for a, g in zip(again, good[1:]))

@@ -157,7 +157,8 @@ class DecoderStream {
   void check_attachable(const RuntimeSpec& spec) const;
   void reset() { started_ = false; }  // the next decode starts a stream
   bool started() const { return started_; }
-  // The block's frames, uint8 [n, H, W, 3] on the device; the histories are carried to the next block.
+  // The block's frames, uint8 [n, H, W, 3] on the device; the histories are carried to the next block. Frames
+  // that come out NaN/Inf throw Error, the histories left as they were (one device sync).
   at::Tensor decode(const at::Tensor& latents);
   at::Device device() const { return steady_.device(); }
 
