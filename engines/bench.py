@@ -43,6 +43,7 @@ from wan_trt.engines.bench_decoder import (DECODER_PROFILE, DECODER_WARMUP_BLOCK
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable
+from wan_trt.engines.runtime.finite import NonFiniteBlock, first_non_finite
 from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
@@ -53,6 +54,7 @@ from wan_trt.pipeline import ReferencePipeline
 from wan_trt.profiling import (allocated_memory_gib, op_class_profile, peak_memory_gib, provenance,
                                reset_peak_memory, summarize_ms, synchronize)
 from wan_trt.outputs import check_out_file, json_with_keys, write_file
+from wan_trt.spec import LATENTS
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 REPORT_KEYS = {"command", "environment", "backends", "skipped", "failed"}  # in every results file
@@ -104,13 +106,17 @@ def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
 
 def bench_upstream(model, inputs, blocks: int, device: str) -> dict[str, Any]:
     """The upstream-semantics pipeline on ``device``: time between yields = one block (and the previous clean
-    pass)."""
+    pass). A block whose latents come out NaN/Inf fails the row, as the session's rows do (its check runs
+    after the block's time is taken)."""
     times, last = [], time.perf_counter()
-    for _ in ReferencePipeline(model).run(inputs, blocks, NoiseSource(0)):
+    for block, latents in enumerate(ReferencePipeline(model).run(inputs, blocks, NoiseSource(0))):
         synchronize(device)
         now = time.perf_counter()
         times.append(now - last)
-        last = now
+        if first_non_finite({LATENTS: latents}) is not None:
+            raise NonFiniteBlock(f"{LATENTS} of block {block} came out non-finite (NaN or Inf)", block=block,
+                                 tensor=LATENTS)
+        last = time.perf_counter()
     return block_stats(times, [], model.cfg.passes_per_block)
 
 

@@ -277,3 +277,22 @@ def test_an_earlier_report_stays_whole_until_the_new_one_is(plain_export, tmp_pa
     monkeypatch.setattr(bench_module, "write_file", real)
     assert _bench(args + ["--overwrite"]).exit_code == 0
     assert json.loads(out.read_text())["complete"] and not progress.exists()
+
+
+def test_a_reference_row_whose_blocks_come_out_non_finite_fails(plain_export, monkeypatch):
+    """The reference pipeline's row was timed and reported whatever its latents held (NaN in every block of a
+    checkpoint that overflows), where the session's rows fail on a non-finite block."""
+    import torch
+
+    from wan_trt.pipeline import ReferencePipeline
+    real = ReferencePipeline.run
+
+    def nan_blocks(self, *args, **kwargs):
+        for latents in real(self, *args, **kwargs):
+            yield torch.full_like(latents, float("nan"))
+    monkeypatch.setattr(ReferencePipeline, "run", nan_blocks)
+    report = {"backends": {}, "skipped": {}, "failed": {}}
+    bench = Bench(plain_export, "cpu", {})
+    _bench_one(report, "backends", "reference-eager", False, run=lambda: bench.run("reference-eager", 2))
+    assert "latents of block 0 came out non-finite" in report["failed"]["reference-eager"], report
+    assert "reference-eager" not in report["backends"]
