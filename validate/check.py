@@ -39,7 +39,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
-from wan_trt.outputs import write_file
+from wan_trt.outputs import staged_file, write_file
 from wan_trt.precisions import pytorch_precision
 from wan_trt.spec import GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
@@ -236,10 +236,9 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
                    PolygraphyAdapter(backend, feed_spec, names))
     with G_LOGGER.verbosity(G_LOGGER.ERROR):
         results = Comparator.run(runners, data_loader=[feeds])
-    if save_to is not None:
-        save_to.parent.mkdir(parents=True, exist_ok=True)
-        with G_LOGGER.verbosity(G_LOGGER.ERROR):  # Polygraphy announces saves on stdout; we log it instead
-            results.save(str(save_to))
+    if save_to is not None:  # whole or not at all (RunResults of a full-size pass are ~4 GB)
+        with staged_file(save_to) as staging, G_LOGGER.verbosity(G_LOGGER.ERROR):  # Polygraphy announces saves
+            results.save(str(staging))                                              # on stdout; we log them
         logger.info("Polygraphy RunResults saved to %s", save_to)
     (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
     yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}

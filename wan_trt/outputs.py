@@ -374,12 +374,27 @@ def check_out_file(path: Path, flag: str, written: Callable[[Path], bool], what:
 
 def write_file(path: Path, data: bytes) -> None:
     """``data`` to ``path`` whole or not at all: a staging file beside it, renamed over it."""
+    with staged_file(path) as tmp:
+        tmp.write_bytes(data)
+
+
+@contextlib.contextmanager
+def staged_file(path: Path) -> Iterator[Path]:
+    """A staging file beside ``path`` for a writer that takes a file name, renamed over ``path`` once the block
+    ends: ``path`` then holds the whole file, or (the writer raised) what it held before, and no staging file is
+    left. A write the user can fix (a full disk, no permission) is refused as a :class:`WanTrtError` naming
+    ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        yield Path(tmp)
         os.chmod(tmp, usual_file_mode())  # mkstemp makes it private; the output gets the usual mode
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno not in USER_ERRNOS:
+            raise
+        raise WanTrtError(f"writing {path} failed: {exc.strerror or exc}; nothing was written there (free some "
+                          "space, or check the folder's permissions)") from exc
     finally:
         Path(tmp).unlink(missing_ok=True)

@@ -97,3 +97,24 @@ def test_engines_of_one_file_name_in_two_folders_keep_their_own_reports(two_engi
     check_engine(moved, CheckOptions(stream=False, save_results=False))
     reports = [json.loads(p.read_text()) for p in sorted((export / "check").glob("report_engine_a*.json"))]
     assert sorted(r["target"] for r in reports) == sorted(str(p.resolve()) for p in (engines[0], moved))
+
+
+def test_run_results_that_fail_to_save_leave_no_partial_file_and_name_it(two_engines, monkeypatch):
+    """Polygraphy wrote its RunResults straight to their final name: a disk that filled up mid-save left a
+    truncated file there (invalid JSON under a name that says results), and the error named no file."""
+    import errno
+
+    from polygraphy.comparator import RunResults
+
+    from wan_trt.errors import WanTrtError
+    export, engines = two_engines
+
+    def full_disk(self, dest):
+        with open(dest, "w") as f:
+            f.write('{"lst": [["truncat')
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(RunResults, "save", full_disk)
+    results = export / "check" / f"run_results_{engines[0].stem}.json"
+    with pytest.raises(WanTrtError, match=f"{results.name}.*No space left on device"):
+        check_engine(engines[0], CheckOptions(stream=False, save_results=True))
+    assert not results.exists() and not list((export / "check").glob(f".{results.name}*"))
