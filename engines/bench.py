@@ -342,6 +342,9 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     progress = Path(out) if out else None
     if progress is not None and progress.exists():
         progress = progress.with_name(f".{progress.name}.incomplete")
+        if progress.exists() and not json_with_keys(progress, REPORT_KEYS):  # not a killed run's rows: the user's
+            raise WanTrtError(f"--out {out}: {progress} beside it, where this run keeps its rows until it replaces "
+                              "the earlier report, is not a wan-trt bench report; move it away, or give another --out")
 
     def save(done: str | None = None) -> None:
         if done is not None:

@@ -296,3 +296,16 @@ def test_a_reference_row_whose_blocks_come_out_non_finite_fails(plain_export, mo
     _bench_one(report, "backends", "reference-eager", False, run=lambda: bench.run("reference-eager", 2))
     assert "latents of block 0 came out non-finite" in report["failed"]["reference-eager"], report
     assert "reference-eager" not in report["backends"]
+
+
+def test_overwrite_refuses_a_users_file_where_its_rows_so_far_would_go(plain_export, tmp_path):
+    """A run that replaces an earlier report keeps its rows so far in .NAME.incomplete beside it: a file of the
+    user's under that name was overwritten, then deleted at the end."""
+    out = tmp_path / "bench.json"
+    args = [str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "reference-eager", "--out", str(out)]
+    assert _bench(args).exit_code == 0
+    notes = tmp_path / ".bench.json.incomplete"
+    notes.write_text("my notes")
+    res = _bench(args + ["--overwrite"])
+    assert res.exit_code == 1 and ".bench.json.incomplete" in res.output, res.output
+    assert notes.read_text() == "my notes"
