@@ -343,6 +343,12 @@ class CheckOptions:
     save_results: bool = True
 
 
+def folder_identity(directory: Path) -> tuple[int, int]:
+    """(device, inode) of ``directory``: `export --overwrite` swaps a new folder in under the same path."""
+    stat = directory.stat()
+    return stat.st_dev, stat.st_ino
+
+
 def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: CheckOptions, *,
                  single_pass_backend=None, target: Path | None = None, engine_sha256: str | None = None
                  ) -> CheckReport:
@@ -354,6 +360,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     report goes to :func:`report_path`, named after it.
     """
     require_polygraphy()  # before minutes of reference building
+    identity = folder_identity(directory)
     spec, o = manifest.spec, options
     device = str(backend.device)
     name = engine_report_name(target, directory) if target is not None else backend.name
@@ -376,6 +383,10 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     if o.stream:
         with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
             report.stream = check_stream(backend, fp32, low, o.blocks, o.seed)
+    if folder_identity(directory) != identity:  # its report would vouch for files it never checked
+        raise WanTrtError(f"{directory} was replaced while it was checked (by an `export --overwrite`?): this "
+                          "check's numbers are not those of what is there now, so no report was written; check "
+                          "it again")
     write_report(path, report)
     logger.info("check %s: %s (report: %s)", backend.name, "passed" if report.ok else "FAILED", path)
     return report

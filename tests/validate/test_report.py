@@ -118,3 +118,24 @@ def test_run_results_that_fail_to_save_leave_no_partial_file_and_name_it(two_eng
     with pytest.raises(WanTrtError, match=f"{results.name}.*No space left on device"):
         check_engine(engines[0], CheckOptions(stream=False, save_results=True))
     assert not results.exists() and not list((export / "check").glob(f".{results.name}*"))
+
+
+def test_a_check_of_an_export_replaced_while_it_ran_writes_no_report(two_engines, monkeypatch):
+    """`export --overwrite` of the folder a check was checking (nothing stops it: a check takes no lock) swapped
+    a new export in, and the check wrote its passing report into it: a report for a graph it never ran. The
+    check now sees the folder replaced and fails, writing nothing."""
+    import wan_trt.validate.check as check
+    from wan_trt.config_load import load_config
+    from wan_trt.errors import WanTrtError
+    from wan_trt.export.transformer import export_transformer
+    export, engines = two_engines
+    real = check.check_single_pass
+
+    def replaced_meanwhile(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        export_transformer(load_config("universal-small"), export, "fp32", seed=1, onnx=False, overwrite=True)
+        return rows
+    monkeypatch.setattr(check, "check_single_pass", replaced_meanwhile)
+    with pytest.raises(WanTrtError, match="was replaced while it was checked"):
+        check_engine(engines[0], CheckOptions(stream=False, save_results=False))
+    assert not list(export.glob("check/report_*.json"))
