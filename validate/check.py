@@ -94,7 +94,7 @@ def report_json(report: "CheckReport") -> str:
     """The report as strict JSON (no NaN or Infinity), with the command, machine and code that made it: what
     ``check --json`` prints and the report file holds."""
     from wan_trt.profiling import provenance
-    return json.dumps({**provenance("wan-trt"), **report.as_dict()}, indent=2, allow_nan=False)
+    return json.dumps({**provenance("wan-trt", report.device or None), **report.as_dict()}, indent=2, allow_nan=False)
 
 
 def write_report(path: Path, report: "CheckReport") -> None:

@@ -139,3 +139,16 @@ def test_a_check_of_an_export_replaced_while_it_ran_writes_no_report(two_engines
     with pytest.raises(WanTrtError, match="was replaced while it was checked"):
         check_engine(engines[0], CheckOptions(stream=False, save_results=False))
     assert not list(export.glob("check/report_*.json"))
+
+
+def test_a_report_names_the_device_its_check_ran_on(monkeypatch):
+    """The report's environment named the machine's current GPU even for a check on the CPU (an ONNX Runtime
+    CPU check on a GPU machine); it names the device the check ran on, as bench's files do."""
+    import torch
+
+    from wan_trt.validate.check import report_json
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Some GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
+    environment = json.loads(report_json(CheckReport("onnxruntime-cpu", "fp32", device="cpu")))["environment"]
+    assert environment["device"] != "Some GPU" and "driver_capability" not in environment, environment
