@@ -32,6 +32,7 @@ from wan_trt.log import logger
 MARKER = ".wan-trt-export"  # inside every staging and finished output folder (exports, stream outputs)
 # what `wan-trt check` adds to an export (a partial report: one it was writing when it was killed)
 CHECK_FILES = ("check/report_*.json", "check/.report_*.json.partial-*", "check/run_results_*.json")
+CHECK_REPORT_KEYS = {"command", "backend", "precision", "ok"}  # in every check report
 # per kind of output, the folders wan-trt makes in it that a run it stops may leave empty (an export's check/)
 OWN_FOLDERS = {"export": (Path("check"),)}
 # the files wan-trt wrote into an existing output folder, or None if it is not wan-trt's
@@ -163,6 +164,11 @@ def json_with_keys(path: Path, keys: set[str]) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(data, dict) and keys <= set(data)
+
+
+def written_by_check(path: Path) -> bool:
+    """Whether ``path`` is a report `wan-trt check` wrote (a file named like one may be the user's)."""
+    return json_with_keys(path, CHECK_REPORT_KEYS)
 
 
 def written_by_build(meta: Path) -> bool:

@@ -1,4 +1,5 @@
 """Export outputs: --overwrite replaces only wan-trt exports, staging and locking, failed writes, manifests."""
+import json
 import os
 import resource
 import shutil
@@ -72,7 +73,8 @@ def test_user_partial_folder_is_kept_and_overwrite_swaps_cleanly(tmp_path, plain
     (user_partial / "draft.txt").write_text("mine")
     shutil.copytree(plain_export, out)
     (out / "check").mkdir()
-    (out / "check" / "report_onnxruntime-cpu.json").write_text("{}")  # what `wan-trt check` adds
+    report = {"command": "wan-trt check", "backend": "onnxruntime-cpu", "precision": "fp32", "ok": True}
+    (out / "check" / "report_onnxruntime-cpu.json").write_text(json.dumps(report))  # what `wan-trt check` adds
     (out / "check" / ".report_engine_aoti_cpu.json.partial-x1y2").write_text("{")  # a check killed while writing
     manifest = _export(out, overwrite=True)
     assert (user_partial / "draft.txt").read_text() == "mine"
@@ -429,3 +431,20 @@ def test_a_stream_output_takes_no_empty_check_folder_as_its_own(tmp_path):
     from wan_trt.outputs import foreign_files
     (tmp_path / "check").mkdir()
     assert foreign_files(tmp_path, []) == ["check/"]  # only an export's check/ is wan-trt's
+
+
+def test_overwrite_and_check_refuse_a_users_file_named_like_a_check_report(tmp_path, plain_export):
+    """Any check/report_*.json counted as wan-trt's by its name alone: --overwrite deleted a user's file of that
+    name, and a check of that target deleted it as 'the earlier check's file'. Only a report a check wrote
+    (a JSON object with a check report's keys) is taken."""
+    from wan_trt.validate.check import clear_report
+    mixed = tmp_path / "mixed"
+    shutil.copytree(plain_export, mixed)
+    mine = mixed / "check" / "report_onnxruntime-cpu.json"
+    mine.parent.mkdir(exist_ok=True)
+    mine.write_text("my summary of the last run")
+    with pytest.raises(WanTrtError, match=r"did not write \(check/report_onnxruntime-cpu.json\)"):
+        _export(mixed, overwrite=True)
+    with pytest.raises(WanTrtError, match="report_onnxruntime-cpu.json.*not a wan-trt check report"):
+        clear_report(mine)
+    assert mine.read_text() == "my summary of the last run"
