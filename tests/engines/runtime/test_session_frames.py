@@ -24,15 +24,20 @@ def _decoder(cfg, precision="fp32", seed=2):
     return module, DecoderStream(*(TorchRunner(module, DecoderSpec.from_config(cfg, precision, c)) for c in CALLS))
 
 
-def test_step_yields_the_frames_of_its_latents_with_stage_times():
-    """9 frames for the first block, 12 after, uint8 [n, H, W, 3]: the decode of all the stream's
-    latents at once; every stage timed."""
+def _decoding_session(blocks: int):
+    """(config, decoder module, its DecoderStream, ``blocks`` blocks of inputs, a session decoding with it)."""
     cfg = load_config(CFG)
     model = build_model(cfg, torch.float32, "cpu", seed=1)
     module, decoder = _decoder(cfg)
-    inputs = synthetic_stream(cfg, 8, seed=3)
     session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(3),
                                decoder=decoder)
+    return cfg, module, decoder, synthetic_stream(cfg, blocks, seed=3), session
+
+
+def test_step_yields_the_frames_of_its_latents_with_stage_times():
+    """9 frames for the first block, 12 after, uint8 [n, H, W, 3]: the decode of all the stream's
+    latents at once; every stage timed."""
+    cfg, module, decoder, inputs, session = _decoding_session(8)
     results = stream_blocks(session, inputs, 8)
     assert [r.frames.shape for r in results] == [(9, 32, 48, 3)] + [(12, 32, 48, 3)] * 7
     assert all(r.frames.dtype == torch.uint8 for r in results)
@@ -105,12 +110,7 @@ def test_frames_that_come_out_non_finite_refuse_the_block():
     black frames of them (uint8 turns NaN into 0) and the step passed. The step is refused instead, naming
     the frames, with nothing committed: its caches and the decoder's histories stay as they were."""
     from wan_trt.engines.runtime.finite import NonFiniteBlock
-    cfg = load_config(CFG)
-    model = build_model(cfg, torch.float32, "cpu", seed=1)
-    module, decoder = _decoder(cfg)
-    inputs = synthetic_stream(cfg, 3, seed=3)
-    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(3),
-                               decoder=decoder)
+    cfg, module, decoder, inputs, session = _decoding_session(3)
     good = stream_blocks(session, inputs, 3)
     stream_blocks(session, inputs, 1)
     histories = {name: t.clone() for name, t in decoder.feeds.items()}
