@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from wan_trt.outputs import write_file
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.scheduler import BlockSchedule
 from wan_trt.decoder_spec import DecoderSpec
@@ -84,10 +85,11 @@ def runtime_path(engine: Path) -> Path:
 
 
 def write_runtime_file(spec: GraphSpec, engine: Path) -> Path | None:
-    """The runtime file of ``engine`` (a DiT pass or a decoder graph); None for other graphs."""
+    """The runtime file of ``engine`` (a DiT pass or a decoder graph), written whole or not at all; None for
+    other graphs."""
     text = runtime_text(spec)
     if text is None:
         return None
     path = runtime_path(Path(engine))
-    path.write_text(text)
+    write_file(path, text.encode())
     return path

@@ -1,0 +1,28 @@
+"""The runtime file beside an engine (what the C++ runtime reads) is written whole or not at all."""
+import errno
+from pathlib import Path
+
+import pytest
+
+from wan_trt.config_load import load_config
+from wan_trt.engines.runtime.runtime_file import runtime_path, write_runtime_file
+from wan_trt.errors import WanTrtError
+from wan_trt.spec import PassSpec
+
+
+def test_a_write_that_fails_leaves_the_earlier_runtime_file_whole(tmp_path, monkeypatch):
+    """It was written in place: a full disk left a truncated file, which the C++ runtime then read."""
+    spec = PassSpec.from_config(load_config("universal-small"), "fp32")
+    engine = tmp_path / "engine.pt2"
+    earlier = write_runtime_file(spec, engine).read_text()
+
+    def half_then_full(self, data, *args, **kwargs):  # writes half of what it was given, then the disk is full
+        with open(self, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data[:len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    monkeypatch.setattr(Path, "write_bytes", half_then_full)
+    with pytest.raises((OSError, WanTrtError)):
+        write_runtime_file(spec, engine)
+    assert runtime_path(engine).read_text() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == [runtime_path(engine).name]  # no staging file left
