@@ -436,7 +436,7 @@ def write_chart(report: dict[str, Any], path: Path) -> Path | None:
 
 def is_report(path: Path) -> bool:
     """Whether ``path`` is a results file `wan-trt bench` wrote."""
-    return json_with_keys(path, REPORT_KEYS)
+    return json_with_keys(path, REPORT_KEYS) is not None
 
 
 def is_chart(path: Path) -> bool:

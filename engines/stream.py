@@ -175,11 +175,12 @@ def owned_stream_files(directory: Path) -> list[Path] | None:
     report.json, and its marker file (a folder an older wan-trt wrote has none: then it must hold nothing
     but the stream's own files). Its video.mp4 only if the report counts the video's frames: a stream run
     with --no-video wrote none, so a video there is someone else's."""
-    if not json_with_keys(directory / "report.json", STREAM_REPORT_KEYS):
+    report = json_with_keys(directory / "report.json", STREAM_REPORT_KEYS)
+    if report is None:
         return None
     if not (directory / MARKER).is_file() and not {p.name for p in directory.iterdir()} <= set(STREAM_FILES):
         return None
-    summary = json.loads((directory / "report.json").read_text())["summary"]
+    summary = report["summary"]
     names = [n for n in STREAM_FILES if n != "video.mp4" or (isinstance(summary, dict) and "video_frames" in summary)]
     return [p for p in (directory / n for n in (MARKER, *names)) if p.is_file() and not p.is_symlink()]
 

@@ -157,23 +157,23 @@ def followed(out: Path, flag: str = "--out") -> Path:
     return target
 
 
-def json_with_keys(path: Path, keys: set[str]) -> bool:
-    """Whether ``path`` is a JSON object holding (at least) ``keys``: how wan-trt knows a file it wrote."""
+def json_with_keys(path: Path, keys: set[str]) -> dict | None:
+    """``path``'s JSON object if it holds (at least) ``keys`` (how wan-trt knows a file it wrote), else None."""
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and keys <= set(data)
+        return None
+    return data if isinstance(data, dict) and keys <= set(data) else None
 
 
 def written_by_check(path: Path) -> bool:
     """Whether ``path`` is a report `wan-trt check` wrote (a file named like one may be the user's)."""
-    return json_with_keys(path, CHECK_REPORT_KEYS)
+    return json_with_keys(path, CHECK_REPORT_KEYS) is not None
 
 
 def written_by_build(meta: Path) -> bool:
     """Whether ``meta`` is engine metadata `wan-trt build` wrote (also a damaged or older one)."""
-    return json_with_keys(meta, {"backend", "key", "spec_fingerprint", "export_dir"})
+    return json_with_keys(meta, {"backend", "key", "spec_fingerprint", "export_dir"}) is not None
 
 
 def engine_files_in(directory: Path) -> list[Path]:
@@ -397,10 +397,11 @@ def staged_file(path: Path) -> Iterator[Path]:
         yield Path(tmp)
         os.chmod(tmp, usual_file_mode())  # mkstemp makes it private; the output gets the usual mode
         os.replace(tmp, path)
-    except OSError as exc:
-        if exc.errno not in USER_ERRNOS:
+    except OSError as exc:  # named by path: the staging file it names is gone
+        error = os_error_message(OSError(exc.errno, exc.strerror), f"writing {path}",
+                                 "nothing was written there (free some space, or check the folder's permissions)")
+        if error is None:
             raise
-        raise WanTrtError(f"writing {path} failed: {exc.strerror or exc}; nothing was written there (free some "
-                          "space, or check the folder's permissions)") from exc
+        raise error from exc
     finally:
         Path(tmp).unlink(missing_ok=True)

@@ -478,7 +478,7 @@ int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block) {
 }
 
 void StreamingSession::start(const at::Tensor& visual_context, int64_t start_block) {
-  if (start_block < 0 || start_block >= spec_.max_stream_frames / spec_.block_frames)
+  if (start_block < 0 || !within_reach(start_block))
     throw Error("start_block " + std::to_string(start_block) + ": a stream reaches " +
                 std::to_string(spec_.max_stream_frames) + " latent frames");
   at::Tensor& slot = feeds_.at("visual_context");
