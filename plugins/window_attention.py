@@ -41,19 +41,18 @@ def reference_window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: to
 
 
 @triton.jit
-def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_d, qk_scale,
+def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
     """Online-softmax update of (acc, l, m) with keys/values [start_n, start_n + BLOCK_N) (cut at hi if MASKED)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :]
-    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :]
+    offs = offs_n[:, None] * stride_kn + offs_d[None, :]
     if MASKED:
         in_range = offs_n < hi
-        k = tl.load(k_base + k_offs, mask=in_range[:, None], other=0.0)
-        v = tl.load(v_base + v_offs, mask=in_range[:, None], other=0.0)
+        k = tl.load(k_base + offs, mask=in_range[:, None], other=0.0)
+        v = tl.load(v_base + offs, mask=in_range[:, None], other=0.0)
     else:
-        k = tl.load(k_base + k_offs)
-        v = tl.load(v_base + v_offs)
+        k = tl.load(k_base + offs)
+        v = tl.load(v_base + offs)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         qk = tl.where(in_range[None, :], qk, float("-inf"))
@@ -65,27 +64,25 @@ def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, start_
 
 
 @triton.jit
-def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi, offs_d, qk_scale,
+def _attend_segment(acc, l_i, m_i, q, k_base, v_base, stride_kn, lo, hi, offs_d, qk_scale,
                     BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Keys/values [lo, hi) of one segment: whole blocks without masks, then the rest in masked
     blocks of TAIL_N keys (narrower than BLOCK_N: less work wasted on keys past hi)."""
     full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
     for start_n in range(lo, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_d,
-                                      qk_scale, BLOCK_N, DOT_PRECISION, False)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                                      BLOCK_N, DOT_PRECISION, False)
     for start_n in range(full_end, hi, TAIL_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_d,
-                                      qk_scale, TAIL_N, DOT_PRECISION, True)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_kn, start_n, hi, offs_d, qk_scale,
+                                      TAIL_N, DOT_PRECISION, True)
     return acc, l_i, m_i
 
 
 @triton.jit
 def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 scalars, then the output
                              stride_qb, stride_qm, stride_qh,
-                             stride_pb, stride_pn, stride_ph,  # k_prev's (b, n, h), then v_prev's
-                             stride_vpb, stride_vpn, stride_vph,
-                             stride_cb, stride_cn, stride_ch,  # k_cur's, then v_cur's
-                             stride_vcb, stride_vcn, stride_vch,
+                             stride_pb, stride_pn, stride_ph,
+                             stride_cb, stride_cn, stride_ch,
                              stride_ob, stride_om, stride_oh,
                              Lq, n_prev, n_cur, H, prev_frames, units,
                              Out,
@@ -105,11 +102,11 @@ def _window_attention_kernel(Q, KP, VP, KC, VC, Valid,  # inputs, then int32 sca
     if n_prev > 0:
         first_valid = tl.minimum(tl.maximum((prev_frames - tl.load(Valid)) * units, 0), n_prev)
         acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KP + b * stride_pb + h * stride_ph,
-                                        VP + b * stride_vpb + h * stride_vph, stride_pn, stride_vpn, first_valid,
-                                        n_prev, offs_d, qk_scale, BLOCK_N, TAIL_N, DOT_PRECISION)
+                                        VP + b * stride_pb + h * stride_ph, stride_pn, first_valid, n_prev,
+                                        offs_d, qk_scale, BLOCK_N, TAIL_N, DOT_PRECISION)
     acc, l_i, m_i = _attend_segment(acc, l_i, m_i, q, KC + b * stride_cb + h * stride_ch,
-                                    VC + b * stride_vcb + h * stride_vch, stride_cn, stride_vcn, 0, n_cur, offs_d,
-                                    qk_scale, BLOCK_N, TAIL_N, DOT_PRECISION)
+                                    VC + b * stride_cb + h * stride_ch, stride_cn, 0, n_cur, offs_d, qk_scale,
+                                    BLOCK_N, TAIL_N, DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
@@ -153,8 +150,12 @@ def check_attention_inputs(op: str, q, k_prev, v_prev, k_cur, v_cur, valid_frame
 
 
 def check_window_attention(q, k_prev, v_prev, k_cur, v_cur, valid_frames) -> None:
-    """The launcher's limits, as clear errors (k and v may be laid out differently: each has its strides)."""
+    """The launcher's limits, as clear errors."""
     check_attention_inputs("window_attention", q, k_prev, v_prev, k_cur, v_cur, valid_frames, min_head_dim=16)
+    for name, k, v in (("prev", k_prev, v_prev), ("cur", k_cur, v_cur)):  # the kernel reads v with k's strides
+        if v.numel() and any(n > 1 and sk != sv for n, sk, sv in zip(k.shape, k.stride(), v.stride())):
+            raise WanTrtError(f"window_attention: v_{name} strides {v.stride()} differ from k_{name}'s {k.stride()}; "
+                              f"give both the same layout (e.g. .contiguous() on each)")
 
 
 def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor, k_cur: torch.Tensor,
@@ -172,9 +173,7 @@ def window_attention(q: torch.Tensor, k_prev: torch.Tensor, v_prev: torch.Tensor
         q, k_prev, v_prev, k_cur, v_cur, valid_frames,
         q.stride(0), q.stride(1), q.stride(2),
         k_prev.stride(0), k_prev.stride(1), k_prev.stride(2),
-        v_prev.stride(0), v_prev.stride(1), v_prev.stride(2),
         k_cur.stride(0), k_cur.stride(1), k_cur.stride(2),
-        v_cur.stride(0), v_cur.stride(1), v_cur.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         lq, k_prev.shape[1], k_cur.shape[1], h, prev_frames, units, out,
         qk_scale=LOG2E / math.sqrt(d), HEAD_DIM=d, DOT_PRECISION=dot_precision(q.dtype), **fixed)
@@ -192,10 +191,8 @@ def window_attention_plan(q: TensorArg, k_prev: TensorArg, v_prev: TensorArg, k_
     pointers = {"Q": q.dtype, "KP": k_prev.dtype, "VP": v_prev.dtype, "KC": k_cur.dtype, "VC": v_cur.dtype,
                 "Valid": valid_frames.dtype}
     row = h * d
-    prev, cur = (n_prev * row, row, d), (n_cur * row, row, d)  # (b, n, h) strides of dense k and v
-    scalars = {"stride_qb": lq * row, "stride_qm": row, "stride_qh": d,
-               **dict(zip(("stride_pb", "stride_pn", "stride_ph", "stride_vpb", "stride_vpn", "stride_vph"), prev * 2)),
-               **dict(zip(("stride_cb", "stride_cn", "stride_ch", "stride_vcb", "stride_vcn", "stride_vch"), cur * 2)),
+    scalars = {"stride_qb": lq * row, "stride_qm": row, "stride_qh": d, "stride_pb": n_prev * row,
+               "stride_pn": row, "stride_ph": d, "stride_cb": n_cur * row, "stride_cn": row, "stride_ch": d,
                "stride_ob": lq * row, "stride_om": row, "stride_oh": d, "Lq": lq, "n_prev": n_prev, "n_cur": n_cur,
                "H": h, "prev_frames": prev_frames, "units": units}
     compiled = compile_ptx(_window_attention_kernel, pointers, scalars, {"Out": q.dtype},

@@ -75,20 +75,7 @@ class CausalWanSelfAttention(WanAttention):
 
 
 class WanI2VCrossAttention(WanAttention):
-    """Attention of the block's tokens over the projected CLIP image tokens (no RoPE).
-
-    With the fused ops the attention is ``window_attention`` with no previous keys (one key segment),
-    reading k and v where the context projection left them (v strided inside its GEMM's output). cuDNN's
-    attention, which ran it before, made a memset before every call, and in a CUDA graph the kernel
-    after a memset starts about 5 us later than one after a kernel.
-    """
-
-    plugins = False  # attention through the fused window_attention op
-
-    def __init__(self, dim: int, num_heads: int, eps: float):
-        super().__init__(dim, num_heads, eps)
-        # window_attention's count of valid previous frames, of which the context has none; a constant
-        self.register_buffer("no_previous", torch.zeros(1, dtype=torch.int32), persistent=False)
+    """Attention of the block's tokens over the projected CLIP image tokens (no RoPE)."""
 
     def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """context [B, 257, C] -> k, v [B, 257, H, D] (constant for a whole stream)."""
@@ -97,12 +84,7 @@ class WanI2VCrossAttention(WanAttention):
 
     def forward(self, x, kv):
         q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))
-        k, v = kv
-        if self.plugins:
-            out = torch.ops.wan_trt.window_attention(q, k[:, :0], v[:, :0], k, v, self.no_previous, 0, k.shape[1])
-        else:
-            out = attention(q, k, v)
-        return self.o(out.flatten(2))
+        return self.o(attention(q, kv[0], kv[1]).flatten(2))
 
 
 class ContextProjection(nn.Module):
@@ -362,12 +344,11 @@ class CausalWanModel(nn.Module):
         return self
 
     def make_unit_gates(self, device: str | torch.device, dtype: torch.dtype) -> "CausalWanModel":
-        """(Re)make the layers' unit gates, the action modules' unit weights and the cross-attentions' count of
-        previous frames: constants, not weights, so neither a checkpoint nor the seeded draw fills them (a model
-        made on the meta device has none until this)."""
+        """(Re)make the layers' unit gates and the action modules' unit weights: constants, not weights, so
+        neither a checkpoint nor the seeded draw fills them (a model made on the meta device has none until
+        this)."""
         for block in self.blocks:
             block.unit_gate = torch.ones(block.unit_gate.shape, dtype=dtype, device=device)
-            block.cross_attn.no_previous = torch.zeros(1, dtype=torch.int32, device=device)
             if block.action_model is not None:
                 block.action_model.make_units(device, dtype)
         return self
