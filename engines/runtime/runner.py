@@ -8,9 +8,9 @@ Outputs may be fresh tensors (torch, AOTInductor) or the runner's own bound buff
 a runner that owns its output buffers says so with ``owns_outputs`` and accepts new
 ones through :meth:`rebind_output`, so a session can swap caches instead of copying.
 A runner that needs fixed input addresses (CUDA graphs) sets ``swap_inputs = False``
-and the session commits caches by copy; one whose outputs also keep their addresses from call
-to call (for each set of input buffers) sets ``fixed_buffers``, and the session captures its own
-per-block work over them as CUDA graphs too, committing into a second set of cache buffers.
+and the session commits caches by copy into the same buffers; one whose outputs also keep
+their addresses from call to call sets ``fixed_buffers``, and the session captures its own
+per-block work over them as CUDA graphs too.
 """
 from __future__ import annotations
 
@@ -75,10 +75,6 @@ class Runner(abc.ABC):
 
     def deactivate(self) -> None:
         """Free what ``activate`` loaded. Defaults to nothing."""
-
-    def prepare(self, feeds: dict[str, torch.Tensor]) -> None:
-        """Make ready what a call over these feeds needs (a CUDA graph: its capture) without running it.
-        Defaults to nothing."""
 
     @abc.abstractmethod
     def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

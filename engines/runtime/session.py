@@ -11,7 +11,7 @@
 Every input buffer is allocated once from the spec. One block = the denoising passes
 (x0 = x_t - sigma * flow, then re-noise) and the clean pass at t = 0, whose current-block
 K/V is committed as the next block's previous-frames cache: a swap when P == F, a
-slice copy otherwise (with CUDA graphs, a copy into the other of two cache sets); never a reallocation. A step checks its inputs' shapes and types before it
+slice copy otherwise; never a reallocation. A step checks its inputs' shapes and types before it
 changes anything, and a block that comes out NaN/Inf is refused (:class:`NonFiniteBlock`) uncommitted.
 Given its inputs on the device, a step waits for nothing before its passes are queued (inputs on the
 host are copied to it first): the inputs' finiteness is read with the outputs' (one sync), and a step
@@ -112,10 +112,8 @@ class StreamingSession:
 
     ``graph_block_end`` (default True): with a runner whose buffers keep their addresses (CUDA
     graphs, ``fixed_buffers``), the check of a block's new cache entries and their commit each run
-    as one captured CUDA graph (:class:`~wan_trt.engines.runtime.cuda_graph.CapturedCall`), and the
-    commit's copy goes into a second set of cache buffers, queued before the check's sync; a block
-    that passes switches the feeds to that set (the runner holds a graph per set, both captured at
-    :meth:`start`). False runs them op by op, as for every other runner, into the one set.
+    as one captured CUDA graph (:class:`~wan_trt.engines.runtime.cuda_graph.CapturedCall`); False
+    runs them op by op, as for every other runner.
     """
 
     def __init__(self, runner: Runner, seed: int = 0, noise: NoiseSource | None = None,
@@ -144,8 +142,6 @@ class StreamingSession:
         self.graph_block_end = True
         self._captured = {"checks": CapturedCall(), "commit": CapturedCall()}
         self._pairs = [pair for cache in self.spec.caches for pair in cache.pairs] if self.cfg.prev_frames else []
-        self._cache_sets: list[dict[str, torch.Tensor]] = []  # graphed: two sets of previous-frame caches
-        self._cache_set = 0  # the one the feeds hold
 
     def attach_decoder(self, decoder: DecoderStream) -> None:
         """Decode every later block to frames. Refused mid-stream: the decoder's histories start with the
@@ -200,12 +196,6 @@ class StreamingSession:
         self.feeds[VISUAL_CONTEXT].copy_(visual_context)
         for prev, _ in self._cache_pairs():
             self.feeds[prev].zero_()
-        if self._commits_ahead():  # both cache sets' graphs captured now, not in the stream's first blocks
-            here = self._cache_set
-            self._other_caches()
-            for which in (1 - here, here):
-                self._use_caches(which)
-                self.runner.prepare(self.feeds)
         self.histories = self._new_histories(start_block)
         self.block = self.stream_start = start_block
         self.valid_frames = 0
@@ -240,11 +230,8 @@ class StreamingSession:
         clock.mark("passes")
         outputs = self._run(x0, self.schedule.clean_timestep, pass_seconds, time_passes)
         clock.mark("clean")
-        ahead = self._commits_ahead()
-        commit = self._commit_ahead(outputs) if ahead else (lambda: self._commit(outputs))
-        if ahead:
-            clock.mark("commit")
-        self._stage_next_block()  # while the device runs the clean pass
+        commit = self._prepare_commit(outputs)  # while the device runs the clean pass
+        self._stage_next_block()  # so too
         self._check_outputs(x0, outputs, block)
         clock.mark("checks")
         frames = None
@@ -258,8 +245,7 @@ class StreamingSession:
             clock.mark("decode")
         commit()
         self.histories = block.histories
-        if not ahead:
-            clock.mark("commit")
+        clock.mark("commit")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         result = BlockResult(self.block, self.start_frame, x0, time.perf_counter() - begin, pass_seconds, frames,
@@ -440,36 +426,19 @@ class StreamingSession:
         """(prev input, cur output) of every cache layer's K and V; none when there are no previous frames."""
         return self._pairs
 
-    def _commits_ahead(self) -> bool:
-        """Whether a block's commit is queued before its check (graphed, with caches: :meth:`_commit_ahead`)."""
-        return self._graphed() and bool(self._pairs)
-
-    def _commit_ahead(self, outputs: dict[str, torch.Tensor]) -> Callable[[], None]:
-        """The block's new caches copied into the other cache set now, in one captured graph queued right
-        after the clean pass, before the check's sync; returns the commit proper, to run once the block
-        passes its check: the feeds switch to that set. A refused block leaves the feeds on the set they
-        hold, untouched. The host launches nothing between the check's sync and the next block."""
-        other = self._other_caches()
-        buffers = [t for prev, cur in self._pairs for t in (self.feeds[prev], outputs[cur], other[prev])]
-        self._captured["commit"](buffers, lambda: self._copy_caches(outputs, other))
-        following = 1 - self._cache_set
+    def _prepare_commit(self, outputs: dict[str, torch.Tensor]) -> Callable[[], None]:
+        """The block's commit, to run once its outputs pass the check. With fixed buffers its graph is
+        captured here (or its buffers' addresses compared), so after the check's sync the commit is one
+        graph launch; a runner with fixed buffers never swaps, so its copies are the same every block."""
+        if not (self._graphed() and self._pairs):
+            return lambda: self._commit(outputs)
+        buffers = [t for prev, cur in self._pairs for t in (self.feeds[prev], outputs[cur])]
+        captured = self._captured["commit"].prepare(buffers, lambda: self._copy_caches(outputs))
 
         def commit() -> None:
-            self._use_caches(following)
+            captured.replay()
             self._advance_valid_frames()
         return commit
-
-    def _other_caches(self) -> dict[str, torch.Tensor]:
-        """The cache set the feeds do not hold (allocated on first use, zeros)."""
-        if not self._cache_sets:
-            here = {prev: self.feeds[prev] for prev, _ in self._pairs}
-            self._cache_sets = [here, {prev: torch.zeros_like(t) for prev, t in here.items()}]
-            self._cache_set = 0
-        return self._cache_sets[1 - self._cache_set]
-
-    def _use_caches(self, which: int) -> None:
-        self.feeds.update(self._cache_sets[which])
-        self._cache_set = which
 
     def _commit(self, outputs: dict[str, torch.Tensor]) -> None:
         """prev <- last P frames of [prev ; cur]; valid <- min(P, valid + F)."""
@@ -480,30 +449,27 @@ class StreamingSession:
     def _advance_valid_frames(self) -> None:
         self.valid_frames = min(self.cfg.prev_frames, self.valid_frames + self.cfg.block_frames)
 
-    def _copy_caches(self, outputs: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None = None) -> None:
-        """The commit's swaps and copies: prev <- last P frames of [prev ; cur], written into the cache set
-        ``into`` (the feeds' own by default). The copies of every layer's K and V go in one multi-tensor
+    def _copy_caches(self, outputs: dict[str, torch.Tensor]) -> None:
+        """The commit's swaps and copies. The copies of every layer's K and V go in one multi-tensor
         copy (a launch per tensor left the GPU waiting)."""
         p, f = self.cfg.prev_frames, self.cfg.block_frames
-        in_place = into is None
         targets, sources = [], []
         for cache in self.spec.caches:
             u = cache.units
             for prev, cur in cache.pairs:
-                new, old = outputs[cur], self.feeds[prev]  # [batch', frames * units, heads, head_dim]
-                buf = old if in_place else into[prev]
-                if in_place and p == f and self.runner.swap_inputs and new.is_contiguous():  # swap: the block's
-                    # K/V becomes the previous frames (a strided view would be read as dense by an engine: copied)
+                new, buf = outputs[cur], self.feeds[prev]  # [batch', frames * units, heads, head_dim]
+                if p == f and self.runner.swap_inputs and new.is_contiguous():  # swap: the block's K/V becomes
+                    # the previous frames (a strided view would be read as dense by an engine: copied instead)
                     self.feeds[prev] = new
                     if self.runner.owns_outputs:
                         self.runner.rebind_output(cur, buf)
                 elif p <= f:
                     targets.append(buf)
                     sources.append(new if p == f else new[:, (f - p) * u:])
-                else:  # the older frames move up: from a copy of them where they move within one buffer
-                    kept = old[:, f * u:]
-                    targets += [buf[:, :(p - f) * u], buf[:, (p - f) * u:]]
-                    sources += [kept.clone() if in_place else kept, new]
+                else:
+                    buf[:, :(p - f) * u] = buf[:, f * u:].clone()
+                    targets.append(buf[:, (p - f) * u:])
+                    sources.append(new)
         if targets:
             torch._foreach_copy_(targets, sources)
 

@@ -1,7 +1,6 @@
 """The session's block end as CUDA graphs, over a runner whose buffers keep their addresses: the
-output check and the cache commit captured once per cache set and replayed give the stream of the
-op-by-op path, the commit's copy (into the other cache set) is queued before the check, and the
-replayed check still refuses a non-finite cache entry without committing it.
+output check and the cache commit captured once and replayed give the stream of the op-by-op path,
+and the replayed check still refuses a non-finite cache entry without committing it.
 
 On the CPU (every run) the session's side is tested with a capture that records the work without
 running it and a replay that runs it, as a CUDA graph's capture launches nothing and its replay runs
@@ -31,18 +30,12 @@ CASES = [("universal-small", None), ("gta_drive-small", None), ("universal-small
 
 
 class RecordedCall(CapturedCall):
-    """A CUDA graph's contract on the CPU: capturing records ``fn`` and runs nothing; a replay runs it
-    (and is logged in ``replays`` under ``stage``)."""
-
-    def __init__(self, stage: str = "", replays: list | None = None):
-        super().__init__()
-        self.stage, self.replays = stage, replays if replays is not None else []
+    """A CUDA graph's contract on the CPU: capturing records ``fn`` and runs nothing; a replay runs it."""
 
     def _capture(self, fn):
         return fn, None
 
     def replay(self):
-        self.replays.append(self.stage)
         return self.graph()
 
 
@@ -63,11 +56,11 @@ class FixedBuffers(Runner):
         return dict(self.outputs)
 
 
-def _cpu_session(cfg, model, graphed, replays=None):
+def _cpu_session(cfg, model, graphed):
     session = StreamingSession(FixedBuffers(TorchRunner(model, PassSpec.from_config(cfg, "fp32"))),
                                noise=NoiseSource(2))
     session.graph_block_end = graphed
-    session._captured = {stage: RecordedCall(stage, replays) for stage in session._captured}
+    session._captured = {stage: RecordedCall() for stage in session._captured}
     return session
 
 
@@ -76,14 +69,12 @@ def test_the_block_end_prepared_once_gives_the_op_by_op_stream(name, local):
     cfg = _config(name, local)
     model = build_model(cfg, seed=1)
     inputs = synthetic_stream(cfg, BLOCKS, seed=2)
-    runs, replays = {}, []
+    runs = {}
     for graphed in (True, False):
-        session = _cpu_session(cfg, model, graphed, replays)
+        session = _cpu_session(cfg, model, graphed)
         latents = [r.latents for r in stream_blocks(session, inputs, BLOCKS)]
         runs[graphed] = latents, _persistent(_state(session)), {k: c.captures for k, c in session._captured.items()}
-    # the commit once per cache set (this runner's outputs are the same tensors for both: one check)
-    assert runs[True][2] == {"checks": 1, "commit": 2} and runs[False][2] == {"checks": 0, "commit": 0}
-    assert replays == ["commit", "checks"] * BLOCKS  # the commit's copy queued before the check
+    assert runs[True][2] == {"checks": 1, "commit": 1} and runs[False][2] == {"checks": 0, "commit": 0}
     for b, (a, e) in enumerate(zip(runs[True][0], runs[False][0])):
         assert torch.equal(a, e), f"block {b}"
     _assert_same_state(runs[True][1], runs[False][1])
@@ -118,7 +109,7 @@ def test_a_block_refused_by_the_prepared_check_commits_nothing(refused_block):
             session.runner.infer = infer
             _assert_same_state(_persistent(before), _persistent(_state(session)))
         assert torch.equal(session.step(cond, mouse, keyboard).latents, want[b]), b
-    assert session._captured["commit"].captures == 2  # one per cache set
+    assert session._captured["commit"].captures == 1
 
 
 def _config(name, local):
@@ -135,8 +126,7 @@ def _stream(cfg, model, inputs, graphed):
         session.graph_block_end = graphed
         latents = [r.latents.clone() for r in stream_blocks(session, inputs, BLOCKS)]
         caches = {name: t.clone() for name, t in session.feeds.items() if "_prev_" in name}
-        captures = {stage: c.captures for stage, c in session._captured.items()}
-        return latents, caches, {**captures, "runner": len(runner.graphs)}
+        return latents, caches, {stage: c.captures for stage, c in session._captured.items()}
 
 
 @CUDA
@@ -147,8 +137,7 @@ def test_graphed_block_end_equals_op_by_op(name, local):
     inputs = synthetic_stream(cfg, BLOCKS, seed=2)
     latents, caches, captures = _stream(cfg, model, inputs, graphed=True)
     latents_eager, caches_eager, captures_eager = _stream(cfg, model, inputs, graphed=False)
-    assert captures == {"checks": 2, "commit": 2, "runner": 2}  # one graph of each per cache set
-    assert captures_eager == {"checks": 0, "commit": 0, "runner": 1}
+    assert captures == {"checks": 1, "commit": 1} and captures_eager == {"checks": 0, "commit": 0}
     assert caches.keys() == caches_eager.keys() and caches
     for b, (a, e) in enumerate(zip(latents, latents_eager)):
         assert torch.equal(a, e), f"block {b}"
@@ -181,7 +170,7 @@ def test_the_replayed_check_refuses_a_non_finite_entry_uncommitted():
         with pytest.raises(NonFiniteBlock, match="self_v_cur_01 of block 2.*not committed") as exc:
             session.step(inputs.block_cond(cfg, 2), mouse, keyboard)
         assert exc.value.tensor == "self_v_cur_01" and session.block == 2
-        assert session._captured["checks"].captures == 2 and session._captured["commit"].captures == 2
+        assert session._captured["checks"].captures == 1 and session._captured["commit"].captures == 1
         for k, v in before.items():
             assert torch.equal(session.feeds[k], v), k
 
@@ -277,25 +266,3 @@ def test_with_cuda_graphs_a_non_finite_input_is_named_at_the_check():
         with pytest.raises(WanTrtError, match="cond_concat of block 2 holds non-finite values"):
             session.step(cond.cuda(), mouse.cuda(), keyboard.cuda())
         _assert_same_state(_persistent(before), _persistent(_state(session)))
-
-
-@CUDA
-def test_the_runner_replays_a_graph_per_input_set_and_refuses_a_third():
-    """Two sets of input buffers, each captured once and replayed with its own outputs; a third set is
-    refused (each graph holds device memory), naming why."""
-    cfg = load_config("universal-small")
-    model = build_model(cfg, seed=1).cuda()
-    spec = PassSpec.from_config(cfg, "fp32")
-    feeds = [spec.allocate("inputs", "cuda") for _ in range(3)]
-    for f in feeds:
-        for t in f.values():
-            t.copy_(torch.randn_like(t.float()).to(t.dtype) if t.is_floating_point() else torch.zeros_like(t))
-    reference = TorchRunner(model, spec)
-    with CudaGraphRunner(TorchRunner(model, spec)) as runner:
-        for _ in range(2):
-            for f in feeds[:2]:
-                got = runner.infer(f)["flow"].clone()
-                assert torch.equal(got, reference.infer(f)["flow"])
-        assert len(runner.graphs) == 2
-        with pytest.raises(WanTrtError, match="at most 2 sets of input buffers"):
-            runner.infer(feeds[2])
