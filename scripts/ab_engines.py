@@ -12,11 +12,17 @@ warms up. Engines in one process on one GPU see the same clocks and power cap, w
 on one H100). An earlier form of this script reversed the order every other round: at each round's
 boundary an engine then ran twice in a row, and those streams ran slower, for either engine.
 
-``--interleave N`` streams N blocks through every engine one block each in turn instead (the first
-engine's block b, the second's block b, then block b + 1): each block of one engine has a neighbour of
-the other under the same clocks and power draw, and the report adds the block-by-block differences
-against the first engine (their median, and in how many pairs each engine was faster). Rounds of whole
-streams gave 1-2 ms differences between rounds of one engine, as large as the levers measured with them.
+``--interleave N`` streams N blocks through every engine one block each in turn instead: each block of
+one engine has a neighbour of the other under the same clocks and power draw, and the report adds the
+block-by-block differences against the first engine (their median, and in how many pairs each engine
+was faster). Rounds of whole streams gave 1-2 ms differences between rounds of one engine, as large as
+the levers measured with them. The order turns every block (block b starts with engine b mod n): with a
+fixed order the engines' difference cannot be told from an effect of the order (the first engine alone
+steps right after the host has prepared a block's inputs). On an H100 such a run found the first engine
+0.6 ms a block faster than the second (median of the pairs; 1.0 against the second's block before it),
+where rounds of whole streams of the same two engines, the other one first, had found it 1.1 ms slower.
+The report gives the differences apart by which engine stepped first too; their mean is the engines'
+difference, half their spread the order's.
 """
 from __future__ import annotations
 
@@ -37,9 +43,15 @@ ROUND_BLOCKS = 8
 SKIP = 2  # blocks of each stream not kept: its first (no previous frames) and the one after
 
 
+def block_order(names: list[str], block: int) -> list[str]:
+    """The order the engines step in at ``block``: turned by one every block."""
+    turn = block % len(names)
+    return names[turn:] + names[:turn]
+
+
 def interleaved(sessions: dict[str, StreamingSession], inputs, blocks: int) -> dict[str, list[BlockResult]]:
     """Stream the same ``blocks`` blocks of ``inputs`` through every session from a fresh start, one block of
-    each session in turn; returns each session's block results in block order."""
+    each session in turn (in :func:`block_order`); returns each session's block results in block order."""
     cfg = next(iter(sessions.values())).cfg
     for session in sessions.values():
         session.start(inputs.visual_context.to(session.device))
@@ -47,22 +59,30 @@ def interleaved(sessions: dict[str, StreamingSession], inputs, blocks: int) -> d
     for block in range(blocks):
         mouse, keyboard = inputs.block_actions(cfg, block)
         cond = inputs.block_cond(cfg, block)
-        for name, session in sessions.items():
+        for name in block_order(list(sessions), block):
+            session = sessions[name]
             move = (lambda t: None if t is None else t.to(session.device))  # noqa: E731  (the session checks)
             results[name].append(session.step(move(cond), move(mouse), move(keyboard)))
     return results
 
 
-def paired(samples: dict[str, list[float]]) -> dict[str, dict]:
+def paired(samples: dict[str, list[float]], first_block: int = 0) -> dict[str, dict]:
     """Per engine after the first: the block-by-block differences from the first engine's blocks (ms,
-    positive: slower), their median, and in how many of the pairs the engine was faster."""
+    positive: slower), their median, in how many of the pairs the engine was faster, and the medians
+    apart by whether the engine stepped before the first engine or after it (``samples`` start at
+    block ``first_block`` of an interleaved stream, :func:`block_order`)."""
     names = list(samples)
     base = samples[names[0]]
     out = {}
     for name in names[1:]:
         diffs = [a - b for a, b in zip(samples[name], base)]
+        by_order: dict[str, list[float]] = {"ran_first": [], "ran_second": []}
+        for i, d in enumerate(diffs):
+            order = block_order(names, first_block + i)
+            by_order["ran_first" if order.index(name) < order.index(names[0]) else "ran_second"].append(d)
         out[name] = {"against": names[0], "median_diff_ms": statistics.median(diffs),
-                     "faster_in": sum(d < 0 for d in diffs), "pairs": len(diffs)}
+                     "faster_in": sum(d < 0 for d in diffs), "pairs": len(diffs),
+                     "median_diff_ms_by_order": {k: statistics.median(v) if v else None for k, v in by_order.items()}}
     return out
 
 
@@ -108,10 +128,12 @@ def main() -> None:
     summary = {n: {"p50": statistics.median(v), "mean": statistics.mean(v), "n": len(v)} for n, v in kept.items()}
     for name, s in summary.items():
         print(f"{name}: {s['p50']:.2f} ms/block p50, mean {s['mean']:.2f} ({s['n']} blocks)")
-    pairs_report = paired(kept) if args.interleave else None
+    pairs_report = paired(kept, SKIP) if args.interleave else None
     for name, p in (pairs_report or {}).items():
-        print(f"{name} - {p['against']}: median {p['median_diff_ms']:+.2f} ms a block, faster in {p['faster_in']} "
-              f"of {p['pairs']} pairs")
+        order = ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in p["median_diff_ms_by_order"].items()
+                          if v is not None)
+        print(f"{name} - {p['against']}: median {p['median_diff_ms']:+.2f} ms a block ({order}), faster in "
+              f"{p['faster_in']} of {p['pairs']} pairs")
     if args.out:
         args.out.write_text(json.dumps({**provenance(), "config": config.name, "engines": dict(pairs),
                                         "mode": f"interleaved, {args.interleave} blocks" if args.interleave else

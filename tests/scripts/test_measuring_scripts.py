@@ -54,7 +54,11 @@ def test_interleaved_sessions_stream_what_each_streams_alone():
     inputs = synthetic_stream(cfg, 3, seed=2)
     alone = stream_blocks(StreamingSession(TorchRunner(model, spec), noise=NoiseSource(0)), inputs, 3)
     sessions = {name: StreamingSession(TorchRunner(model, spec), noise=NoiseSource(0)) for name in ("a", "b")}
+    stepped = []
+    for name, session in sessions.items():
+        session.step = (lambda step, name: lambda *a, **k: stepped.append(name) or step(*a, **k))(session.step, name)
     both = load("ab_engines").interleaved(sessions, inputs, 3)
+    assert stepped == ["a", "b", "b", "a", "a", "b"]  # the order turns every block
     for name, results in both.items():
         assert [r.index for r in results] == [0, 1, 2]
         for got, want in zip(results, alone):
@@ -63,4 +67,16 @@ def test_interleaved_sessions_stream_what_each_streams_alone():
 
 def test_paired_differences_say_which_engine_was_faster():
     report = load("ab_engines").paired({"a": [10.0, 10.0, 10.0, 12.0], "b": [9.0, 11.0, 8.0, 11.0]})
-    assert report == {"b": {"against": "a", "median_diff_ms": -1.0, "faster_in": 3, "pairs": 4}}
+    assert report == {"b": {"against": "a", "median_diff_ms": -1.0, "faster_in": 3, "pairs": 4,
+                            "median_diff_ms_by_order": {"ran_first": 0.0, "ran_second": -1.5}}}
+
+
+def test_interleaved_engines_take_turns_stepping_first():
+    """With a fixed order the engine stepped first was the faster whichever it was: the order turns every
+    block, and the differences are also reported by which engine stepped first."""
+    ab = load("ab_engines")
+    assert [ab.block_order(["a", "b"], b) for b in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    assert [ab.block_order(["a", "b", "c"], b)[0] for b in range(4)] == ["a", "b", "c", "a"]
+    # b steps second at blocks 2 and 4, first at 3 and 5: +1 when second, -3 when first
+    report = ab.paired({"a": [10.0, 10.0, 10.0, 10.0], "b": [11.0, 7.0, 11.0, 7.0]}, first_block=2)
+    assert report["b"]["median_diff_ms_by_order"] == {"ran_first": -3.0, "ran_second": 1.0}
