@@ -457,3 +457,27 @@ def test_complex_inputs_are_refused_by_both_runtimes(aoti, wan_stream, tmp_path,
         stream_blocks(StreamingSession(runner), inputs, 1)
     with pytest.raises(WanTrtError, match=f"wan_stream failed \\(1\\): error: {field}: expected a real tensor"):
         run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt")
+
+
+def test_cpp_runtime_refuses_frames_that_come_out_non_finite(aoti, wan_stream, tmp_path):
+    """A decoder whose frames come out NaN/Inf (finite weights that overflow: a head of 3e38s): uint8 would
+    turn them into black frames. wan_stream refuses the block naming the frames, exits 1 and writes neither
+    latents nor frames."""
+    from pathlib import Path
+
+    from wan_trt.engines.build import BuildOptions, build_engine
+    from wan_trt.export.decoder import export_decoder
+    from wan_trt.model import build_decoder
+    export_dir, engine = aoti
+    cfg = Manifest.read(export_dir).spec.config
+    state = build_decoder(cfg, seed=4).state_dict()  # upstream's key names
+    state["decoder.head.2.weight"] = torch.full_like(state["decoder.head.2.weight"], 3e38)  # finite: loads
+    torch.save(state, tmp_path / "vae.pth")
+    export_decoder(cfg, tmp_path / "dec", "fp32", weights=str(tmp_path / "vae.pth"), seed=4, onnx=False)
+    decoder = build_engine(str(tmp_path / "dec"), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))
+    out = tmp_path / "out.pt"
+    inputs = write_stream_inputs(synthetic_stream(cfg, 2, seed=9), tmp_path / "in.pt")
+    with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: the decoder's frames \(rgb\) came out "
+                                          r"non-finite \(NaN or Inf\); its histories were not carried on"):
+        run_wan_stream(wan_stream, engine, inputs, 2, out, decoder=decoder)
+    assert not out.exists() and not Path(str(out) + ".frames.pt").exists()
