@@ -253,3 +253,22 @@ def test_a_narrow_decoder_exports_with_only_its_head_by_taps(tmp_path):
     check = subprocess.run([*cli, "check", str(tmp_path / "decoder"), "--blocks", "2"], timeout=240,
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_decoder_check_of_an_export_replaced_while_it_ran_writes_no_report(decoder_export, tmp_path, monkeypatch):
+    """`export --overwrite` of the decoder export a check was checking swapped new graphs in, and the check wrote
+    its passing report into them (the DiT's check refused this; the decoder's did not). It now fails, writing
+    nothing."""
+    import wan_trt.validate.check_decoder as check_decoder
+    export = tmp_path / "dec"
+    shutil.copytree(decoder_export, export)
+    real = check_decoder.decoder_stream_rows
+
+    def replaced_meanwhile(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        export_decoder(load_config(CFG), export, "fp32", seed=5, onnx=False, overwrite=True)
+        return rows
+    monkeypatch.setattr(check_decoder, "decoder_stream_rows", replaced_meanwhile)
+    with pytest.raises(WanTrtError, match="replaced while the decoder was checked"):
+        check_target(export, CheckOptions(blocks=2, save_results=False))
+    assert not list(export.glob("*/check/report_*.json"))
