@@ -92,6 +92,24 @@ def installed(plain_export, tmp_path):
     return engine, key, manifest
 
 
+def test_an_engine_of_an_export_replaced_while_it_built_is_not_installed(plain_export, tmp_path):
+    """`export --overwrite` while a build compiled (nothing stops it: they share no lock) swapped a new export in,
+    and the build installed its engine, of the old export, beside the new one and exited 0. The install is now
+    refused, naming why, and nothing is written."""
+    from wan_trt.export.transformer import export_transformer
+    export = tmp_path / "export"
+    shutil.copytree(plain_export, export)
+    manifest = Manifest.read(export)
+    key = engine_key(manifest, "aoti", "cpu", {"ops": "native"})
+    meta = EngineMetadata.of_build(manifest, export, backend="aoti", device="cpu", key=key, ops="native")
+    export_transformer(load_config("universal-small"), export, "fp32", seed=3, onnx=False, overwrite=True)
+    engine, partial = export / "engine_aoti_cpu.pt2", export / "partial.pt2"
+    partial.write_bytes(bytes(range(256)))
+    with pytest.raises(WanTrtError, match="was replaced while its engine was built.*not installed; build again"):
+        install_engine(partial, engine, meta)
+    assert not engine.exists() and not EngineMetadata.path_for(engine).exists()
+
+
 def test_up_to_date_verifies_the_engine_file(installed, caplog, monkeypatch):
     monkeypatch.setattr(logger, "propagate", True)  # whatever an earlier test's logging set-up left
     caplog.set_level(logging.INFO, logger=logger.name)
