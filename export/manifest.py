@@ -17,7 +17,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest_schema import FORMAT, parse_manifest, recorded_files
 from wan_trt.graphs import graph_kind
 from wan_trt.model.checkpoint import weights_fingerprint
-from wan_trt.outputs import CHECK_FILES, MARKER, engine_files_in, written_by_check
+from wan_trt.outputs import MARKER, check_files_in, engine_files_in
 from wan_trt.spec import GraphSpec
 
 MANIFEST = "manifest.json"
@@ -156,6 +156,5 @@ def owned_export_files(directory: Path) -> list[Path] | None:
         return None
     names = names if names is not None else [GRAPH, GRAPH + ".data", SAMPLE_INPUTS]
     owned = [directory / n for n in [MARKER, MANIFEST, *names]]
-    owned += [p for pattern in CHECK_FILES for p in directory.glob(pattern)
-              if not pattern.startswith("check/report_") or written_by_check(p)]
+    owned += check_files_in(directory)
     return [p for p in owned if p.is_file()] + engine_files_in(directory)

@@ -39,7 +39,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
-from wan_trt.outputs import staged_file, write_file, written_by_check
+from wan_trt.outputs import run_results, staged_file, write_file, written_by_check
 from wan_trt.precisions import pytorch_precision
 from wan_trt.spec import GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
@@ -86,9 +86,11 @@ def clear_report(*paths: Path) -> None:
     check that stops half-way, or saves no RunResults, leaves none of the earlier check's beside its own. A
     file under a report's name that no check wrote is refused, not removed."""
     for path in paths:
-        if path.name.startswith("report_") and path.is_file() and not written_by_check(path):
-            raise WanTrtError(f"{path} is not a wan-trt check report, and this check writes its report there; move "
-                              "it away and check again")
+        ours = written_by_check if path.name.startswith("report_") else run_results
+        if path.is_file() and not ours(path):
+            kind = "check report" if ours is written_by_check else "check's RunResults"
+            raise WanTrtError(f"{path} is not a wan-trt {kind}, and this check writes its file there; move it away "
+                              "and check again")
     for path in paths:
         if path.is_file():
             path.unlink()

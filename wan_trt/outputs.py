@@ -30,8 +30,6 @@ from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger
 
 MARKER = ".wan-trt-export"  # inside every staging and finished output folder (exports, stream outputs)
-# what `wan-trt check` adds to an export (a partial report: one it was writing when it was killed)
-CHECK_FILES = ("check/report_*.json", "check/.report_*.json.partial-*", "check/run_results_*.json")
 CHECK_REPORT_KEYS = {"command", "backend", "precision", "ok"}  # in every check report
 # per kind of output, the folders wan-trt makes in it that a run it stops may leave empty (an export's check/)
 OWN_FOLDERS = {"export": (Path("check"),)}
@@ -169,6 +167,36 @@ def json_with_keys(path: Path, keys: set[str]) -> dict | None:
 def written_by_check(path: Path) -> bool:
     """Whether ``path`` is a report `wan-trt check` wrote (a file named like one may be the user's)."""
     return json_with_keys(path, CHECK_REPORT_KEYS) is not None
+
+
+def run_results(path: Path) -> bool:
+    """Whether ``path`` is a Polygraphy RunResults file, as a check saves (judged by its ends: they run to
+    gigabytes)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(1)
+            f.seek(max(0, path.stat().st_size - 256))
+            tail = f.read()
+    except OSError:
+        return False
+    return head == b"{" and re.search(rb'"polygraphy_class":\s*"RunResults"\s*}\s*$', tail) is not None
+
+
+def staged_by_check(path: Path) -> bool:
+    """Whether ``path`` is named as the staging file of a check's report or RunResults (:func:`staged_file`'s
+    names: mkstemp's 8 characters after the prefix), which a killed check leaves."""
+    return re.fullmatch(r"\.(report|run_results)_.+\.json\.partial-[a-z0-9_]{8}", path.name) is not None
+
+
+# what `wan-trt check` adds to an export, each file judged by its content or its staging name (a user's file
+# of such a name is not the check's)
+CHECK_FILES = {"check/report_*.json": written_by_check, "check/run_results_*.json": run_results,
+               "check/.report_*.json.partial-*": staged_by_check, "check/.run_results_*.json.partial-*": staged_by_check}
+
+
+def check_files_in(directory: Path) -> list[Path]:
+    """The files `wan-trt check` wrote (or was writing when it was killed) into the export ``directory``."""
+    return [p for pattern, ours in CHECK_FILES.items() for p in sorted(directory.glob(pattern)) if ours(p)]
 
 
 def written_by_build(meta: Path) -> bool:

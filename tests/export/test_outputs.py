@@ -75,7 +75,7 @@ def test_user_partial_folder_is_kept_and_overwrite_swaps_cleanly(tmp_path, plain
     (out / "check").mkdir()
     report = {"command": "wan-trt check", "backend": "onnxruntime-cpu", "precision": "fp32", "ok": True}
     (out / "check" / "report_onnxruntime-cpu.json").write_text(json.dumps(report))  # what `wan-trt check` adds
-    (out / "check" / ".report_engine_aoti_cpu.json.partial-x1y2").write_text("{")  # a check killed while writing
+    (out / "check" / ".report_engine_aoti_cpu.json.partial-x1y2z3w4").write_text("{")  # a check killed while writing
     manifest = _export(out, overwrite=True)
     assert (user_partial / "draft.txt").read_text() == "mine"
     assert Manifest.read(out).sha256 == manifest.sha256 and not (out / "check").exists()
@@ -448,3 +448,33 @@ def test_overwrite_and_check_refuse_a_users_file_named_like_a_check_report(tmp_p
     with pytest.raises(WanTrtError, match="report_onnxruntime-cpu.json.*not a wan-trt check report"):
         clear_report(mine)
     assert mine.read_text() == "my summary of the last run"
+
+
+def test_overwrite_and_check_take_run_results_and_staging_files_by_content_not_name(tmp_path, plain_export):
+    """check/run_results_*.json and check/.report_*.json.partial-* counted as wan-trt's by name: --overwrite
+    deleted a user's notes under such names, and a check deleted the RunResults-named one. Only Polygraphy
+    RunResults (as a check saves them) and staging files named as a check names them are taken; a real pair
+    of them goes with the export."""
+    from polygraphy.comparator import RunResults
+
+    from wan_trt.validate.check import clear_report
+    mixed = tmp_path / "mixed"
+    shutil.copytree(plain_export, mixed)
+    check = mixed / "check"
+    check.mkdir(exist_ok=True)
+    notes = check / "run_results_notes.json"
+    notes.write_text('{"my": "notes, not a RunResults"}')
+    staging = check / ".report_x.json.partial-mine"
+    staging.write_text("user data")
+    with pytest.raises(WanTrtError, match=r"did not write \(check/\.report_x\.json\.partial-mine, "
+                                          r"check/run_results_notes\.json\)"):
+        _export(mixed, overwrite=True)
+    with pytest.raises(WanTrtError, match="run_results_notes.json is not a wan-trt check's RunResults"):
+        clear_report(notes)
+    assert notes.read_text() == '{"my": "notes, not a RunResults"}' and staging.read_text() == "user data"
+    notes.unlink()
+    staging.unlink()
+    RunResults().save(str(check / "run_results_onnxruntime-cpu.json"))  # as a check saves them
+    (check / ".report_onnxruntime-cpu.json.partial-k2x_9q0a").write_text("")  # a killed check's staging file
+    _export(mixed, overwrite=True)
+    assert not check.exists() or not list(check.iterdir())
