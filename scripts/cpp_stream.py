@@ -60,7 +60,8 @@ def compare(export: str, engine: str, decoder_engine: str, blocks: int, device: 
         for _ in range(rounds):
             for name, exe in exes.items():
                 runs[name].append(run_wan_stream(exe, Path(engine), stream_inputs, blocks, Path(tmp) / "out.pt", seed=0,
-                                                 device=device, cuda_graph=cuda, decoder=Path(decoder_engine)))
+                                                 device=device, cuda_graph=cuda, decoder=Path(decoder_engine),
+                                                 overwrite=True))  # the runs write one file in turn
     cpp = runs["cpp"][0]
     steady = {name: [ms for run in done for ms in run.block_ms[WARMUP:]] for name, done in runs.items()}
     diff = (cpp.frames.int() - python_frames.int()).abs()

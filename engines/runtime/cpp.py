@@ -54,10 +54,11 @@ class CppStream:
 
 def run_wan_stream(exe: Path, engine: Path, inputs: Path, blocks: int, out: Path, seed: int = 0,
                    device: str = "cpu", cuda_graph: bool = False, start_block: int | None = None,
-                   decoder: Path | None = None, actions: Path | None = None) -> CppStream:
+                   decoder: Path | None = None, actions: Path | None = None, overwrite: bool = False) -> CppStream:
     """Run ``wan_stream`` (from the inputs' first block; ``start_block``, if given, must be it); with
     ``decoder`` (either engine of a decoder engine pair) its frames go to ``out`` + '.frames.pt';
-    ``actions``: a JSON-lines actions file replacing the inputs' actions."""
+    ``actions``: a JSON-lines actions file replacing the inputs' actions; ``overwrite``: replace an earlier
+    run's outputs."""
     cmd = [str(exe), "--engine", str(engine), "--inputs", str(inputs), "--blocks", str(blocks), "--out", str(out),
            "--seed", str(seed), "--device", device]
     cmd += [] if start_block is None else ["--start-block", str(start_block)]
@@ -65,6 +66,7 @@ def run_wan_stream(exe: Path, engine: Path, inputs: Path, blocks: int, out: Path
     frames = Path(str(out) + ".frames.pt")
     cmd += [] if decoder is None else ["--decoder", str(decoder), "--frames", str(frames)]
     cmd += [] if actions is None else ["--actions", str(actions)]
+    cmd += ["--overwrite"] if overwrite else []
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise WanTrtError(f"wan_stream failed ({proc.returncode}): {proc.stderr[-3000:]}")

@@ -3,6 +3,7 @@
 //   wan_stream --engine E.pt2 --inputs stream_inputs.pt --blocks 8 --out latents.pt
 //              [--runtime E.pt2.runtime.txt] [--seed 0] [--device cpu|cuda] [--cuda-graph] [--tensorrt]
 //              [--start-block 0] [--actions actions.jsonl] [--decoder DEC/steady/E.pt2 --frames frames.pt]
+//              [--overwrite]
 //
 // --inputs is a file written with torch.save (Python) of a dict {"visual_context", "cond_concat",
 // "mouse", "keyboard", "first_block"} (see wan_trt.engines.runtime.cpp.write_stream_inputs) holding the
@@ -14,13 +15,21 @@
 // --engine) decodes every block; --frames then receives its uint8 frames [9 + 12 (N - 1), 8H, 8W, 3].
 // Output: torch.save-loadable tensor [1, 16, 3*N, H, W] and one line per block on stdout:
 // "block i: <ms> ms (passes <ms>, clean <ms>, checks <ms>[, decode <ms>], commit <ms>)".
-// Refused before any block runs: an unknown flag, --out or --frames that is a folder, lies in no folder, or is a
-// file the run reads (or the other output), more --blocks than the inputs hold, a --seed outside 0..2^32-1,
-// a defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504).
-// Outputs are written whole (PATH.partial, renamed) or not at all; a failed write exits 1.
+// Refused before any block runs: an unknown flag, --out or --frames that is a folder, lies in no folder, is a
+// file the run reads (or the other output), or exists (--overwrite replaces only a tensor file such as a run
+// writes), more --blocks than the inputs hold, a --seed outside 0..2^32-1, a defect of the --actions file, by
+// line (a value beyond the range of the engine's dtype too: fp16 65504).
+// Outputs are written whole or not at all: each into a fresh staging file beside it, both staged before
+// either is renamed over its path; a failed write exits 1 and removes only the staging files.
 #include <torch/serialize.h>
 
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -64,20 +73,58 @@ int64_t integer(std::map<std::string, std::string>& args, const std::string& key
   return value;
 }
 
-// Written whole or not at all: into PATH.partial, checked, then renamed over PATH.
-void save(const at::Tensor& tensor, const std::string& path) {
-  std::vector<char> bytes = torch::pickle_save(tensor);
-  const std::string staging = path + ".partial";
-  std::ofstream file(staging, std::ios::binary);
-  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  file.close();
-  std::error_code renamed;
-  if (file) fs::rename(staging, path, renamed);
-  if (!file || renamed) {
-    std::remove(staging.c_str());
-    throw wan_trt::Error("writing " + path + " failed (" + (renamed ? renamed.message() : "disk full or not writable") +
-                         "); nothing was written");
+// The outputs, written whole or not at all: each into a staging file of its own beside it (a fresh name:
+// never a file of someone else's), all staged before any is renamed over its path.
+void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs) {
+  std::vector<std::pair<std::string, std::string>> staged;  // (staging file, path), not renamed yet
+  auto fail = [&](const std::string& path, const std::string& why, const std::string& written = "nothing") {
+    for (const auto& [staging, _] : staged) std::remove(staging.c_str());
+    throw wan_trt::Error("writing " + path + " failed (" + why + "); " + written + " was written");
+  };
+  const mode_t mask = umask(0);
+  umask(mask);
+  for (const auto& [tensor, path] : outputs) {
+    std::vector<char> name(path.begin(), path.end());
+    const char suffix[] = ".partial-XXXXXX";
+    name.insert(name.end(), suffix, suffix + sizeof(suffix));  // with its terminating zero
+    const int fd = mkstemp(name.data());
+    if (fd < 0) fail(path, std::strerror(errno));
+    close(fd);
+    staged.emplace_back(name.data(), path);
+    std::vector<char> bytes = torch::pickle_save(tensor);
+    std::ofstream file(staged.back().first, std::ios::binary);
+    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    file.close();
+    if (!file) fail(path, "disk full or not writable");
+    fs::permissions(staged.back().first, static_cast<fs::perms>(0666 & ~mask));  // mkstemp's files are private
   }
+  std::string written = "nothing";
+  while (!staged.empty()) {
+    std::error_code renamed;
+    fs::rename(staged.front().first, staged.front().second, renamed);
+    if (renamed) fail(staged.front().second, renamed.message(), written);
+    written = (written == "nothing" ? "" : written + ", ") + staged.front().second;
+    staged.erase(staged.begin());
+  }
+}
+
+// Whether ``path`` holds a tensor file as torch.save / this program writes (a zip whose first entry is its
+// pickle or a storage of it: TOP/data.pkl, TOP/data/N): the only kind of file --overwrite replaces.
+bool tensor_file(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  char head[30 + 256] = {};
+  file.read(head, sizeof(head));
+  const std::streamsize got = file.gcount();
+  if (got < 30 || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
+  const size_t length = static_cast<unsigned char>(head[26]) | static_cast<unsigned char>(head[27]) << 8;
+  if (30 + static_cast<std::streamsize>(length) > got) return false;
+  const std::string name(head + 30, length);
+  const size_t top = name.find('/');
+  if (top == std::string::npos || top == 0) return false;
+  const std::string rest = name.substr(top + 1);
+  if (rest == "data.pkl") return true;
+  return rest.size() > 5 && rest.compare(0, 5, "data/") == 0 &&
+         rest.find_first_not_of("0123456789", 5) == std::string::npos;
 }
 
 bool same_file(const fs::path& a, const fs::path& b) {
@@ -86,15 +133,24 @@ bool same_file(const fs::path& a, const fs::path& b) {
   return fs::weakly_canonical(a, ignored) == fs::weakly_canonical(b, ignored);
 }
 
-// An output file that can be written and is none of the files the run reads or its other output.
+// An output file that can be written and is none of the files the run reads or its other output; an existing
+// one only with --overwrite, and only a tensor file (an earlier run's output).
 void check_output(const std::string& flag, const std::string& path,
-                  const std::vector<std::pair<std::string, std::string>>& others) {
+                  const std::vector<std::pair<std::string, std::string>>& others, bool overwrite) {
   const fs::path file(path);
   if (fs::is_directory(file)) throw wan_trt::Error(flag + " " + path + " is a folder; give a file path");
   const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
   if (!fs::is_directory(folder)) throw wan_trt::Error(flag + " " + path + ": no folder " + folder.string());
   for (const auto& [other_flag, other] : others)
     if (same_file(file, other)) throw wan_trt::Error(flag + " " + path + " is also " + other_flag);
+  if (fs::is_symlink(file) || (fs::exists(file) && !fs::is_regular_file(file)))
+    throw wan_trt::Error(flag + " " + path + " is a link or not a plain file; give another path");
+  if (fs::exists(file) && !overwrite)
+    throw wan_trt::Error(flag + " " + path + " exists; pass --overwrite to replace an earlier output, or give "
+                         "another path");
+  if (fs::exists(file) && !tensor_file(file))
+    throw wan_trt::Error(flag + " " + path + " exists and is not a tensor file as wan_stream writes (--overwrite "
+                         "replaces only those); give another path");
 }
 
 at::Device parse_device(const std::string& text) {
@@ -129,11 +185,12 @@ std::unique_ptr<wan_trt::Runner> make_runner(const std::string& engine, const wa
 int run(int argc, char** argv) {
   wan_trt::prefer_workspace_free_gemms();  // before any GEMM of the process
   std::map<std::string, std::string> args{{"--blocks", "8"}, {"--seed", "0"}, {"--device", "cpu"}};
-  bool cuda_graph = false, tensorrt = false;
+  bool cuda_graph = false, tensorrt = false, overwrite = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--cuda-graph") cuda_graph = true;
     else if (a == "--tensorrt") tensorrt = true;
+    else if (a == "--overwrite") overwrite = true;
     else if (!kValueFlags.count(a)) throw wan_trt::Error("unknown flag " + a);
     else if (i + 1 < argc) args[a] = argv[++i];
     else throw wan_trt::Error("missing value for " + a);
@@ -158,10 +215,10 @@ int run(int argc, char** argv) {
   for (const char* flag : {"--actions", "--decoder"})
     if (args.count(flag)) read.emplace_back(flag, args[flag]);
   if (pair) read.insert(read.end(), {{"--decoder", pair->first}, {"--decoder", pair->steady}});
-  check_output("--out", args["--out"], read);
+  check_output("--out", args["--out"], read, overwrite);
   if (pair) {
     read.emplace_back("--out", args["--out"]);
-    check_output("--frames", args["--frames"], read);
+    check_output("--frames", args["--frames"], read, overwrite);
   }
 
   auto inputs = torch::pickle_load(read_file(args["--inputs"])).toGenericDict();
@@ -209,8 +266,9 @@ int run(int argc, char** argv) {
       std::cout << (i ? ", " : "") << block.stage_ms[i].first << " " << block.stage_ms[i].second;
     std::cout << ")\n";
   }
-  save(at::cat(latents, 2), args["--out"]);
-  if (decoder) save(at::cat(frames), args["--frames"]);
+  std::vector<std::pair<at::Tensor, std::string>> outputs{{at::cat(latents, 2), args["--out"]}};
+  if (decoder) outputs.emplace_back(at::cat(frames), args["--frames"]);
+  save_all(outputs);
   return 0;
 }
 

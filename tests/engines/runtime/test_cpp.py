@@ -259,7 +259,7 @@ def test_cpp_runtime_reads_actions_from_a_json_lines_file_as_python_does(aoti, w
     stored = write_stream_inputs(synthetic, tmp_path / "in.pt")  # the file's actions replace these
     cpp = run_wan_stream(wan_stream, engine, stored, 3, tmp_path / "out.pt", seed=4, actions=path).latents
     torch.testing.assert_close(cpp, python, rtol=0, atol=1e-6)
-    without = run_wan_stream(wan_stream, engine, stored, 3, tmp_path / "out.pt", seed=4).latents
+    without = run_wan_stream(wan_stream, engine, stored, 3, tmp_path / "without.pt", seed=4).latents
     assert (without - cpp).abs().max() > 1e-3
 
 
@@ -481,3 +481,32 @@ def test_cpp_runtime_refuses_frames_that_come_out_non_finite(aoti, wan_stream, t
                                           r"non-finite \(NaN or Inf\); its histories were not carried on"):
         run_wan_stream(wan_stream, engine, inputs, 2, out, decoder=decoder)
     assert not out.exists() and not Path(str(out) + ".frames.pt").exists()
+
+
+def test_wan_stream_replaces_only_its_own_earlier_outputs(aoti, decoder_aoti, wan_stream, tmp_path):
+    """--out and --frames replaced any file: a user's notes, an engine's metadata (which broke that engine), and
+    a fixed staging name PATH.partial took over a user's file of that name. An existing output is now refused
+    unless --overwrite is given, and then only if it is a tensor file as wan_stream writes; staging files have
+    fresh names."""
+    export_dir, engine = aoti
+    inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 2, seed=9), tmp_path / "in.pt")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    metadata = engine.with_name(engine.name + ".json")
+    for target in (notes, metadata):
+        before = target.read_bytes()
+        with pytest.raises(WanTrtError, match=f"--out {target} exists; pass --overwrite"):
+            run_wan_stream(wan_stream, engine, inputs, 1, target)
+        with pytest.raises(WanTrtError, match=f"--out {target} exists and is not a tensor file"):
+            run_wan_stream(wan_stream, engine, inputs, 1, target, overwrite=True)
+        assert target.read_bytes() == before
+    out = tmp_path / "out.pt"
+    (tmp_path / "out.pt.partial").write_text("mine too")  # the name the staging file had
+    first = run_wan_stream(wan_stream, engine, inputs, 1, out, decoder=decoder_aoti)
+    with pytest.raises(WanTrtError, match=f"--out {out} exists; pass --overwrite"):
+        run_wan_stream(wan_stream, engine, inputs, 2, out, decoder=decoder_aoti)
+    second = run_wan_stream(wan_stream, engine, inputs, 2, out, decoder=decoder_aoti, overwrite=True)
+    assert first.latents.shape[2] * 2 == second.latents.shape[2] and second.frames.shape[0] > first.frames.shape[0]
+    assert (tmp_path / "out.pt.partial").read_text() == "mine too"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.pt", "notes.txt", "out.pt", "out.pt.frames.pt",
+                                                          "out.pt.partial"]  # no staging file left
