@@ -35,5 +35,6 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
-clean:
-	rm -rf $(VENV) out
+clean:  # the environment and what `make demo` wrote; the rest of out/ is the user's
+	rm -rf $(VENV) $(DEMO_OUT)/export $(DEMO_OUT)/stream $(DEMO_OUT)/bench.json
+	rmdir $(DEMO_OUT) 2> /dev/null || true
