@@ -4,7 +4,8 @@ Written next to every engine (``<engine>.runtime.txt``) from the same spec (and
 :class:`BlockSchedule`) the Python session uses, so the two runtimes cannot disagree. A DiT
 pass engine's file:
 
-    wan_trt_runtime 3
+    wan_trt_runtime 4
+    engine <bytes> <sha256>  (of the engine file: the C++ runtime loads only the engine it was written for)
     config <name>            precision <bf16|fp16|fp32|fp8>
     block_frames 3           prev_frames 3          tokens_per_frame 880
     window_frames 12         ratio 4                max_stream_frames 268435456
@@ -24,7 +25,8 @@ frequencies are written as Python's repr, which reads back as the same double.
 A decoder engine's file (one per graph of the pair; ``history`` lines in call order, for both
 calls, though only the steady one takes them as inputs):
 
-    wan_trt_decoder 1
+    wan_trt_decoder 2
+    engine <bytes> <sha256>
     config <name>            precision <bf16|fp16|fp32>      call <first|steady>
     input <name> <dtype> <dims...>
     output <name> <dtype> <dims...>
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from wan_trt.digest import file_digest
 from wan_trt.outputs import write_file
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.scheduler import BlockSchedule
@@ -46,25 +49,31 @@ def _io_lines(spec: GraphSpec) -> list[str]:
             + [f"output {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.outputs])
 
 
-def runtime_text(spec: GraphSpec) -> str | None:
-    """The runtime file's text for ``spec``'s engine; None for a graph the C++ runtime does not run."""
+def runtime_text(spec: GraphSpec, engine_file: dict) -> str | None:
+    """The runtime file's text for ``spec``'s engine (``engine_file``: its ``size`` and ``sha256``); None for a
+    graph the C++ runtime does not run."""
     if isinstance(spec, DecoderSpec):
-        return decoder_text(spec)
+        return decoder_text(spec, engine_file)
     if isinstance(spec, PassSpec):
-        return pass_text(spec)
+        return pass_text(spec, engine_file)
     return None
 
 
-def decoder_text(spec: DecoderSpec) -> str:
-    lines = ["wan_trt_decoder 1", f"config {spec.config.name}", f"precision {spec.precision}", f"call {spec.call}"]
+def _engine_line(engine_file: dict) -> str:
+    return f"engine {engine_file['size']} {engine_file['sha256']}"
+
+
+def decoder_text(spec: DecoderSpec, engine_file: dict) -> str:
+    lines = ["wan_trt_decoder 2", _engine_line(engine_file), f"config {spec.config.name}",
+             f"precision {spec.precision}", f"call {spec.call}"]
     lines += _io_lines(spec) + [f"history {i} {o}" for i, o in spec.histories]
     return "\n".join(lines) + "\n"
 
 
-def pass_text(spec: PassSpec) -> str:
+def pass_text(spec: PassSpec, engine_file: dict) -> str:
     cfg, a = spec.config, spec.config.model.action_config
     sched = BlockSchedule.from_config(cfg)
-    lines = ["wan_trt_runtime 3", f"config {cfg.name}", f"precision {spec.precision}",
+    lines = ["wan_trt_runtime 4", _engine_line(engine_file), f"config {cfg.name}", f"precision {spec.precision}",
              f"block_frames {cfg.block_frames}", f"prev_frames {cfg.prev_frames}",
              f"tokens_per_frame {cfg.tokens_per_frame}", f"window_frames {a.window_frames}",
              f"ratio {a.vae_time_compression_ratio}", f"max_stream_frames {MAX_STREAM_FRAMES}",
@@ -85,9 +94,9 @@ def runtime_path(engine: Path) -> Path:
 
 
 def write_runtime_file(spec: GraphSpec, engine: Path) -> Path | None:
-    """The runtime file of ``engine`` (a DiT pass or a decoder graph), written whole or not at all; None for
-    other graphs."""
-    text = runtime_text(spec)
+    """The runtime file of ``engine`` (a DiT pass or a decoder graph, with the engine file's size and sha256),
+    written whole or not at all; None for other graphs."""
+    text = runtime_text(spec, file_digest(engine)) if isinstance(spec, (DecoderSpec, PassSpec)) else None
     if text is None:
         return None
     path = runtime_path(Path(engine))

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -52,6 +53,9 @@ static std::vector<std::string> read_runtime_file(const std::string& path, const
     throw Error(path + " is from an older wan-trt (a RoPE table with a frame offset input): re-export and rebuild");
   if (line == "wan_trt_runtime 2")
     throw Error(path + " is from an older wan-trt (one stacked tensor per cache): re-export and rebuild");
+  if (line == "wan_trt_runtime 3" || line == "wan_trt_decoder 1")
+    throw Error(path + " is from an older wan-trt (no engine hash): rebuild with `wan-trt build`, which keeps an "
+                "up-to-date engine and writes its runtime file anew");
   if (line != header) {
     const bool other = line.rfind("wan_trt_", 0) == 0;
     throw Error(path + (other ? " is the runtime file of another kind of engine (" + line + "), not " + header
@@ -62,18 +66,21 @@ static std::vector<std::string> read_runtime_file(const std::string& path, const
   return lines;
 }
 
-// An `input` or `output` line of any runtime file; false for other keys.
+// An `input`, `output` or `engine` line of any runtime file; false for other keys.
 static bool parse_io(GraphIO& io, const std::string& key, std::istringstream& in) {
   if (key == "input") io.inputs.push_back(parse_tensor(in));
   else if (key == "output") io.outputs.push_back(parse_tensor(in));
+  else if (key == "engine") in >> io.engine_bytes >> io.engine_sha256;
   else return false;
   return true;
 }
 
+static bool has_engine(const GraphIO& io) { return io.engine_bytes >= 0 && io.engine_sha256.size() == 64; }
+
 RuntimeSpec RuntimeSpec::load(const std::string& path) {
   RuntimeSpec s;
   std::string key;
-  for (const auto& line : read_runtime_file(path, "wan_trt_runtime 3")) {
+  for (const auto& line : read_runtime_file(path, "wan_trt_runtime 4")) {
     std::istringstream in(line);
     if (!(in >> key) || parse_io(s, key, in)) continue;
     if (key == "config") in >> s.config;
@@ -100,7 +107,7 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
     } else throw Error(path + ": unknown key '" + key + "'");
   }
   if (s.timesteps.empty() || s.timesteps.size() != s.sigmas.size() || s.inputs.empty() || s.rotaries.empty() ||
-      s.max_stream_frames <= 0)
+      s.max_stream_frames <= 0 || !has_engine(s))
     throw Error(path + ": incomplete runtime file");
   return s;
 }
@@ -108,7 +115,7 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
 DecoderSpec DecoderSpec::load(const std::string& path) {
   DecoderSpec s;
   std::string key;
-  for (const auto& line : read_runtime_file(path, "wan_trt_decoder 1")) {
+  for (const auto& line : read_runtime_file(path, "wan_trt_decoder 2")) {
     std::istringstream in(line);
     if (!(in >> key) || parse_io(s, key, in)) continue;
     if (key == "config") in >> s.config;
@@ -121,7 +128,7 @@ DecoderSpec DecoderSpec::load(const std::string& path) {
     } else throw Error(path + ": unknown key '" + key + "'");
   }
   bool complete = (s.call == "first" || s.call == "steady") && s.has_input("latents") && s.has_output("rgb") &&
-                  !s.histories.empty();
+                  !s.histories.empty() && has_engine(s);
   for (const auto& [input, output] : s.histories)
     complete = complete && s.has_output(output) && (s.call == "first" || s.has_input(input));
   if (!complete) throw Error(path + ": incomplete decoder runtime file (rebuild the engine with `wan-trt build`)");
@@ -185,8 +192,113 @@ struct AotiRunner::Impl {
 #endif
 };
 
+// ---- engine file ----------------------------------------------------------------------------
+
+namespace {
+
+// SHA-256 (FIPS 180-4) of a file, streamed.
+class Sha256 {
+ public:
+  void update(const unsigned char* data, size_t n) {
+    bytes_ += n;
+    while (n > 0) {
+      if (fill_ == 0 && n >= 64) {  // whole blocks straight from the input
+        compress(data);
+        data += 64, n -= 64;
+        continue;
+      }
+      const size_t take = std::min(n, 64 - fill_);
+      std::memcpy(block_ + fill_, data, take);
+      fill_ += take, data += take, n -= take;
+      if (fill_ == 64) {
+        compress(block_);
+        fill_ = 0;
+      }
+    }
+  }
+
+  std::string hex() {
+    const uint64_t bits = bytes_ * 8;  // before the padding counts itself in
+    const unsigned char one = 0x80, zero = 0;
+    update(&one, 1);
+    while (fill_ != 56) update(&zero, 1);
+    unsigned char length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(bits >> (56 - 8 * i));
+    update(length, 8);
+    static const char digits[] = "0123456789abcdef";
+    std::string out;
+    for (uint32_t word : h_)
+      for (int shift = 28; shift >= 0; shift -= 4) out += digits[(word >> shift) & 0xf];
+    return out;
+  }
+
+ private:
+  static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+  void compress(const unsigned char* block) {
+    static const uint32_t k[64] = {
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+    uint32_t w[64];
+    for (int i = 0; i < 16; ++i)
+      w[i] = uint32_t(block[4 * i]) << 24 | uint32_t(block[4 * i + 1]) << 16 | uint32_t(block[4 * i + 2]) << 8 |
+             uint32_t(block[4 * i + 3]);
+    for (int i = 16; i < 64; ++i) {
+      const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+      const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
+    for (int i = 0; i < 64; ++i) {
+      const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+      const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      h = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+    }
+    const uint32_t add[8] = {a, b, c, d, e, f, g, h};
+    for (int i = 0; i < 8; ++i) h_[i] += add[i];
+  }
+
+  uint32_t h_[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  unsigned char block_[64] = {};
+  size_t fill_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+void verify_engine(const std::string& engine, const GraphIO& io) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(engine, error);
+  if (error) throw Error("engine " + engine + ": " + error.message());
+  const std::string fix = ": a damaged copy, or another engine beside this runtime file; rebuild it with `wan-trt build`";
+  if (static_cast<int64_t>(size) != io.engine_bytes)
+    throw Error("engine " + engine + " is " + std::to_string(size) + " bytes, not the " +
+                std::to_string(io.engine_bytes) + " of the engine its runtime file was written for" + fix);
+  std::ifstream file(engine, std::ios::binary);
+  Sha256 digest;
+  std::vector<char> chunk(1 << 20);
+  while (file) {
+    file.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    digest.update(reinterpret_cast<const unsigned char*>(chunk.data()), static_cast<size_t>(file.gcount()));
+  }
+  if (digest.hex() != io.engine_sha256)
+    throw Error("engine " + engine + ": its sha256 is not that of the engine its runtime file was written for" + fix);
+}
+
+static const std::string& verified(const std::string& engine, const GraphIO& io) {
+  verify_engine(engine, io);
+  return engine;
+}
+
 AotiRunner::AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph)
-    : impl_(std::make_unique<Impl>(package, cuda_graph)), io_(io), device_(device), cuda_graph_(cuda_graph) {
+    : impl_(std::make_unique<Impl>(verified(package, io), cuda_graph)), io_(io), device_(device),
+      cuda_graph_(cuda_graph) {
 #ifndef WAN_TRT_WITH_CUDA
   if (cuda_graph) throw Error("CUDA graphs need a CUDA build of libtorch");
 #endif

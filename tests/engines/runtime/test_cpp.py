@@ -1,5 +1,7 @@
 """The C++ runtime (engines/cpp, driven by engines/runtime/cpp.py) over the CPU AOTInductor package:
 the same latents as the Python session, and the same refusals."""
+import re
+
 import pytest
 import torch
 
@@ -121,20 +123,22 @@ def test_cpp_session_refuses_a_block_and_then_streams_it_as_if_never_offered(aot
     torch.testing.assert_close(torch.load(tmp_path / "retry.pt"), straight, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("version, contract", [(1, "a RoPE table with a frame offset input"),
-                                               (2, "one stacked tensor per cache")])
-def test_cpp_runtime_refuses_a_runtime_file_of_an_older_contract(aoti, wan_stream, tmp_path, version, contract):
+@pytest.mark.parametrize("version, contract, fix", [
+    (1, "a RoPE table with a frame offset input", "re-export and rebuild"),
+    (2, "one stacked tensor per cache", "re-export and rebuild"),
+    (3, "no engine hash", "rebuild with `wan-trt build`, which keeps an up-to-date engine")])
+def test_cpp_runtime_refuses_a_runtime_file_of_an_older_contract(aoti, wan_stream, tmp_path, version, contract, fix):
     """Engines built before the rotary inputs (an int32 rope_offset) or before one cache tensor per
-    layer: re-export and rebuild."""
+    layer: re-export and rebuild; runtime files without the engine's hash: rebuild (it rewrites them)."""
     import shutil
     export_dir, engine = aoti
     old = tmp_path / engine.name
     shutil.copy(engine, old)
     text = (engine.parent / (engine.name + ".runtime.txt")).read_text()
-    assert text.startswith("wan_trt_runtime 3\n")
-    (tmp_path / (engine.name + ".runtime.txt")).write_text(text.replace("wan_trt_runtime 3", f"wan_trt_runtime {version}"))
+    assert text.startswith("wan_trt_runtime 4\n")
+    (tmp_path / (engine.name + ".runtime.txt")).write_text(text.replace("wan_trt_runtime 4", f"wan_trt_runtime {version}"))
     inputs = synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9)
-    with pytest.raises(WanTrtError, match=f"older wan-trt \\({contract}\\): re-export and rebuild"):
+    with pytest.raises(WanTrtError, match=f"older wan-trt \\({contract}\\): {re.escape(fix)}"):
         run_wan_stream(wan_stream, old, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt")
 
 
@@ -227,7 +231,7 @@ def test_cpp_runtime_refuses_a_decoder_that_is_not_the_streams(aoti, decoder_aot
         for f in (engine, engine.with_name(engine.name + ".runtime.txt")):
             shutil.copy(f, tmp_path / "dit" / call / f.name)
     dit = tmp_path / "dit" / "steady" / engine.name
-    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 3\\), not wan_trt_decoder 1")
+    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 4\\), not wan_trt_decoder 2")
 
 
 def _actions_file(path, lines):
@@ -510,3 +514,28 @@ def test_wan_stream_replaces_only_its_own_earlier_outputs(aoti, decoder_aoti, wa
     assert (tmp_path / "out.pt.partial").read_text() == "mine too"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.pt", "notes.txt", "out.pt", "out.pt.frames.pt",
                                                           "out.pt.partial"]  # no staging file left
+
+
+def test_cpp_runtime_loads_only_the_engine_its_runtime_file_was_written_for(aoti, aoti_fp16, wan_stream, tmp_path):
+    """It read only the runtime file beside an engine: a damaged copy of the engine, or another engine put in its
+    place, streamed. The runtime file now holds the engine's size and sha256, checked before the engine loads."""
+    import shutil
+    export_dir, engine = aoti
+    inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
+    runtime = engine.with_name(engine.name + ".runtime.txt")
+    for name, make in (("damaged", lambda to: to.write_bytes(_flipped(engine.read_bytes()))),
+                       ("other", lambda to: shutil.copy(aoti_fp16[1], to))):
+        (tmp_path / name).mkdir()
+        copy = tmp_path / name / engine.name
+        make(copy)
+        shutil.copy(runtime, tmp_path / name / runtime.name)
+        out = tmp_path / name / "out.pt"
+        with pytest.raises(WanTrtError, match=f"engine {copy}.*not .*the engine its runtime file was written for"):
+            run_wan_stream(wan_stream, copy, inputs, 1, out)
+        assert not out.exists()
+
+
+def _flipped(data: bytes) -> bytes:
+    """``data`` with one bit of its middle byte flipped (same size)."""
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1:]

@@ -14,6 +14,7 @@ def test_a_write_that_fails_leaves_the_earlier_runtime_file_whole(tmp_path, monk
     """It was written in place: a full disk left a truncated file, which the C++ runtime then read."""
     spec = PassSpec.from_config(load_config("universal-small"), "fp32")
     engine = tmp_path / "engine.pt2"
+    engine.write_bytes(b"an engine")
     earlier = write_runtime_file(spec, engine).read_text()
 
     def half_then_full(self, data, *args, **kwargs):  # writes half of what it was given, then the disk is full
@@ -25,4 +26,4 @@ def test_a_write_that_fails_leaves_the_earlier_runtime_file_whole(tmp_path, monk
     with pytest.raises((OSError, WanTrtError)):
         write_runtime_file(spec, engine)
     assert runtime_path(engine).read_text() == earlier
-    assert sorted(p.name for p in tmp_path.iterdir()) == [runtime_path(engine).name]  # no staging file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [engine.name, runtime_path(engine).name]  # no staging left

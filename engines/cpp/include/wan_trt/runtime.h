@@ -48,9 +48,11 @@ struct CacheSpec {
   int64_t units;
 };
 
-// A graph's inputs and outputs, in the engine's order.
+// A graph's inputs and outputs, in the engine's order, and the engine file its runtime file was written for.
 struct GraphIO {
   std::vector<TensorSpec> inputs, outputs;
+  int64_t engine_bytes = -1;
+  std::string engine_sha256;  // hex
   const TensorSpec& input(const std::string& name) const;
   bool has_input(const std::string& name) const;
   bool has_output(const std::string& name) const;
@@ -105,6 +107,10 @@ class Runner {
 };
 
 // AOTInductor package (`wan-trt build --backend aoti`), optionally replayed as a CUDA graph.
+// Refuse an engine file that is not the one ``io``'s runtime file was written for (its size and sha256): a
+// damaged copy, or another engine beside this runtime file. The runners call it before they load an engine.
+void verify_engine(const std::string& engine, const GraphIO& io);
+
 class AotiRunner : public Runner {
  public:
   AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph = false);
