@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -281,12 +282,14 @@ void verify_engine(const std::string& engine, const GraphIO& io) {
     throw Error("engine " + engine + " is " + std::to_string(size) + " bytes, not the " +
                 std::to_string(io.engine_bytes) + " of the engine its runtime file was written for" + fix);
   std::ifstream file(engine, std::ios::binary);
+  if (!file) throw Error("engine " + engine + ": cannot be read (" + std::strerror(errno) + ")");
   Sha256 digest;
   std::vector<char> chunk(1 << 20);
   while (file) {
     file.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
     digest.update(reinterpret_cast<const unsigned char*>(chunk.data()), static_cast<size_t>(file.gcount()));
   }
+  if (file.bad()) throw Error("engine " + engine + ": reading it failed");
   if (digest.hex() != io.engine_sha256)
     throw Error("engine " + engine + ": its sha256 is not that of the engine its runtime file was written for" + fix);
 }

@@ -20,7 +20,8 @@
 // writes), more --blocks than the inputs hold, a --seed outside 0..2^32-1, a defect of the --actions file, by
 // line (a value beyond the range of the engine's dtype too: fp16 65504).
 // Outputs are written whole or not at all: each into a fresh staging file beside it, both staged before
-// either is renamed over its path; a failed write exits 1 and removes only the staging files.
+// either is put at its path (without --overwrite, never over a file that appeared meanwhile); a failed write
+// exits 1 and removes only the staging files.
 #include <torch/serialize.h>
 
 #include <stdlib.h>
@@ -73,9 +74,12 @@ int64_t integer(std::map<std::string, std::string>& args, const std::string& key
   return value;
 }
 
+bool tensor_file(const fs::path& path);
+
 // The outputs, written whole or not at all: each into a staging file of its own beside it (a fresh name:
-// never a file of someone else's), all staged before any is renamed over its path.
-void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs) {
+// never a file of someone else's), all staged before any is put at its path. Without ``overwrite`` a path
+// taken meanwhile is not replaced (a hard link, refused where the name exists); with it, only a tensor file is.
+void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs, bool overwrite) {
   std::vector<std::pair<std::string, std::string>> staged;  // (staging file, path), not renamed yet
   auto fail = [&](const std::string& path, const std::string& why, const std::string& written = "nothing") {
     for (const auto& [staging, _] : staged) std::remove(staging.c_str());
@@ -83,33 +87,52 @@ void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs) {
   };
   const mode_t mask = umask(0);
   umask(mask);
-  for (const auto& [tensor, path] : outputs) {
-    std::vector<char> name(path.begin(), path.end());
-    const char suffix[] = ".partial-XXXXXX";
-    name.insert(name.end(), suffix, suffix + sizeof(suffix));  // with its terminating zero
-    const int fd = mkstemp(name.data());
-    if (fd < 0) fail(path, std::strerror(errno));
-    close(fd);
-    staged.emplace_back(name.data(), path);
-    std::vector<char> bytes = torch::pickle_save(tensor);
-    std::ofstream file(staged.back().first, std::ios::binary);
-    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    file.close();
-    if (!file) fail(path, "disk full or not writable");
-    fs::permissions(staged.back().first, static_cast<fs::perms>(0666 & ~mask));  // mkstemp's files are private
+  try {
+    for (const auto& [tensor, path] : outputs) {
+      std::vector<char> name(path.begin(), path.end());
+      const char suffix[] = ".partial-XXXXXX";
+      name.insert(name.end(), suffix, suffix + sizeof(suffix));  // with its terminating zero
+      const int fd = mkstemp(name.data());
+      if (fd < 0) fail(path, std::strerror(errno));
+      close(fd);
+      staged.emplace_back(name.data(), path);
+      std::vector<char> bytes = torch::pickle_save(tensor);
+      std::ofstream file(staged.back().first, std::ios::binary);
+      file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      file.close();
+      if (!file) fail(path, "disk full or not writable");
+      std::error_code mode;  // mkstemp's files are private
+      fs::permissions(staged.back().first, static_cast<fs::perms>(0666 & ~mask), mode);
+      if (mode) fail(path, mode.message());
+    }
+  } catch (const wan_trt::Error&) {
+    throw;  // fail() removed the staging files
+  } catch (...) {
+    for (const auto& [staging, _] : staged) std::remove(staging.c_str());
+    throw;
   }
   std::string written = "nothing";
   while (!staged.empty()) {
-    std::error_code renamed;
-    fs::rename(staged.front().first, staged.front().second, renamed);
-    if (renamed) fail(staged.front().second, renamed.message(), written);
-    written = (written == "nothing" ? "" : written + ", ") + staged.front().second;
+    const auto& [staging, path] = staged.front();
+    std::error_code placed;
+    if (!overwrite) {  // link() refuses a name that exists: nothing that appeared meanwhile is replaced
+      if (link(staging.c_str(), path.c_str()) != 0)
+        fail(path, errno == EEXIST ? "it exists now; pass --overwrite to replace an earlier output" : std::strerror(errno),
+             written);
+      std::remove(staging.c_str());
+    } else {
+      if (fs::exists(path) && !tensor_file(path))
+        fail(path, "it is now a file other than a tensor file", written);
+      fs::rename(staging, path, placed);
+      if (placed) fail(path, placed.message(), written);
+    }
+    written = (written == "nothing" ? "" : written + ", ") + path;
     staged.erase(staged.begin());
   }
 }
 
-// Whether ``path`` holds a tensor file as torch.save / this program writes (a zip whose first entry is its
-// pickle or a storage of it: TOP/data.pkl, TOP/data/N): the only kind of file --overwrite replaces.
+// Whether ``path`` holds a tensor file as torch.save writes (a zip whose first entry is its pickle or a storage
+// of it: TOP/data.pkl, TOP/data/N), as an earlier run's outputs are: the only kind of file --overwrite replaces.
 bool tensor_file(const fs::path& path) {
   std::ifstream file(path, std::ios::binary);
   char head[30 + 256] = {};
@@ -134,7 +157,7 @@ bool same_file(const fs::path& a, const fs::path& b) {
 }
 
 // An output file that can be written and is none of the files the run reads or its other output; an existing
-// one only with --overwrite, and only a tensor file (an earlier run's output).
+// one only with --overwrite, and only a tensor file as torch.save writes (as an earlier run's output is).
 void check_output(const std::string& flag, const std::string& path,
                   const std::vector<std::pair<std::string, std::string>>& others, bool overwrite) {
   const fs::path file(path);
@@ -268,7 +291,7 @@ int run(int argc, char** argv) {
   }
   std::vector<std::pair<at::Tensor, std::string>> outputs{{at::cat(latents, 2), args["--out"]}};
   if (decoder) outputs.emplace_back(at::cat(frames), args["--frames"]);
-  save_all(outputs);
+  save_all(outputs, overwrite);
   return 0;
 }
 
