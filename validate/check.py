@@ -350,10 +350,19 @@ class CheckOptions:
     save_results: bool = True
 
 
-def folder_identity(directory: Path) -> tuple[int, int]:
-    """(device, inode) of ``directory``: `export --overwrite` swaps a new folder in under the same path."""
-    stat = directory.stat()
-    return stat.st_dev, stat.st_ino
+def folder_identities(*directories: Path) -> dict[Path, tuple[int, int]]:
+    """(device, inode) of each folder: `export --overwrite` swaps a new folder in under the same path."""
+    return {d: (d.stat().st_dev, d.stat().st_ino) for d in directories}
+
+
+def require_unreplaced(identities: dict[Path, tuple[int, int]], checked: str) -> None:
+    """Refuse to write a report when a folder the check read was replaced while it ran (``checked``: what was
+    checked): the report would vouch for files the check never ran."""
+    replaced = [str(d) for d, identity in identities.items() if folder_identities(d)[d] != identity]
+    if replaced:
+        raise WanTrtError(f"{', '.join(replaced)} {'was' if len(replaced) == 1 else 'were'} replaced while {checked} "
+                          "was checked (by an `export --overwrite`?): this check's numbers are not those of what is "
+                          "there now, so no report was written; check it again")
 
 
 def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: CheckOptions, *,
@@ -367,7 +376,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     report goes to :func:`report_path`, named after it.
     """
     require_polygraphy()  # before minutes of reference building
-    identity = folder_identity(directory)
+    identity = folder_identities(directory)
     spec, o = manifest.spec, options
     device = str(backend.device)
     name = engine_report_name(target, directory) if target is not None else backend.name
@@ -390,10 +399,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     if o.stream:
         with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
             report.stream = check_stream(backend, fp32, low, o.blocks, o.seed)
-    if folder_identity(directory) != identity:  # its report would vouch for files it never checked
-        raise WanTrtError(f"{directory} was replaced while it was checked (by an `export --overwrite`?): this "
-                          "check's numbers are not those of what is there now, so no report was written; check "
-                          "it again")
+    require_unreplaced(identity, "it")
     write_report(path, report)
     logger.info("check %s: %s (report: %s)", backend.name, "passed" if report.ok else "FAILED", path)
     return report

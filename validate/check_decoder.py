@@ -33,8 +33,9 @@ from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
-                                   check_single_pass, clear_report, engine_report_name, folder_identity,
-                                   report_path, require_polygraphy, results_path, write_report)
+                                   check_single_pass, clear_report, engine_report_name, folder_identities,
+                                   report_path, require_polygraphy, require_unreplaced, results_path,
+                                   write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
@@ -57,7 +58,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     (:func:`report_path`)."""
     require_history_check(options)
     require_polygraphy()
-    identity = {call: folder_identity(d) for call, d in dirs.items()}
+    identity = folder_identities(*dirs.values())
     spec = manifests["steady"].spec
     device = str(runners["steady"].device)
     name = f"decoder-{runners['steady'].name}"
@@ -92,11 +93,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     if options.stream:
         with stage(f"stream of {options.blocks} blocks vs the whole clip decoded at once"):
             report.stream = decoder_stream_rows(runners, fp32, low, options.blocks, options.seed)
-    replaced = [str(d) for call, d in dirs.items() if folder_identity(d) != identity[call]]
-    if replaced:  # its report would vouch for graphs it never checked
-        raise WanTrtError(f"{', '.join(replaced)} replaced while the decoder was checked (by an `export --overwrite`?): "
-                          "this check's numbers are not those of what is there now, so no report was written; check "
-                          "it again")
+    require_unreplaced(identity, "the decoder")
     write_report(path, report)
     logger.info("check %s: %s (report: %s)", report.backend, "passed" if report.ok else "FAILED", path)
     return report

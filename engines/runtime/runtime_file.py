@@ -49,14 +49,11 @@ def _io_lines(spec: GraphSpec) -> list[str]:
             + [f"output {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.outputs])
 
 
-def runtime_text(spec: GraphSpec, engine_file: dict) -> str | None:
-    """The runtime file's text for ``spec``'s engine (``engine_file``: its ``size`` and ``sha256``); None for a
-    graph the C++ runtime does not run."""
-    if isinstance(spec, DecoderSpec):
-        return decoder_text(spec, engine_file)
-    if isinstance(spec, PassSpec):
-        return pass_text(spec, engine_file)
-    return None
+def runtime_text(spec: GraphSpec, engine: Path) -> str | None:
+    """The runtime file's text for ``spec``'s engine file ``engine`` (hashed only for a graph the C++ runtime
+    runs); None for other graphs."""
+    text = decoder_text if isinstance(spec, DecoderSpec) else pass_text if isinstance(spec, PassSpec) else None
+    return None if text is None else text(spec, file_digest(engine))
 
 
 def _engine_line(engine_file: dict) -> str:
@@ -96,7 +93,7 @@ def runtime_path(engine: Path) -> Path:
 def write_runtime_file(spec: GraphSpec, engine: Path) -> Path | None:
     """The runtime file of ``engine`` (a DiT pass or a decoder graph, with the engine file's size and sha256),
     written whole or not at all; None for other graphs."""
-    text = runtime_text(spec, file_digest(engine)) if isinstance(spec, (DecoderSpec, PassSpec)) else None
+    text = runtime_text(spec, engine)
     if text is None:
         return None
     path = runtime_path(Path(engine))

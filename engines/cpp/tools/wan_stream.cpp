@@ -74,7 +74,24 @@ int64_t integer(std::map<std::string, std::string>& args, const std::string& key
   return value;
 }
 
-bool tensor_file(const fs::path& path);
+// Whether ``path`` holds a tensor file as torch.save writes (a zip whose first entry is its pickle or a storage
+// of it: TOP/data.pkl, TOP/data/N), as an earlier run's outputs are: the only kind of file --overwrite replaces.
+bool tensor_file(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  char head[30 + 256] = {};
+  file.read(head, sizeof(head));
+  const std::streamsize got = file.gcount();
+  if (got < 30 || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
+  const size_t length = static_cast<unsigned char>(head[26]) | static_cast<unsigned char>(head[27]) << 8;
+  if (30 + static_cast<std::streamsize>(length) > got) return false;
+  const std::string name(head + 30, length);
+  const size_t top = name.find('/');
+  if (top == std::string::npos || top == 0) return false;
+  const std::string rest = name.substr(top + 1);
+  if (rest == "data.pkl") return true;
+  return rest.size() > 5 && rest.compare(0, 5, "data/") == 0 &&
+         rest.find_first_not_of("0123456789", 5) == std::string::npos;
+}
 
 // The outputs, written whole or not at all: each into a staging file of its own beside it (a fresh name:
 // never a file of someone else's), all staged before any is put at its path. Without ``overwrite`` a path
@@ -105,9 +122,7 @@ void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs, bo
       fs::permissions(staged.back().first, static_cast<fs::perms>(0666 & ~mask), mode);
       if (mode) fail(path, mode.message());
     }
-  } catch (const wan_trt::Error&) {
-    throw;  // fail() removed the staging files
-  } catch (...) {
+  } catch (...) {  // fail()'s own error too: removing a removed staging file does nothing
     for (const auto& [staging, _] : staged) std::remove(staging.c_str());
     throw;
   }
@@ -129,25 +144,6 @@ void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs, bo
     written = (written == "nothing" ? "" : written + ", ") + path;
     staged.erase(staged.begin());
   }
-}
-
-// Whether ``path`` holds a tensor file as torch.save writes (a zip whose first entry is its pickle or a storage
-// of it: TOP/data.pkl, TOP/data/N), as an earlier run's outputs are: the only kind of file --overwrite replaces.
-bool tensor_file(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  char head[30 + 256] = {};
-  file.read(head, sizeof(head));
-  const std::streamsize got = file.gcount();
-  if (got < 30 || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
-  const size_t length = static_cast<unsigned char>(head[26]) | static_cast<unsigned char>(head[27]) << 8;
-  if (30 + static_cast<std::streamsize>(length) > got) return false;
-  const std::string name(head + 30, length);
-  const size_t top = name.find('/');
-  if (top == std::string::npos || top == 0) return false;
-  const std::string rest = name.substr(top + 1);
-  if (rest == "data.pkl") return true;
-  return rest.size() > 5 && rest.compare(0, 5, "data/") == 0 &&
-         rest.find_first_not_of("0123456789", 5) == std::string::npos;
 }
 
 bool same_file(const fs::path& a, const fs::path& b) {
