@@ -350,12 +350,22 @@ class CheckOptions:
     save_results: bool = True
 
 
-def folder_identities(*directories: Path) -> dict[Path, tuple[int, int]]:
-    """(device, inode) of each folder: `export --overwrite` swaps a new folder in under the same path."""
-    return {d: (d.stat().st_dev, d.stat().st_ino) for d in directories}
+def folder_identities(*directories: Path) -> dict[Path, tuple[int, int] | None]:
+    """(device, inode) of each folder: `export --overwrite` swaps a new folder in under the same path. A check
+    takes them before it reads a manifest, so that what it reads and what it vouches for are of one folder."""
+    return {d: _folder_identity(d) for d in directories}
 
 
-def require_unreplaced(identities: dict[Path, tuple[int, int]], checked: str) -> None:
+def _folder_identity(directory: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``directory``; None where nothing is there (read as replaced, if it was there)."""
+    try:
+        st = directory.stat()
+    except FileNotFoundError:  # the caller's read of its manifest says what is missing
+        return None
+    return st.st_dev, st.st_ino
+
+
+def require_unreplaced(identities: dict[Path, tuple[int, int] | None], checked: str) -> None:
     """Refuse to write a report when a folder the check read was replaced while it ran (``checked``: what was
     checked): the report would vouch for files the check never ran."""
     replaced = [str(d) for d, identity in identities.items() if folder_identities(d)[d] != identity]
@@ -366,17 +376,18 @@ def require_unreplaced(identities: dict[Path, tuple[int, int]], checked: str) ->
 
 
 def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: CheckOptions, *,
-                 single_pass_backend=None, target: Path | None = None, engine_sha256: str | None = None
-                 ) -> CheckReport:
+                 single_pass_backend=None, target: Path | None = None, engine_sha256: str | None = None,
+                 identity: dict[Path, tuple[int, int] | None] | None = None) -> CheckReport:
     """Single pass (Polygraphy) and stream checks of ``backend`` against the PyTorch references.
 
     ``single_pass_backend`` replaces ``backend`` in the Polygraphy comparison (TensorRT's own
     ``TrtRunner``); the stream always runs ``backend`` in the static-cache session. ``target``: the engine
     file ``backend`` runs (``engine_sha256``: its verified hash), or None for the export's graph; the
-    report goes to :func:`report_path`, named after it.
+    report goes to :func:`report_path`, named after it. ``identity``: :func:`folder_identities` of
+    ``directory`` taken before ``manifest`` was read (defaults to taking it here).
     """
     require_polygraphy()  # before minutes of reference building
-    identity = folder_identities(directory)
+    identity = identity if identity is not None else folder_identities(directory)
     spec, o = manifest.spec, options
     device = str(backend.device)
     name = engine_report_name(target, directory) if target is not None else backend.name
@@ -411,11 +422,12 @@ def check_export(directory: str | Path, options: CheckOptions = CheckOptions()) 
     The manifest and the size + sha256 of every file it names are verified before any parse.
     """
     directory = Path(directory)
+    identity = folder_identities(directory)  # before the manifest is read: a report is of the folder read
     # verifies the graph, external data and sample inputs; refuses a decoder export's graph by name
     manifest = read_transformer(directory, "check")
     onnxruntime = backend_module(get_backend("onnxruntime"))
     backend, single_pass = onnxruntime.check_runners(directory, manifest, options.provider)
-    return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass)
+    return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass, identity=identity)
 
 
 def check_engine(engine: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
@@ -428,8 +440,9 @@ def check_engine(engine: str | Path, options: CheckOptions = CheckOptions()) -> 
     engine = Path(engine)
     meta = EngineMetadata.read(engine)
     directory, manifest = export_for_engine(engine, meta)
+    identity = folder_identities(directory)  # before the engine is verified and loaded (seconds to minutes)
     meta.check_against(manifest, engine)  # the engine file itself, before any deserialization
     require_polygraphy()
     backend, single_pass = backend_module(get_backend(meta.backend)).check_runners(engine, manifest)
     return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass, target=engine,
-                        engine_sha256=meta.engine_file.get("sha256"))
+                        engine_sha256=meta.engine_file.get("sha256"), identity=identity)

@@ -50,15 +50,17 @@ def require_history_check(options: CheckOptions) -> None:
 
 def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners: dict[str, Runner],
                   options: CheckOptions, pair: dict[str, PairedEngine] | None = None,
-                  named: Path | None = None) -> CheckReport:
+                  named: Path | None = None, identity: dict[Path, tuple[int, int] | None] | None = None
+                  ) -> CheckReport:
     """Check the decoder graphs run by ``runners`` (by call) against the PyTorch decoder; ``pair``: the
     engines run (by call), or None for the exports' graphs; ``named``: the engine file the check was asked
     for (either of the pair: the report's ``target`` and ``engine_sha256``; both engines are in its
     ``engines``). The report is written to ``<steady export>/check/report_<engine stem or backend>.json``
-    (:func:`report_path`)."""
+    (:func:`report_path`). ``identity``: :func:`folder_identities` of ``dirs`` taken before the manifests were
+    read (defaults to taking it here)."""
     require_history_check(options)
     require_polygraphy()
-    identity = folder_identities(*dirs.values())
+    identity = identity if identity is not None else folder_identities(*dirs.values())
     spec = manifests["steady"].spec
     device = str(runners["steady"].device)
     name = f"decoder-{runners['steady'].name}"
@@ -156,19 +158,21 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
         if dirs is None:
             return check_export(target, options)
         require_history_check(options)
+        identity = folder_identities(*dirs.values())  # before the manifests are read: a report is of the folders read
         manifests = read_decoder(target)
         onnxruntime = backend_module(get_backend("onnxruntime"))
         runners = {c: onnxruntime.check_runners(dirs[c], manifests[c], options.provider)[0] for c in CALLS}
-        return check_decoder(dirs, manifests, runners, options)
+        return check_decoder(dirs, manifests, runners, options, identity=identity)
     meta = EngineMetadata.read(target)
     directory, manifest = export_for_engine(target, meta)
     if not isinstance(manifest.spec, DecoderSpec):
         return check_engine(target, options)
     require_history_check(options)
     pair = paired_engines(target)  # the two engines, of one decoder's two exports
+    identity = folder_identities(*(e.directory for e in pair.values()))  # before the engines are verified and loaded
     for e in pair.values():
         e.meta.check_against(e.manifest, e.path)
     runners = {call: backend_module(get_backend(e.meta.backend)).check_runners(e.path, e.manifest)[0]
                for call, e in pair.items()}
     return check_decoder({c: e.directory for c, e in pair.items()}, {c: e.manifest for c, e in pair.items()},
-                         runners, options, pair, target)
+                         runners, options, pair, target, identity)

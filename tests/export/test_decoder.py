@@ -272,3 +272,25 @@ def test_a_decoder_check_of_an_export_replaced_while_it_ran_writes_no_report(dec
     with pytest.raises(WanTrtError, match="replaced while the decoder was checked"):
         check_target(export, CheckOptions(blocks=2, save_results=False))
     assert not list(export.glob("*/check/report_*.json"))
+
+
+def test_a_decoder_check_of_an_export_replaced_before_its_graphs_ran_writes_no_report(decoder_export, tmp_path,
+                                                                                       monkeypatch):
+    """The decoder check took its folders' identities only once it had read and verified both manifests and made
+    the graphs' runners: an `export --overwrite` in that window went unseen, and the check judged the new graphs
+    by the old export's references and wrote its report into the new export. The identities are now taken before
+    the manifests are read."""
+    import wan_trt.engines.backends.onnxruntime as onnxruntime
+    export = tmp_path / "dec"
+    shutil.copytree(decoder_export, export)
+    real = onnxruntime.check_runners
+
+    def replaced_once_made(directory, *args, **kwargs):
+        runners = real(directory, *args, **kwargs)
+        if directory.name == "steady":  # both runners made
+            export_decoder(load_config(CFG), export, "fp32", seed=5, overwrite=True)
+        return runners
+    monkeypatch.setattr(onnxruntime, "check_runners", replaced_once_made)
+    with pytest.raises(WanTrtError, match="replaced while"):
+        check_target(export, CheckOptions(blocks=2, save_results=False))
+    assert not list(export.glob("*/check/report_*.json"))

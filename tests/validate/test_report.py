@@ -141,6 +141,30 @@ def test_a_check_of_an_export_replaced_while_it_ran_writes_no_report(two_engines
     assert not list(export.glob("check/report_*.json"))
 
 
+def test_a_check_of_an_export_replaced_before_its_engine_ran_writes_no_report(two_engines, tmp_path, monkeypatch):
+    """The check took the export folder's identity only once it had read and verified the manifest and the engine
+    and made the engine's runner (hashing gigabytes at full size): an `export --overwrite` in that window went
+    unseen, and the check ran the engine against the old export's references but wrote its report into the new
+    folder. The identity is now taken before the manifest is read."""
+    import wan_trt.engines.backends.aoti as aoti
+    from wan_trt.config_load import load_config
+    from wan_trt.export.transformer import export_transformer
+    export, engines = two_engines
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    engine = _copy_engine(engines[0], elsewhere / engines[0].name)  # built with --out elsewhere: outlives the swap
+    real = aoti.check_runners
+
+    def replaced_once_made(*args, **kwargs):
+        runners = real(*args, **kwargs)
+        export_transformer(load_config("universal-small"), export, "fp32", seed=1, onnx=False, overwrite=True)
+        return runners
+    monkeypatch.setattr(aoti, "check_runners", replaced_once_made)
+    with pytest.raises(WanTrtError, match="replaced while"):
+        check_engine(engine, CheckOptions(stream=False, save_results=False))
+    assert not list(export.glob("check/report_*.json"))
+
+
 def test_a_report_names_the_device_its_check_ran_on(monkeypatch):
     """The report's environment named the machine's current GPU even for a check on the CPU (an ONNX Runtime
     CPU check on a GPU machine); it names the device the check ran on, as bench's files do."""
