@@ -17,13 +17,14 @@ and lend the engine twice its own error). A block the session refuses as non-fin
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -227,8 +228,8 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
     """Polygraphy Comparator over the three runners on one feed dict.
 
     ``backend`` is a wan-trt Runner or a native Polygraphy runner (e.g. TensorRT's ``TrtRunner``);
-    the caller has made sure Polygraphy is installed. ``save_to``: the RunResults file (:func:`results_path`),
-    or None. ``judged``: the outputs compared (default: all).
+    the caller has made sure Polygraphy is installed. ``save_to``: the file to save the RunResults to (a staging
+    file of :func:`results_staged`), or None. ``judged``: the outputs compared (default: all).
     """
     # deferred: Polygraphy is optional until a check runs (require_polygraphy says what to install)
     from polygraphy.backend.base import BaseRunner
@@ -243,10 +244,9 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
                    PolygraphyAdapter(backend, feed_spec, names))
     with G_LOGGER.verbosity(G_LOGGER.ERROR):
         results = Comparator.run(runners, data_loader=[feeds])
-    if save_to is not None:  # whole or not at all (RunResults of a full-size pass are ~4 GB)
-        with staged_file(save_to) as staging, G_LOGGER.verbosity(G_LOGGER.ERROR):  # Polygraphy announces saves
-            results.save(str(staging))                                              # on stdout; we log them
-        logger.info("Polygraphy RunResults saved to %s", save_to)
+    if save_to is not None:
+        with G_LOGGER.verbosity(G_LOGGER.ERROR):  # Polygraphy announces saves on stdout; we log them
+            results.save(str(save_to))
     (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
     yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
     # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (floor x the mean |reference|)
@@ -375,6 +375,21 @@ def require_unreplaced(identities: dict[Path, tuple[int, int] | None], checked: 
                           "there now, so no report was written; check it again")
 
 
+@contextlib.contextmanager
+def results_staged(results: dict[str, Path], identity: dict[Path, tuple[int, int] | None], checked: str
+                   ) -> Iterator[dict[str, Path]]:
+    """Staging files for a check's RunResults, by the keys of ``results`` (where they go; empty where none are
+    saved), each renamed there whole (RunResults of a full-size pass are ~4 GB) only once the check's work is
+    done and its folders are found unreplaced (:func:`require_unreplaced`, ``checked`` as there). A check that
+    fails or finds a folder replaced leaves none: they would be the results of a graph that is not there."""
+    with contextlib.ExitStack() as staged:
+        staging = {key: staged.enter_context(staged_file(path)) for key, path in results.items()}
+        yield staging
+        require_unreplaced(identity, checked)
+    for path in results.values():
+        logger.info("Polygraphy RunResults saved to %s", path)
+
+
 def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: CheckOptions, *,
                  single_pass_backend=None, target: Path | None = None, engine_sha256: str | None = None,
                  identity: dict[Path, tuple[int, int] | None] | None = None) -> CheckReport:
@@ -403,14 +418,13 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     reference.name = "torch-fp32"
     yardstick = TorchRunner(low, spec)
     yardstick.name = f"torch-{pytorch_precision(spec.precision)}"
-    with stage("single pass (Polygraphy Comparator)"):
-        report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
-                                           _sample_feeds(directory, manifest), spec,
-                                           results if o.save_results else None)
-    if o.stream:
-        with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
-            report.stream = check_stream(backend, fp32, low, o.blocks, o.seed)
-    require_unreplaced(identity, "it")
+    with results_staged({name: results} if o.save_results else {}, identity, "it") as staging:
+        with stage("single pass (Polygraphy Comparator)"):
+            report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
+                                               _sample_feeds(directory, manifest), spec, staging.get(name))
+        if o.stream:
+            with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
+                report.stream = check_stream(backend, fp32, low, o.blocks, o.seed)
     write_report(path, report)
     logger.info("check %s: %s (report: %s)", backend.name, "passed" if report.ok else "FAILED", path)
     return report

@@ -34,7 +34,7 @@ from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                    check_single_pass, clear_report, engine_report_name, folder_identities,
-                                   report_path, require_polygraphy, require_unreplaced, results_path,
+                                   report_path, require_polygraphy, results_path, results_staged,
                                    write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
@@ -80,22 +80,22 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     report = CheckReport(name, spec.precision, target=str(target.resolve()), device=device,
                          engine_sha256=engines[ran[0]]["sha256"] if ran else None, options=dataclasses.asdict(options),
                          engines=engines)
-    for call in CALLS:
-        call_spec = manifests[call].spec
-        reference = TorchRunner(fp32, DecoderSpec.from_config(spec.config, "fp32", call))
-        reference.name = "torch-fp32"
-        yardstick = TorchRunner(low, call_spec)
-        yardstick.name = f"torch-{spec.precision}"
-        feeds = load_file(str(dirs[call] / manifests[call].sample_inputs))
-        with stage(f"{call} call (Polygraphy Comparator)"):
-            outputs = check_single_pass(runners[call], reference, yardstick, feeds, call_spec,
-                                        results[call] if options.save_results else None, judged=[RGB])
-        report.outputs += [OutputCheck(f"{call}:{o.name}", o.stats, o.yardstick, o.allowed_rel_l2, o.polygraphy_ok)
-                           for o in outputs]
-    if options.stream:
-        with stage(f"stream of {options.blocks} blocks vs the whole clip decoded at once"):
-            report.stream = decoder_stream_rows(runners, fp32, low, options.blocks, options.seed)
-    require_unreplaced(identity, "the decoder")
+    with results_staged(results if options.save_results else {}, identity, "the decoder") as staging:
+        for call in CALLS:
+            call_spec = manifests[call].spec
+            reference = TorchRunner(fp32, DecoderSpec.from_config(spec.config, "fp32", call))
+            reference.name = "torch-fp32"
+            yardstick = TorchRunner(low, call_spec)
+            yardstick.name = f"torch-{spec.precision}"
+            feeds = load_file(str(dirs[call] / manifests[call].sample_inputs))
+            with stage(f"{call} call (Polygraphy Comparator)"):
+                outputs = check_single_pass(runners[call], reference, yardstick, feeds, call_spec, staging.get(call),
+                                            judged=[RGB])
+            report.outputs += [OutputCheck(f"{call}:{o.name}", o.stats, o.yardstick, o.allowed_rel_l2,
+                                           o.polygraphy_ok) for o in outputs]
+        if options.stream:
+            with stage(f"stream of {options.blocks} blocks vs the whole clip decoded at once"):
+                report.stream = decoder_stream_rows(runners, fp32, low, options.blocks, options.seed)
     write_report(path, report)
     logger.info("check %s: %s (report: %s)", report.backend, "passed" if report.ok else "FAILED", path)
     return report

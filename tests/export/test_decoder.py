@@ -294,3 +294,26 @@ def test_a_decoder_check_of_an_export_replaced_before_its_graphs_ran_writes_no_r
     with pytest.raises(WanTrtError, match="replaced while"):
         check_target(export, CheckOptions(blocks=2, save_results=False))
     assert not list(export.glob("*/check/report_*.json"))
+
+
+def test_a_decoder_check_of_an_export_replaced_while_it_ran_leaves_no_run_results_in_it(decoder_export, tmp_path,
+                                                                                      monkeypatch):
+    """Each call's RunResults were put in place as soon as Polygraphy had run it, long before the check looked for
+    replaced folders: a check of an export replaced before its single calls wrote no report but left RunResults
+    of graphs that are not there in first/check/ and steady/check/ of the new export. They now stay in staging
+    files, put in place only once both folders are found unreplaced, and removed otherwise."""
+    import wan_trt.validate.check_decoder as check_decoder
+    export = tmp_path / "dec"
+    shutil.copytree(decoder_export, export)
+    real, replaced = check_decoder.check_single_pass, []
+
+    def replaced_first(*args, **kwargs):
+        if not replaced:
+            export_decoder(load_config(CFG), export, "fp32", seed=5, overwrite=True)
+            replaced.append(True)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(check_decoder, "check_single_pass", replaced_first)
+    with pytest.raises(WanTrtError, match="replaced while the decoder was checked"):
+        check_target(export, CheckOptions(blocks=2, save_results=True))
+    assert not list(export.glob("*/check/run_results_*.json")) + list(export.glob("*/check/.run_results_*partial*"))
+    assert not list(export.glob("*/check/report_*.json"))

@@ -165,6 +165,30 @@ def test_a_check_of_an_export_replaced_before_its_engine_ran_writes_no_report(tw
     assert not list(export.glob("check/report_*.json"))
 
 
+def test_a_check_of_an_export_replaced_while_it_ran_leaves_no_run_results_in_it(two_engines, tmp_path, monkeypatch):
+    """The RunResults were put in place as soon as Polygraphy had run, long before the check looked for a replaced
+    folder: a check of an export replaced before its single pass wrote no report but left the RunResults of a
+    graph that is not there in the new folder. They now stay in a staging file, put in place only once the
+    folder is found unreplaced, and removed otherwise."""
+    import wan_trt.validate.check as check
+    from wan_trt.config_load import load_config
+    from wan_trt.export.transformer import export_transformer
+    export, engines = two_engines
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    engine = _copy_engine(engines[0], elsewhere / engines[0].name)  # built with --out elsewhere: outlives the swap
+    real = check.check_single_pass
+
+    def replaced_first(*args, **kwargs):
+        export_transformer(load_config("universal-small"), export, "fp32", seed=1, onnx=False, overwrite=True)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(check, "check_single_pass", replaced_first)
+    with pytest.raises(WanTrtError, match="was replaced while it was checked"):
+        check_engine(engine, CheckOptions(stream=False, save_results=True))
+    assert not list(export.glob("check/run_results_*.json")) + list(export.glob("check/.run_results_*partial*"))
+    assert not list(export.glob("check/report_*.json"))
+
+
 def test_a_report_names_the_device_its_check_ran_on(monkeypatch):
     """The report's environment named the machine's current GPU even for a check on the CPU (an ONNX Runtime
     CPU check on a GPU machine); it names the device the check ran on, as bench's files do."""
