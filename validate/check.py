@@ -24,7 +24,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
-from wan_trt.outputs import run_results, staged_file, write_file, written_by_check
+from wan_trt.outputs import place_staged, run_results, staging_file, write_file, writing, written_by_check
 from wan_trt.precisions import pytorch_precision
 from wan_trt.spec import GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
@@ -223,13 +223,13 @@ def require_polygraphy() -> None:
 
 
 def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict[str, torch.Tensor],
-                      feed_spec: GraphSpec, save_to: Path | None = None,
+                      feed_spec: GraphSpec, save_to: StagedResults | None = None,
                       judged: list[str] | None = None) -> list[OutputCheck]:
     """Polygraphy Comparator over the three runners on one feed dict.
 
     ``backend`` is a wan-trt Runner or a native Polygraphy runner (e.g. TensorRT's ``TrtRunner``);
-    the caller has made sure Polygraphy is installed. ``save_to``: the file to save the RunResults to (a staging
-    file of :func:`results_staged`), or None. ``judged``: the outputs compared (default: all).
+    the caller has made sure Polygraphy is installed. ``save_to``: where to save the RunResults (a staging file
+    of :func:`results_staged`), or None. ``judged``: the outputs compared (default: all).
     """
     # deferred: Polygraphy is optional until a check runs (require_polygraphy says what to install)
     from polygraphy.backend.base import BaseRunner
@@ -245,8 +245,8 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
     with G_LOGGER.verbosity(G_LOGGER.ERROR):
         results = Comparator.run(runners, data_loader=[feeds])
     if save_to is not None:
-        with G_LOGGER.verbosity(G_LOGGER.ERROR):  # Polygraphy announces saves on stdout; we log them
-            results.save(str(save_to))
+        with writing(save_to.path), G_LOGGER.verbosity(G_LOGGER.ERROR):  # Polygraphy announces saves on
+            results.save(str(save_to.staging))                            # stdout; we log them
     (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
     yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
     # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (floor x the mean |reference|)
@@ -375,19 +375,34 @@ def require_unreplaced(identities: dict[Path, tuple[int, int] | None], checked: 
                           "there now, so no report was written; check it again")
 
 
+class StagedResults(NamedTuple):
+    """Where a check saves its RunResults (``staging``) and where they go once it passed its end (``path``)."""
+
+    staging: Path
+    path: Path
+
+
 @contextlib.contextmanager
 def results_staged(results: dict[str, Path], identity: dict[Path, tuple[int, int] | None], checked: str
-                   ) -> Iterator[dict[str, Path]]:
+                   ) -> Iterator[dict[str, StagedResults]]:
     """Staging files for a check's RunResults, by the keys of ``results`` (where they go; empty where none are
     saved), each renamed there whole (RunResults of a full-size pass are ~4 GB) only once the check's work is
     done and its folders are found unreplaced (:func:`require_unreplaced`, ``checked`` as there). A check that
     fails or finds a folder replaced leaves none: they would be the results of a graph that is not there."""
-    with contextlib.ExitStack() as staged:
-        staging = {key: staged.enter_context(staged_file(path)) for key, path in results.items()}
-        yield staging
+    staged: dict[str, StagedResults] = {}
+    try:
+        for key, path in results.items():
+            with writing(path):
+                staged[key] = StagedResults(staging_file(path), path)
+        yield staged
         require_unreplaced(identity, checked)
-    for path in results.values():
-        logger.info("Polygraphy RunResults saved to %s", path)
+        for s in staged.values():
+            with writing(s.path):
+                place_staged(s.staging, s.path)
+            logger.info("Polygraphy RunResults saved to %s", s.path)
+    finally:
+        for s in staged.values():
+            s.staging.unlink(missing_ok=True)
 
 
 def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: CheckOptions, *,

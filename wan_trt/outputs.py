@@ -413,23 +413,43 @@ def write_file(path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def staged_file(path: Path) -> Iterator[Path]:
-    """A staging file beside ``path`` for a writer that takes a file name, renamed over ``path`` once the block
-    ends: ``path`` then holds the whole file, or (the writer raised) what it held before, and no staging file is
-    left. A write the user can fix (a full disk, no permission) is refused as a :class:`WanTrtError` naming
-    ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
-    os.close(fd)
+def writing(path: Path) -> Iterator[None]:
+    """Refuse a write to ``path`` that failed in a way the user can fix (a full disk, no permission) as a
+    :class:`WanTrtError` naming ``path`` (not the staging file the error names, which is removed)."""
     try:
-        yield Path(tmp)
-        os.chmod(tmp, usual_file_mode())  # mkstemp makes it private; the output gets the usual mode
-        os.replace(tmp, path)
-    except OSError as exc:  # named by path: the staging file it names is gone
+        yield
+    except OSError as exc:
         error = os_error_message(OSError(exc.errno, exc.strerror), f"writing {path}",
                                  "nothing was written there (free some space, or check the folder's permissions)")
         if error is None:
             raise
         raise error from exc
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+
+
+def staging_file(path: Path) -> Path:
+    """A new, empty staging file beside ``path`` (``.<name>.partial-<random>``), for :func:`place_staged`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def place_staged(staging: Path, path: Path) -> None:
+    """Put the written ``staging`` file in place: renamed over ``path``, with the usual mode (mkstemp makes it
+    private)."""
+    os.chmod(staging, usual_file_mode())
+    os.replace(staging, path)
+
+
+@contextlib.contextmanager
+def staged_file(path: Path) -> Iterator[Path]:
+    """A staging file beside ``path`` for a writer that takes a file name, renamed over ``path`` once the block
+    ends: ``path`` then holds the whole file, or (the writer raised) what it held before, and no staging file is
+    left. A write the user can fix is refused as by :func:`writing`."""
+    with writing(path):
+        tmp = staging_file(path)
+        try:
+            yield tmp
+            place_staged(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)

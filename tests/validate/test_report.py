@@ -189,6 +189,23 @@ def test_a_check_of_an_export_replaced_while_it_ran_leaves_no_run_results_in_it(
     assert not list(export.glob("check/report_*.json"))
 
 
+def test_an_error_of_the_check_itself_is_not_blamed_on_its_run_results(two_engines, monkeypatch):
+    """With the RunResults kept in a staging file until the check's end, a user-fixable error of any later step
+    (a file it could not read, here in the stream check) came out as a failed write of the RunResults, naming
+    their file and not the one at fault. Only the save and the rename of the RunResults are reported so."""
+    import errno
+
+    import wan_trt.validate.check as check
+    export, engines = two_engines
+
+    def unreadable(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", "/data/unreadable.bin")
+    monkeypatch.setattr(check, "check_stream", unreadable)
+    with pytest.raises(PermissionError, match="unreadable.bin"):
+        check_engine(engines[0], CheckOptions(blocks=2, save_results=True))
+    assert not list(export.glob("check/run_results_*.json")) + list(export.glob("check/.run_results_*partial*"))
+
+
 def test_a_report_names_the_device_its_check_ran_on(monkeypatch):
     """The report's environment named the machine's current GPU even for a check on the CPU (an ONNX Runtime
     CPU check on a GPU machine); it names the device the check ran on, as bench's files do."""
