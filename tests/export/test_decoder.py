@@ -19,6 +19,7 @@ from wan_trt.engines.build import BuildOptions, build_engine
 from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import export_decoder, read_decoder
+from wan_trt.export.manifest import Manifest
 from wan_trt.graphs import spec_from_dict
 from wan_trt.model import build_decoder, decoder_config
 from wan_trt.model.vae import VideoDecoder
@@ -317,3 +318,30 @@ def test_a_decoder_check_of_an_export_replaced_while_it_ran_leaves_no_run_result
         check_target(export, CheckOptions(blocks=2, save_results=True))
     assert not list(export.glob("*/check/run_results_*.json")) + list(export.glob("*/check/.run_results_*partial*"))
     assert not list(export.glob("*/check/report_*.json"))
+
+
+def test_a_decoder_re_export_interrupted_between_its_two_swaps_is_refused_as_a_mixed_pair(decoder_export, tmp_path,
+                                                                                          monkeypatch):
+    """The decoder's two graphs are swapped into place one after the other: an interrupt between the two renames
+    leaves one new graph beside one old one. That pair is never used as one decoder: every reader of a decoder
+    export compares the two manifests (config, precision, weights) and refuses a mixed pair naming the fix."""
+    import wan_trt.outputs as outputs
+    export = tmp_path / "dec"
+    shutil.copytree(decoder_export, export)
+    swap, swapped = outputs._swap_into_place, []
+
+    def interrupted_after_the_first(*args, **kwargs):
+        if swapped:
+            raise KeyboardInterrupt
+        swap(*args, **kwargs)
+        swapped.append(args[1])
+    monkeypatch.setattr(outputs, "_swap_into_place", interrupted_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        export_decoder(load_config(CFG), export, "fp32", seed=5, onnx=False, overwrite=True)
+    assert len(swapped) == 1 and not list(tmp_path.glob(".*partial-*"))  # one graph swapped, no staging left
+    seeds = {call: Manifest.read(export / call).weights["seed"] for call in CALLS}
+    assert sorted(seeds.values()) == [4, 5], seeds  # the mixed pair the interrupt left
+    with pytest.raises(WanTrtError, match="different configs, precisions or weights; re-export both"):
+        read_decoder(export)
+    with pytest.raises(WanTrtError, match="re-export both"):
+        check_target(export, CheckOptions(blocks=2, save_results=False))
