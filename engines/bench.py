@@ -373,7 +373,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
                                                                                      o.device)))
         save(f"{backend}+decoder")
     for backend in backend_profiles:
-        if backend in report["backends"]:
+        if profile_runs(report, backend):
             with stage(f"profile {backend}"):
                 other, name = other_rows.get(backend, (None, backend))
                 report["profiles"][backend] = (other.bench if other else bench).profile(name)
@@ -385,6 +385,17 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if progress is not None and progress != Path(out):
         progress.unlink(missing_ok=True)
     return report
+
+
+def profile_runs(report: dict[str, Any], backend: str) -> bool:
+    """Whether ``--profile backend`` runs: only over a row that was benched. Otherwise the report's ``failed``
+    says why there is no profile (under ``profile <backend>``), as the log does."""
+    if backend in report["backends"]:
+        return True
+    why = "failed" if backend in report["failed"] else "was skipped" if backend in report["skipped"] else "did not run"
+    report["failed"][f"profile {backend}"] = f"not profiled: its bench row {why} (see its entry)"
+    logger.error("profile %s: not profiled, its bench row %s", backend, why)
+    return False
 
 
 def _bench_one(report: dict[str, Any], section: str, backend: str, named: bool, run) -> None:

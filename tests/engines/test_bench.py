@@ -5,7 +5,7 @@ from click.testing import CliRunner
 
 from wan_trt.cli import main
 from wan_trt.engines.backends import ALL_BACKENDS
-from wan_trt.engines.bench import Bench, _bench_one
+from wan_trt.engines.bench import Bench, _bench_one, profile_runs
 
 
 def _bench(args):
@@ -63,6 +63,23 @@ def test_a_backend_that_raises_is_a_failure_with_its_traceback(plain_export, mon
     _bench_one(report, "backends", "torch-eager", False, run=lambda: bench.run("torch-eager", 2))
     assert "RuntimeError: kernel exploded" in report["failed"]["torch-eager"]
     assert "Traceback" in report["failed"]["torch-eager"] and not report["skipped"]
+
+
+def test_a_profile_asked_of_a_row_that_failed_says_why_it_is_missing(plain_export, monkeypatch):
+    """`--profile B` of a backend whose bench row failed was dropped without a word: the report had no profile,
+    no failure and nothing pending for it. It is now a failure naming why; a benched row is profiled."""
+    report = {"backends": {}, "skipped": {}, "failed": {}}
+    bench = Bench(plain_export, "cpu", {})
+    _bench_one(report, "backends", "torch-eager", False, run=lambda: bench.run("torch-eager", 2))
+
+    def broken_infer(self, feeds):
+        raise RuntimeError("kernel exploded")
+    monkeypatch.setattr("wan_trt.engines.backends.torch.TorchRunner.infer", broken_infer)
+    _bench_one(report, "backends", "torch-compile", False, run=lambda: bench.run("torch-compile", 2))
+    assert "torch-compile" in report["failed"] and "torch-eager" in report["backends"]
+    assert profile_runs(report, "torch-eager") and "profile torch-eager" not in report["failed"]
+    assert not profile_runs(report, "torch-compile")
+    assert report["failed"]["profile torch-compile"] == "not profiled: its bench row failed (see its entry)"
 
 
 def test_unwritable_out_fails_before_benchmarking(plain_export, tmp_path):
