@@ -120,20 +120,31 @@ def test_run_results_that_fail_to_save_leave_no_partial_file_and_name_it(two_eng
     assert not results.exists() and not list((export / "check").glob(f".{results.name}*"))
 
 
+def _reexport(export):
+    """`wan-trt export --overwrite` of ``export`` (another seed): a new folder swapped in under its path."""
+    from wan_trt.config_load import load_config
+    from wan_trt.export.transformer import export_transformer
+    export_transformer(load_config("universal-small"), export, "fp32", seed=1, onnx=False, overwrite=True)
+
+
+def _outside_its_export(engine, tmp_path):
+    """A copy of ``engine`` in another folder (as `build --out` puts one): it outlives its export's swap."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    return _copy_engine(engine, elsewhere / engine.name)
+
+
 def test_a_check_of_an_export_replaced_while_it_ran_writes_no_report(two_engines, monkeypatch):
     """`export --overwrite` of the folder a check was checking (nothing stops it: a check takes no lock) swapped
     a new export in, and the check wrote its passing report into it: a report for a graph it never ran. The
     check now sees the folder replaced and fails, writing nothing."""
     import wan_trt.validate.check as check
-    from wan_trt.config_load import load_config
-    from wan_trt.errors import WanTrtError
-    from wan_trt.export.transformer import export_transformer
     export, engines = two_engines
     real = check.check_single_pass
 
     def replaced_meanwhile(*args, **kwargs):
         rows = real(*args, **kwargs)
-        export_transformer(load_config("universal-small"), export, "fp32", seed=1, onnx=False, overwrite=True)
+        _reexport(export)
         return rows
     monkeypatch.setattr(check, "check_single_pass", replaced_meanwhile)
     with pytest.raises(WanTrtError, match="was replaced while it was checked"):
@@ -147,17 +158,13 @@ def test_a_check_of_an_export_replaced_before_its_engine_ran_writes_no_report(tw
     unseen, and the check ran the engine against the old export's references but wrote its report into the new
     folder. The identity is now taken before the manifest is read."""
     import wan_trt.engines.backends.aoti as aoti
-    from wan_trt.config_load import load_config
-    from wan_trt.export.transformer import export_transformer
     export, engines = two_engines
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    engine = _copy_engine(engines[0], elsewhere / engines[0].name)  # built with --out elsewhere: outlives the swap
+    engine = _outside_its_export(engines[0], tmp_path)
     real = aoti.check_runners
 
     def replaced_once_made(*args, **kwargs):
         runners = real(*args, **kwargs)
-        export_transformer(load_config("universal-small"), export, "fp32", seed=1, onnx=False, overwrite=True)
+        _reexport(export)
         return runners
     monkeypatch.setattr(aoti, "check_runners", replaced_once_made)
     with pytest.raises(WanTrtError, match="replaced while"):
@@ -171,16 +178,12 @@ def test_a_check_of_an_export_replaced_while_it_ran_leaves_no_run_results_in_it(
     graph that is not there in the new folder. They now stay in a staging file, put in place only once the
     folder is found unreplaced, and removed otherwise."""
     import wan_trt.validate.check as check
-    from wan_trt.config_load import load_config
-    from wan_trt.export.transformer import export_transformer
     export, engines = two_engines
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    engine = _copy_engine(engines[0], elsewhere / engines[0].name)  # built with --out elsewhere: outlives the swap
+    engine = _outside_its_export(engines[0], tmp_path)
     real = check.check_single_pass
 
     def replaced_first(*args, **kwargs):
-        export_transformer(load_config("universal-small"), export, "fp32", seed=1, onnx=False, overwrite=True)
+        _reexport(export)
         return real(*args, **kwargs)
     monkeypatch.setattr(check, "check_single_pass", replaced_first)
     with pytest.raises(WanTrtError, match="was replaced while it was checked"):
