@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import json
 import math
@@ -40,7 +41,8 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
-from wan_trt.outputs import place_staged, run_results, staging_file, write_file, writing, written_by_check
+from wan_trt.outputs import (place_staged, run_results, staged_by_check, staging_file, write_file, writing,
+                             written_by_check)
 from wan_trt.precisions import pytorch_precision
 from wan_trt.spec import GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
@@ -84,8 +86,9 @@ def results_path(directory: Path, name: str) -> Path:
 
 def clear_report(*paths: Path) -> None:
     """Remove the report (and RunResults) an earlier check of the same target left, before this one runs: a
-    check that stops half-way, or saves no RunResults, leaves none of the earlier check's beside its own. A
-    file under a report's name that no check wrote is refused, not removed."""
+    check that stops half-way, or saves no RunResults, leaves none of the earlier check's beside its own; and
+    the staging files of those a kill stopped. A file under a report's name that no check wrote is refused,
+    not removed."""
     for path in paths:
         ours = written_by_check if path.name.startswith("report_") else run_results
         if path.is_file() and not ours(path):
@@ -96,6 +99,10 @@ def clear_report(*paths: Path) -> None:
         if path.is_file():
             path.unlink()
             logger.info("%s: the earlier check's file removed (this check writes its own)", path)
+        for staging in path.parent.glob(f".{glob.escape(path.name)}.partial-*"):  # a killed check's (gigabytes)
+            if staged_by_check(staging):
+                staging.unlink(missing_ok=True)
+                logger.info("%s: removed, left by a check of the same target that was killed", staging)
 
 
 def report_json(report: "CheckReport") -> str:
@@ -368,11 +375,24 @@ def _folder_identity(directory: Path) -> tuple[int, int] | None:
 def require_unreplaced(identities: dict[Path, tuple[int, int] | None], checked: str) -> None:
     """Refuse to write a report when a folder the check read was replaced while it ran (``checked``: what was
     checked): the report would vouch for files the check never ran."""
-    replaced = [str(d) for d, identity in identities.items() if folder_identities(d)[d] != identity]
+    _refuse_replaced([d for d, identity in identities.items() if folder_identities(d)[d] != identity], checked)
+
+
+def identities_of_read(manifests: dict[Path, Manifest], checked: str) -> dict[Path, tuple[int, int] | None]:
+    """:func:`folder_identities` of export folders whose manifests (``manifests``, by folder) were read and
+    verified before the folders were known (an engine's export is found by its manifest's hash): refused as
+    replaced where a folder's manifest.json is no longer the one read. The same manifest holds the same files'
+    hashes, so a folder swapped in before this, with another manifest, is caught."""
+    identity = folder_identities(*manifests)
+    _refuse_replaced([d for d, m in manifests.items() if Manifest.read(d, verify=False).sha256 != m.sha256], checked)
+    return identity
+
+
+def _refuse_replaced(replaced: list[Path], checked: str) -> None:
     if replaced:
-        raise WanTrtError(f"{', '.join(replaced)} {'was' if len(replaced) == 1 else 'were'} replaced while {checked} "
-                          "was checked (by an `export --overwrite`?): this check's numbers are not those of what is "
-                          "there now, so no report was written; check it again")
+        raise WanTrtError(f"{', '.join(map(str, replaced))} {'was' if len(replaced) == 1 else 'were'} replaced while "
+                          f"{checked} was checked (by an `export --overwrite`?): this check's numbers are not those of "
+                          "what is there now, so no report was written; check it again")
 
 
 class StagedResults(NamedTuple):
@@ -398,7 +418,11 @@ def results_staged(results: dict[str, Path], identity: dict[Path, tuple[int, int
         require_unreplaced(identity, checked)
         for s in staged.values():
             with writing(s.path):
-                place_staged(s.staging, s.path)
+                try:
+                    place_staged(s.staging, s.path)
+                except FileNotFoundError:  # the staging file's folder is gone: replaced since the line above
+                    require_unreplaced(identity, checked)
+                    raise
             logger.info("Polygraphy RunResults saved to %s", s.path)
     finally:
         for s in staged.values():
@@ -469,7 +493,7 @@ def check_engine(engine: str | Path, options: CheckOptions = CheckOptions()) -> 
     engine = Path(engine)
     meta = EngineMetadata.read(engine)
     directory, manifest = export_for_engine(engine, meta)
-    identity = folder_identities(directory)  # before the engine is verified and loaded (seconds to minutes)
+    identity = identities_of_read({directory: manifest}, "it")  # before the engine is verified and loaded
     meta.check_against(manifest, engine)  # the engine file itself, before any deserialization
     require_polygraphy()
     backend, single_pass = backend_module(get_backend(meta.backend)).check_runners(engine, manifest)

@@ -34,7 +34,7 @@ from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                    check_single_pass, clear_report, engine_report_name, folder_identities,
-                                   report_path, require_polygraphy, results_path, results_staged,
+                                   identities_of_read, report_path, require_polygraphy, results_path, results_staged,
                                    write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
@@ -169,7 +169,7 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
         return check_engine(target, options)
     require_history_check(options)
     pair = paired_engines(target)  # the two engines, of one decoder's two exports
-    identity = folder_identities(*(e.directory for e in pair.values()))  # before the engines are verified and loaded
+    identity = identities_of_read({e.directory: e.manifest for e in pair.values()}, "the decoder")  # before loading
     for e in pair.values():
         e.meta.check_against(e.manifest, e.path)
     runners = {call: backend_module(get_backend(e.meta.backend)).check_runners(e.path, e.manifest)[0]

@@ -183,7 +183,7 @@ def run_results(path: Path) -> bool:
 
 
 def staged_by_check(path: Path) -> bool:
-    """Whether ``path`` is named as the staging file of a check's report or RunResults (:func:`staged_file`'s
+    """Whether ``path`` is named as the staging file of a check's report or RunResults (:func:`staging_file`'s
     names: mkstemp's 8 characters after the prefix), which a killed check leaves."""
     return re.fullmatch(r"\.(report|run_results)_.+\.json\.partial-[a-z0-9_]{8}", path.name) is not None
 

@@ -192,6 +192,65 @@ def test_a_check_of_an_export_replaced_while_it_ran_leaves_no_run_results_in_it(
     assert not list(export.glob("check/report_*.json"))
 
 
+def test_a_check_of_an_export_replaced_once_its_manifest_was_verified_writes_no_report(two_engines, tmp_path,
+                                                                                      monkeypatch):
+    """An engine's export is found by its manifest's hash, read and verified (hashing gigabytes at full size)
+    before the folder is known: an `export --overwrite` right after that went unseen, and the check wrote its
+    report and RunResults into the new folder. The folder's manifest is now read again once its identity is
+    taken, and a new one refused."""
+    from wan_trt.export.manifest import Manifest
+    export, engines = two_engines
+    engine = _outside_its_export(engines[0], tmp_path)
+    verify, swapped = Manifest.verify_files, []
+
+    def verified_then_replaced(self, directory, *args, **kwargs):
+        verify(self, directory, *args, **kwargs)
+        if not swapped:
+            swapped.append(directory)
+            _reexport(export)
+    monkeypatch.setattr(Manifest, "verify_files", verified_then_replaced)
+    with pytest.raises(WanTrtError, match="was replaced while it was checked"):
+        check_engine(engine, CheckOptions(stream=False, save_results=True))
+    assert swapped and not [p.name for p in (export / "check").glob("*")]
+
+
+def test_a_check_replaced_between_its_last_look_and_placing_its_run_results_says_so(two_engines, tmp_path,
+                                                                                    monkeypatch):
+    """A folder replaced after the check's last look but before its RunResults were renamed into place made the
+    rename fail, reported as 'writing .../run_results_....json failed: No such file or directory; ... free some
+    space, or check the folder's permissions'. It is the replaced folder, and said so."""
+    import wan_trt.validate.check as check
+    export, engines = two_engines
+    engine = _outside_its_export(engines[0], tmp_path)
+    look, swapped = check.require_unreplaced, []
+
+    def replaced_after_the_look(*args):
+        look(*args)
+        if not swapped:
+            swapped.append(True)
+            _reexport(export)
+    monkeypatch.setattr(check, "require_unreplaced", replaced_after_the_look)
+    with pytest.raises(WanTrtError, match="was replaced while it was checked"):
+        check_engine(engine, CheckOptions(stream=False, save_results=True))
+    assert swapped and not list(export.glob("check/*run_results_*"))
+
+
+def test_the_staging_files_of_a_killed_check_go_with_the_next_check_of_its_target(two_engines):
+    """A check keeps its RunResults (gigabytes at full size) in a staging file until its end: one killed meanwhile
+    left it, and no later check removed it (only a re-export did). The next check of the same target removes the
+    staging files it recognises as a check's; another target's and a user's file of another name stay."""
+    from wan_trt.outputs import staging_file
+    export, engines = two_engines
+    check_dir = export / "check"
+    killed = [staging_file(check_dir / name) for name in ("run_results_engine_a.json", "report_engine_a.json")]
+    other = staging_file(check_dir / "run_results_engine_b.json")
+    users = check_dir / ".run_results_engine_a.json.partial-mine"
+    users.write_text("the user's")
+    check_engine(engines[0], CheckOptions(stream=False, save_results=True))
+    assert not any(p.exists() for p in killed) and other.exists() and users.read_text() == "the user's"
+    assert (check_dir / "run_results_engine_a.json").is_file()
+
+
 def test_an_error_of_the_check_itself_is_not_blamed_on_its_run_results(two_engines, monkeypatch):
     """With the RunResults kept in a staging file until the check's end, a user-fixable error of any later step
     (a file it could not read, here in the stream check) came out as a failed write of the RunResults, naming
