@@ -373,10 +373,12 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
                                                                                      o.device)))
         save(f"{backend}+decoder")
     for backend in backend_profiles:
-        if profile_runs(report, backend):
+        if backend in report["backends"]:
             with stage(f"profile {backend}"):
                 other, name = other_rows.get(backend, (None, backend))
                 report["profiles"][backend] = (other.bench if other else bench).profile(name)
+        else:
+            record_unprofiled(report, backend)
         save(f"profile {backend}")
     if chart and report["backends"]:
         write_chart(report, Path(chart))
@@ -387,15 +389,12 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     return report
 
 
-def profile_runs(report: dict[str, Any], backend: str) -> bool:
-    """Whether ``--profile backend`` runs: only over a row that was benched. Otherwise the report's ``failed``
-    says why there is no profile (under ``profile <backend>``), as the log does."""
-    if backend in report["backends"]:
-        return True
-    why = "failed" if backend in report["failed"] else "was skipped" if backend in report["skipped"] else "did not run"
+def record_unprofiled(report: dict[str, Any], backend: str) -> None:
+    """``--profile backend`` of a row that failed or was skipped: the report's ``failed`` says why it has no
+    profile (under ``profile <backend>``), as the log does."""
+    why = "failed" if backend in report["failed"] else "was skipped"
     report["failed"][f"profile {backend}"] = f"not profiled: its bench row {why} (see its entry)"
     logger.error("profile %s: not profiled, its bench row %s", backend, why)
-    return False
 
 
 def _bench_one(report: dict[str, Any], section: str, backend: str, named: bool, run) -> None:

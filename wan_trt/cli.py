@@ -366,7 +366,7 @@ def bench(directory, backends, blocks, device, aoti_engine, aoti_plugins_engine,
         click.echo(f"{name:16} FAILED: {why.splitlines()[0]}")
     where = f"; the results are in {out}" if out else ""
     if report["failed"]:
-        raise WanTrtError(f"{len(report['failed'])} backend(s) failed: {', '.join(report['failed'])}{where}")
+        raise WanTrtError(f"{len(report['failed'])} row(s) failed: {', '.join(report['failed'])}{where}")
     if not report["backends"]:
         raise WanTrtError(f"no backend ran on this machine (every one was skipped, reasons above){where}")
 

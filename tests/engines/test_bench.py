@@ -5,7 +5,7 @@ from click.testing import CliRunner
 
 from wan_trt.cli import main
 from wan_trt.engines.backends import ALL_BACKENDS
-from wan_trt.engines.bench import Bench, _bench_one, profile_runs
+from wan_trt.engines.bench import Bench, _bench_one, record_unprofiled
 
 
 def _bench(args):
@@ -31,7 +31,7 @@ def test_a_named_backend_that_cannot_run_fails_and_the_others_are_written(plain_
     res = _bench([str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager,onnxruntime",
                   "--out", str(out)])
     assert res.exit_code == 1, res.output
-    assert "1 backend(s) failed: onnxruntime" in res.output and "no ONNX graph" in res.output
+    assert "1 row(s) failed: onnxruntime" in res.output and "no ONNX graph" in res.output
     report = json.loads(out.read_text())
     assert set(report["backends"]) == {"torch-eager"} and set(report["failed"]) == {"onnxruntime"}
 
@@ -65,21 +65,15 @@ def test_a_backend_that_raises_is_a_failure_with_its_traceback(plain_export, mon
     assert "Traceback" in report["failed"]["torch-eager"] and not report["skipped"]
 
 
-def test_a_profile_asked_of_a_row_that_failed_says_why_it_is_missing(plain_export, monkeypatch):
-    """`--profile B` of a backend whose bench row failed was dropped without a word: the report had no profile,
-    no failure and nothing pending for it. It is now a failure naming why; a benched row is profiled."""
-    report = {"backends": {}, "skipped": {}, "failed": {}}
-    bench = Bench(plain_export, "cpu", {})
-    _bench_one(report, "backends", "torch-eager", False, run=lambda: bench.run("torch-eager", 2))
-
-    def broken_infer(self, feeds):
-        raise RuntimeError("kernel exploded")
-    monkeypatch.setattr("wan_trt.engines.backends.torch.TorchRunner.infer", broken_infer)
-    _bench_one(report, "backends", "torch-compile", False, run=lambda: bench.run("torch-compile", 2))
-    assert "torch-compile" in report["failed"] and "torch-eager" in report["backends"]
-    assert profile_runs(report, "torch-eager") and "profile torch-eager" not in report["failed"]
-    assert not profile_runs(report, "torch-compile")
-    assert report["failed"]["profile torch-compile"] == "not profiled: its bench row failed (see its entry)"
+def test_a_profile_asked_of_a_row_that_failed_or_was_skipped_says_why_it_is_missing():
+    """`--profile B` of a backend whose bench row failed or was skipped was dropped without a word: the report
+    had no profile, no failure and nothing pending for it. It is now a failure naming why (the profiles
+    themselves need CUDA)."""
+    report = {"backends": {}, "skipped": {"tensorrt": "tensorrt is not installed"}, "failed": {"aoti": "Traceback"}}
+    record_unprofiled(report, "aoti")
+    record_unprofiled(report, "tensorrt")
+    assert report["failed"]["profile aoti"] == "not profiled: its bench row failed (see its entry)"
+    assert report["failed"]["profile tensorrt"] == "not profiled: its bench row was skipped (see its entry)"
 
 
 def test_unwritable_out_fails_before_benchmarking(plain_export, tmp_path):
