@@ -241,3 +241,21 @@ def test_an_engine_replaced_after_its_verification_is_not_loaded(aoti, tmp_path)
     with pytest.raises(WanTrtError, match="replaced or rewritten since it was verified"):
         with runner:
             pass
+
+
+def test_an_engine_out_without_the_pt2_suffix_is_refused_before_any_work(aoti, tmp_path, monkeypatch):
+    """`build --backend aoti --out engine.bin` exported and traced the model for minutes, then stopped with
+    AOTInductor's AssertionError ('Expect package path to be a file ending in .pt2'). It is now refused at once,
+    naming a path that works; nothing is written."""
+    import wan_trt.engines.backends.aoti as aoti_backend
+    export_dir, _ = aoti
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the build started")
+    monkeypatch.setattr(aoti_backend, "_compile", no_work)
+    for name in ("engine.bin", "engine"):
+        out = tmp_path / name
+        with pytest.raises(WanTrtError, match=rf"--out {out}: an AOTInductor engine is a \.pt2 package; name it "
+                                              rf"e\.g\. .*engine\.pt2"):
+            aoti_backend.build_aoti(export_dir, out, device="cpu")
+    assert not list(tmp_path.iterdir())
