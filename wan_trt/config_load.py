@@ -96,14 +96,14 @@ def load_config(name_or_path: str | Path) -> WanConfig:
         WanTrtError: unknown preset, unreadable file, or a field with a bad value.
     """
     text = str(name_or_path)
-    preset = PRESET_DIR / f"{text}.json"
-    if preset.is_file():
-        return config_from_dict(read_json_object(preset), text, f"preset '{text}'")
+    if text in preset_names():  # a bare name: a path (absolute, or with a folder) is never a preset's
+        return config_from_dict(read_json_object(PRESET_DIR / f"{text}.json"), text, f"preset '{text}'")
     path = Path(text)
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if not path.is_file():
-        raise WanTrtError(
-            f"--config '{text}' is neither a preset nor a file; presets: {', '.join(preset_names())}")
+        kind = ("a folder without a config.json" if path.is_dir() else "not a regular file (a pipe? write it to "
+                "a file first)" if path.exists() else "neither a preset nor a file")
+        raise WanTrtError(f"--config '{text}' is {kind}; presets: {', '.join(preset_names())}")
     name = path.parent.name if path.name == "config.json" else path.stem
     return config_from_dict(read_json_object(path), name, str(path))

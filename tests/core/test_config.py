@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from wan_trt.config_load import load_config, preset_names
+from wan_trt.config_load import PRESET_DIR, load_config, preset_names
 from wan_trt.errors import WanTrtError
 from tests.conftest import FULL, SMALL
 
@@ -240,3 +240,27 @@ def test_numbers_too_large_for_their_field_are_one_error_line(tmp_path, text, me
     result = CliRunner().invoke(main, ["info", "--config", str(path)])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     assert result.output.startswith("error:") and message in result.output, result.output
+
+
+def test_a_config_path_is_the_file_named_never_a_preset_or_a_file_beside_it(tmp_path, monkeypatch):
+    """`--config /some/folder/cfg` was tried first as the preset `PRESETS/<text>.json`, which for an absolute path
+    is `/some/folder/cfg.json`: a file beside the one named was loaded instead, without a word (and a relative
+    path was resolved against the presets' folder). A preset is a bare name; any other text is the file named."""
+    named, beside = tmp_path / "cfg", tmp_path / "cfg.json"
+    data = json.loads((PRESET_DIR / "universal-small.json").read_text())
+    named.write_text(json.dumps({**data, "name": "named"}))
+    beside.write_text(json.dumps({**data, "name": "beside"}))
+    assert load_config(str(named)).name == "named" and load_config(named).name == "named"
+    monkeypatch.chdir(PRESET_DIR)  # a relative path with a folder, from where the presets are
+    with pytest.raises(WanTrtError, match="neither a preset nor a file"):
+        load_config("../configs/universal-small")
+    assert load_config("universal-small").name == "universal-small"
+
+
+def test_a_pipe_or_a_folder_given_as_config_is_named_as_such(tmp_path):
+    import os
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(WanTrtError, match="is not a regular file"):
+        load_config(tmp_path / "fifo.json")
+    with pytest.raises(WanTrtError, match="is a folder without a config.json"):
+        load_config(tmp_path)
