@@ -42,6 +42,18 @@ def field_error(name: str, expected: str, got: Any, where: str) -> WanTrtError:
                        "fix it in that file or pass a preset to --config")
 
 
+class _RepeatedKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's dict, refusing a key given twice (json keeps the last one without a word)."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        raise _RepeatedKey(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+    return data
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
     """The top-level JSON object of ``path``; binary, malformed or non-object files fail."""
     raw = path.read_bytes()
@@ -52,9 +64,12 @@ def read_json_object(path: Path) -> dict[str, Any]:
             f"--config {path}: not a UTF-8 text file (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
             "expected a JSON config (an upstream config.json or a wan-trt preset file)") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise WanTrtError(f"--config {path}: config file {path} is not valid JSON: {exc}") from None
+    except _RepeatedKey as exc:
+        raise WanTrtError(f"--config {path}: key {exc.args[0]!r} appears twice in one object; which one the model "
+                          "is to have is not clear: keep one") from None
     except ValueError as exc:  # an integer of more digits than Python reads from text
         raise WanTrtError(f"--config {path}: config file {path} holds a number too long to read ({exc})") from None
     if not isinstance(data, dict):

@@ -264,3 +264,13 @@ def test_a_pipe_or_a_folder_given_as_config_is_named_as_such(tmp_path):
         load_config(tmp_path / "fifo.json")
     with pytest.raises(WanTrtError, match="is a folder without a config.json"):
         load_config(tmp_path)
+
+
+def test_a_key_given_twice_in_a_config_is_refused(tmp_path):
+    """JSON keeps the last of two equal keys without a word: '"num_layers": 4, "num_layers": 2' built 2 layers."""
+    text = (PRESET_DIR / "universal-small.json").read_text()
+    path = tmp_path / "twice.json"
+    path.write_text(text.replace('"model": {', '"model": {"num_layers": 4, ', 1))
+    assert '"num_layers": 4' in path.read_text()
+    with pytest.raises(WanTrtError, match="key 'num_layers' appears twice in one object"):
+        load_config(path)
