@@ -23,7 +23,7 @@ from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
-from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_with_keys, staged_dir
+from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_values, json_with_keys, staged_dir
 from wan_trt.model import build_decoder, build_model
 from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.rotary import MAX_STREAM_FRAMES
@@ -119,6 +119,8 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     blocks, precision, device, seed, out = o.blocks, o.precision, o.device, o.seed, o.out
     check_stream_request(cfg, blocks=blocks, precision=precision, device=device, weights=o.weights, out=out,
                          vae_weights=o.vae_weights, overwrite=o.overwrite, actions=o.actions)
+    if out is None and o.overwrite:  # an option the run would not use is refused, never dropped
+        raise WanTrtError("--overwrite: the stream writes nothing without --out; give --out or drop --overwrite")
     if o.vae_weights is not None and (out is None or not o.video):  # the decoder would never be built
         raise WanTrtError(f"--vae-weights {o.vae_weights}: the video decoder runs only when the stream writes its "
                           "video (--out, without --no-video); write the video or drop --vae-weights")
@@ -159,7 +161,7 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
             torch.save(torch.cat([r.latents.cpu() for r in results], dim=2), staging / "latents.pt")
             if frames is not None:
                 write_mp4(frames, staging / "video.mp4")
-            (staging / "report.json").write_text(json.dumps(report, indent=2))
+            (staging / "report.json").write_text(json.dumps(json_values(report), indent=2, allow_nan=False))
         if frames is not None:
             logger.info("wrote %s: %d frames at %d fps", out / "video.mp4", frames.shape[0], FPS)
     return report

@@ -41,7 +41,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
-from wan_trt.outputs import (place_staged, run_results, staged_by_check, staging_file, write_file, writing,
+from wan_trt.outputs import (json_values, place_staged, run_results, staged_by_check, staging_file, write_file, writing,
                              written_by_check)
 from wan_trt.precisions import pytorch_precision
 from wan_trt.spec import GraphSpec, PassSpec
@@ -50,17 +50,6 @@ from wan_trt.stream import synthetic_stream
 from wan_trt.validate.stream import compare_stream, reference_stream
 
 RESULTS_DIR = "check"
-
-
-def json_values(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by None (strict JSON holds no NaN or Infinity)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_values(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_values(v) for v in value]
-    return value
 
 
 def report_path(directory: Path, name: str) -> Path:

@@ -22,6 +22,7 @@ from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, DEFAULT_
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger, setup_logging
+from wan_trt.outputs import json_values
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -127,7 +128,7 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
               help="Write latents.pt, report.json and video.mp4 here.")
 @click.option("--overwrite", is_flag=True,
               help="Replace --out if it holds an earlier stream output (a folder with other files is never replaced).")
-@click.option("--video/--no-video", default=True, show_default=True, help="With --out: decode and write video.mp4.")
+@click.option("--video/--no-video", default=None, help="With --out: decode and write video.mp4 (the default) or not.")
 @click.option("--vae-weights", type=PathArg(dir_okay=False), default=None,
               help="Wan2.1 VAE checkpoint (Wan2.1_VAE.pth) for the video decoder; seeded random if omitted.")
 @click.option("--actions", type=PathArg(dir_okay=False), default=None,
@@ -140,12 +141,15 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
     from wan_trt.config_load import load_config
     from wan_trt.engines.stream import StreamOptions, run_stream
 
+    if out is None and video is not None:  # an option the run would not use is refused, never dropped
+        raise WanTrtError(f"--{'' if video else 'no-'}video: the stream writes its video only under --out; give "
+                          "--out or drop the flag")
     options = StreamOptions(blocks=blocks, precision=precision, device=pick_device(device), weights=weights,
-                            seed=seed, reference=reference, out=Path(out) if out else None, video=video,
+                            seed=seed, reference=reference, out=Path(out) if out else None, video=video is not False,
                             vae_weights=vae_weights, actions=Path(actions) if actions else None,
                             overwrite=overwrite)
     report = run_stream(load_config(config_name), options)
-    click.echo(json.dumps(report["summary"], indent=2))
+    click.echo(json.dumps(json_values(report["summary"]), indent=2))
     if reference and not report["summary"]["reference_match"]:
         raise WanTrtError("the static-cache stream does not match the reference pipeline (see the report)")
 

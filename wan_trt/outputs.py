@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import glob
 import json
+import math
 import os
 import re
 import secrets
@@ -24,7 +25,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger
@@ -162,6 +163,17 @@ def json_with_keys(path: Path, keys: set[str]) -> dict | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) and keys <= set(data) else None
+
+
+def json_values(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (strict JSON holds no NaN or Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_values(v) for v in value]
+    return value
 
 
 def written_by_check(path: Path) -> bool:
