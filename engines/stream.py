@@ -21,6 +21,7 @@ from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
+from wan_trt.digest import file_digest
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
 from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_values, json_with_keys, staged_dir
@@ -138,6 +139,7 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     for r in results:
         logger.info("block %d (frame %d): %.1f ms", r.index, r.start_frame, 1e3 * r.seconds)
     report: dict[str, Any] = {"config": cfg.name, "precision": precision, "device": device,
+                              "inputs": stream_inputs(o, decoder is not None),
                               "block_ms": [1e3 * r.seconds for r in results]}
     summary = {"blocks": blocks, "mean_block_ms": sum(report["block_ms"]) / blocks}
     if o.reference:
@@ -167,6 +169,18 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     return report
 
 
+def stream_inputs(o: StreamOptions, decoded: bool) -> dict[str, Any]:
+    """What the stream was made from, for its report: each checkpoint and actions file (path, size, sha256)
+    or how it was made instead (seeded), so that a stream of random weights is never taken for one of real
+    ones. The conditioning (the first frame's latent, the image context) is always seeded noise."""
+    def source(path: str | Path | None, otherwise: str) -> dict[str, Any] | str:
+        return otherwise if path is None else {"path": str(Path(path).resolve()), **file_digest(path)}
+    return {"weights": source(o.weights, f"random (seed {o.seed})"),
+            "vae_weights": source(o.vae_weights, f"random (seed {o.seed})") if decoded else None,
+            "actions": source(o.actions, f"synthetic (seed {o.seed})"),
+            "conditioning": f"seeded noise (seed {o.seed})", "seed": o.seed}
+
+
 def _inputs(*paths: str | Path | None) -> list[Path]:
     """The files a stream reads, which its --out may never hold."""
     return [Path(p) for p in paths if p is not None]
@@ -192,7 +206,9 @@ def stream_decoder(cfg: WanConfig, o: StreamOptions) -> DecoderStream:
     with stage("build the video decoder"):
         decoder = build_decoder(cfg, precision_dtype(o.precision), o.device, o.vae_weights, o.seed)
     if o.weights is None or o.vae_weights is None:
-        logger.warning("random %s weights: the video is noise (pass --weights and --vae-weights for real frames)",
-                       "DiT and VAE" if o.weights is None and o.vae_weights is None else
+        logger.warning("random %s weights: the video is noise (pass --weights and --vae-weights for the model's "
+                       "frames)", "DiT and VAE" if o.weights is None and o.vae_weights is None else
                        "DiT" if o.weights is None else "VAE")
+    logger.warning("the stream's conditioning (the first frame's latent and the image context) is seeded noise: "
+                   "`wan-trt stream` takes no start image, so its frames show no scene of yours")
     return DecoderStream(*(TorchRunner(decoder, DecoderSpec.from_config(cfg, o.precision, call)) for call in CALLS))

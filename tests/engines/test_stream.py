@@ -307,3 +307,33 @@ def test_an_input_that_is_a_pipe_or_a_folder_is_named_as_such(tmp_path):
     assert res.exit_code == 1 and "--weights" in res.output and "a pipe" in res.output, res.output
     with pytest.raises(WanTrtError, match="no such file"):
         read_actions(tmp_path / "missing.jsonl", cfg, 1)
+
+
+def test_the_report_says_what_the_stream_was_made_from_and_the_log_that_it_is_not_a_scene(tmp_path):
+    """report.json held no word of the weights: a stream of random weights could not be told from one of the
+    model's checkpoints, and `--overwrite` could replace one with the other without a trace. With both
+    checkpoints the output said nothing, as if the frames were of a real scene, though the conditioning (the
+    first frame's latent, the image context) is always seeded noise. The report names each input (path, size,
+    sha256) or how it was made, and the log says the conditioning is noise."""
+    from wan_trt.config_load import load_config
+    from wan_trt.digest import file_digest
+    from wan_trt.model import build_decoder, build_model
+    from wan_trt.model.checkpoint import save_checkpoint
+    from tests.model.test_vae import _write_vae_file
+    cfg = load_config("universal-small")
+    dit = save_checkpoint(build_model(cfg, seed=3), tmp_path / "dit.safetensors")
+    _write_vae_file(build_decoder(cfg, seed=3), tmp_path / "vae.pth")
+    base = ["stream", "--config", "universal-small", "--blocks", "1", "--device", "cpu", "--seed", "5"]
+    res = CliRunner().invoke(main, [*base, "--weights", str(dit), "--vae-weights", str(tmp_path / "vae.pth"),
+                                    "--out", str(tmp_path / "real")])
+    assert res.exit_code == 0, res.output
+    assert "conditioning (the first frame's latent and the image context) is seeded noise" in res.output
+    assert "weights: the video is noise" not in res.output
+    inputs = json.loads((tmp_path / "real" / "report.json").read_text())["inputs"]
+    assert inputs["weights"] == {"path": str(dit.resolve()), **file_digest(dit)}
+    assert inputs["vae_weights"]["sha256"] == file_digest(tmp_path / "vae.pth")["sha256"]
+    assert inputs["actions"] == "synthetic (seed 5)" and inputs["conditioning"] == "seeded noise (seed 5)"
+    res = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "random"), "--no-video"])
+    assert res.exit_code == 0, res.output
+    inputs = json.loads((tmp_path / "random" / "report.json").read_text())["inputs"]
+    assert inputs["weights"] == "random (seed 5)" and inputs["vae_weights"] is None
