@@ -10,7 +10,9 @@ import contextlib
 import errno
 import functools
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -92,7 +94,15 @@ NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.
 def main(verbose: bool) -> None:
     """wan-trt: Matrix-Game 2.0 (CausalWanModel) from PyTorch to deployable engines."""
     setup_logging(verbose)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)  # `timeout`, `kill`: cleaned up as Ctrl-C is
     prefer_workspace_free_gemms()  # before any GEMM of the process (PyTorch reads it once)
+
+
+def _terminated(signum, frame) -> None:
+    """SIGTERM ends a command as Ctrl-C does: its staging files and locks are removed on the way out (killed
+    by the default action, it left them for the next run of the same output to find)."""
+    raise KeyboardInterrupt
 
 
 # ---- commands ------------------------------------------------------------------------------

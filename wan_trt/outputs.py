@@ -263,18 +263,18 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
     check_parent_chain(resolved, "--out")
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
-        raise WanTrtError(f"--out {out} is the current directory or holds it; an {what} replaces its whole --out "
+        raise WanTrtError(f"--out {out} is the current directory or holds it; {_a(what)} replaces its whole --out "
                           "folder: pick a new folder, e.g. --out out/new")
     for path in filter(None, protect):
         if resolved in Path(path).resolve().parents:
-            raise WanTrtError(f"--out {out} holds the input file {path}, which an {what} never deletes; "
+            raise WanTrtError(f"--out {out} holds the input file {path}, which {_a(what)} never deletes; "
                               "pick another --out")
     if not out.exists():
         return []
     if not out.is_dir():
         raise WanTrtError(f"--out {out} is a file, not a folder; pick another --out")
     if os.path.ismount(out):
-        raise WanTrtError(f"--out {out} is a mount point: an {what} is written apart and renamed into place, which "
+        raise WanTrtError(f"--out {out} is a mount point: {_a(what)} is written apart and renamed into place, which "
                           f"a mount point cannot take; give a folder inside it, e.g. --out {out / 'out'}")
     if not any(out.iterdir()):
         return []
@@ -289,7 +289,7 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
         raise WanTrtError(f"--out {out} {why} ({shown}); --overwrite replaces only wan-trt {what}s: pick "
                           "another --out, or move those files away yourself")
     if not overwrite:
-        raise WanTrtError(f"--out {out} already holds an {what}; pass --overwrite to replace it")
+        raise WanTrtError(f"--out {out} already holds {_a(what)}; pass --overwrite to replace it")
     return owned + stale
 
 
@@ -326,6 +326,11 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
         finally:
             if staging is not None and staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
+
+
+def _a(what: str) -> str:
+    """``what`` with its indefinite article: 'an export', 'a stream output'."""
+    return f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
 
 
 def _umask() -> int:
@@ -366,6 +371,7 @@ def _swap_into_place(staging: Path, out: Path, old_files: list[Path], what: str)
     """Rename ``staging`` to ``out``; the old output is moved aside first and then its files removed."""
     aside = None
     if out.exists():
+        os.chmod(staging, stat.S_IMODE(out.stat().st_mode))  # the folder's mode stays the user's (a private one)
         aside = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
         os.rename(out, aside)
     try:

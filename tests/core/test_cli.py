@@ -102,3 +102,24 @@ def test_a_provider_given_with_an_engine_is_refused(aoti):
     _, engine = aoti
     _one_error_line(_run(["check", str(engine), "--provider", "cuda", "--no-save-results"]),
                     "--provider cuda", "an engine", "drop --provider")
+
+
+def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
+    """`timeout` or `kill` (SIGTERM) ended a run at once: an export killed while it wrote left its staging folder
+    and lock beside --out, for the next run of that --out to find. It is now handled as Ctrl-C: removed on the
+    way out, exit status 1."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "exp"
+    run = subprocess.Popen([sys.executable, "-m", "wan_trt.cli", "export", "--config", "universal-small",
+                            "--precision", "fp32", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".exp.partial-*")) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(tmp_path.glob(".exp.partial-*")), "the export never staged (or ended first)"
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 1 and b"aborted" in err, err
+    assert not [p.name for p in tmp_path.iterdir()], "left behind"

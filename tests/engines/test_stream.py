@@ -337,3 +337,15 @@ def test_the_report_says_what_the_stream_was_made_from_and_the_log_that_it_is_no
     assert res.exit_code == 0, res.output
     inputs = json.loads((tmp_path / "random" / "report.json").read_text())["inputs"]
     assert inputs["weights"] == "random (seed 5)" and inputs["vae_weights"] is None
+
+
+def test_an_empty_folder_given_as_out_keeps_its_mode(tmp_path):
+    """An empty folder is used as --out, but the output was swapped in with the usual mode: a private folder
+    (0700, setgid) became readable by everyone."""
+    out = tmp_path / "private"
+    out.mkdir()
+    out.chmod(0o2700)
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "1", "--device", "cpu",
+                                    "--out", str(out), "--no-video"])
+    assert res.exit_code == 0, res.output
+    assert (out / "report.json").is_file() and oct(out.stat().st_mode & 0o7777) == oct(0o2700)
