@@ -126,12 +126,12 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         raise WanTrtError(f"--vae-weights {o.vae_weights}: the video decoder runs only when the stream writes its "
                           "video (--out, without --no-video); write the video or drop --vae-weights")
     actions = {} if o.actions is None else read_actions(o.actions, cfg, blocks, precision_dtype(precision))  # first
+    decoder = stream_decoder(cfg, o) if out is not None and o.video else None  # its checkpoint before the DiT's
     with stage(f"build {cfg.name} ({precision}, {device})"):
         model = build_model(cfg, precision_dtype(precision), device, o.weights, seed)
     spec = PassSpec.from_config(cfg, precision)
     inputs = dataclasses.replace(synthetic_stream(cfg, blocks, seed), **actions)
     sources = RunnerSources(spec, device, lambda ops="native": model)
-    decoder = stream_decoder(cfg, o) if out is not None and o.video else None
     with stage(f"stream {blocks} blocks{' and decode them' if decoder else ''}"), \
             make_runner(o.backend, sources) as runner, decoder or contextlib.nullcontext():
         session = StreamingSession(runner, noise=NoiseSource(seed), decoder=decoder)

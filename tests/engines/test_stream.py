@@ -349,3 +349,21 @@ def test_an_empty_folder_given_as_out_keeps_its_mode(tmp_path):
                                     "--out", str(out), "--no-video"])
     assert res.exit_code == 0, res.output
     assert (out / "report.json").is_file() and oct(out.stat().st_mode & 0o7777) == oct(0o2700)
+
+
+def test_a_bad_vae_checkpoint_is_refused_before_the_dit_is_built(tmp_path, monkeypatch):
+    """The decoder (and its --vae-weights) was built after the DiT: at full size a wrong VAE file was refused
+    only once the DiT's checkpoint had loaded, though every argument is to be checked before the model is built."""
+    import wan_trt.engines.stream as run
+    from wan_trt.config_load import load_config
+    from wan_trt.model import build_decoder
+    from tests.model.test_vae import _write_vae_file
+
+    def dit_built(*args, **kwargs):
+        raise AssertionError("the DiT was built first")
+    monkeypatch.setattr(run, "build_model", dit_built)
+    _write_vae_file(build_decoder(load_config("universal-small")), tmp_path / "vae.pth",
+                    **{"decoder.extra.weight": torch.zeros(1)})
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "1", "--device", "cpu",
+                                    "--vae-weights", str(tmp_path / "vae.pth"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1 and "--vae-weights" in res.output and "decoder.extra.weight" in res.output, res.output
