@@ -166,3 +166,19 @@ def test_keys_that_are_not_names_are_refused_by_name(tmp_path):
     torch.save({0: torch.zeros(3), "blocks.0.x": torch.zeros(1)}, tmp_path / "ints.pt")
     with pytest.raises(WanTrtError, match=r"keys are parameter names \(strings\); found 0 \(int\)"):
         read_state_dict(tmp_path / "ints.pt")
+
+
+def test_the_other_models_checkpoint_is_named_with_the_flag_it_belongs_to(tmp_path):
+    """A Wan2.1 VAE file given as --weights listed 165 missing keys and told the user to pick another --config;
+    a DiT checkpoint given as --vae-weights, to pass the Wan2.1 VAE. Each now names the flag it belongs to."""
+    from wan_trt.model import build_decoder
+    from tests.model.test_vae import _write_vae_file
+    cfg = load_config("universal-small")
+    _write_vae_file(build_decoder(cfg), tmp_path / "vae.pth")
+    dit = save_checkpoint(build_model(cfg), tmp_path / "dit.safetensors")
+    with pytest.raises(WanTrtError, match="holds a video VAE's keys .*: pass it with --vae-weights, not --weights"):
+        build_model(cfg, weights=tmp_path / "vae.pth")
+    with pytest.raises(WanTrtError, match=r"holds a DiT's keys \(blocks.\*\), not a VAE's: pass it with --weights"):
+        build_decoder(cfg, weights=dit)
+    with pytest.raises(WanTrtError, match="pick the --config the checkpoint was trained with"):  # the usual hint
+        build_model(cfg, weights=save_checkpoint(build_model(load_config("templerun-small")), tmp_path / "tr.pt"))

@@ -100,8 +100,19 @@ def check_keys(model: nn.Module, state: Mapping[str, torch.Tensor], source: str,
         if items:
             shown = ", ".join(items[:_SHOW]) + (f", ... ({len(items) - _SHOW} more)" if len(items) > _SHOW else "")
             lines.append(f"  {len(items)} {title} key(s): {shown}")
-    lines.append(f"  {hint}")
+    lines.append(f"  {_swapped(flag, state) or hint}")
     raise WanTrtError("\n".join(lines))
+
+
+def _swapped(flag: str, state: Mapping[str, torch.Tensor]) -> str | None:
+    """The fix where the file is the other model's checkpoint: a Wan2.1 VAE given as --weights, a DiT as
+    --vae-weights (judged by its key names)."""
+    vae = sum(k.startswith(("decoder.", "encoder.")) for k in state)
+    if flag == "--weights" and vae > len(state) // 2:
+        return "it holds a video VAE's keys (decoder.*, encoder.*): pass it with --vae-weights, not --weights"
+    if flag == "--vae-weights" and not vae and any("blocks" in k.split(".") for k in state):
+        return "it holds a DiT's keys (blocks.*), not a VAE's: pass it with --weights, not --vae-weights"
+    return None
 
 
 def _listed(items: list[str]) -> str:
