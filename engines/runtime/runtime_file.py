@@ -4,7 +4,7 @@ Written next to every engine (``<engine>.runtime.txt``) from the same spec (and
 :class:`BlockSchedule`) the Python session uses, so the two runtimes cannot disagree. A DiT
 pass engine's file:
 
-    wan_trt_runtime 4
+    wan_trt_runtime 5
     engine <bytes> <sha256>  (of the engine file: the C++ runtime loads only the engine it was written for)
     config <name>            precision <bf16|fp16|fp32|fp8>
     block_frames 3           prev_frames 3          tokens_per_frame 880
@@ -17,6 +17,7 @@ pass engine's file:
     output <name> <dtype> <dims...>
     cache <kind> <units> <prev_k> <cur_k> <prev_v> <cur_v>       (one line per layer of the cache)
     rotary <cos input> <sin input> <inverse frequencies...>
+    sha256 <hex>             (of every byte before this line: the C++ runtime reads no edited or cut file)
 
 A ``rotary`` line says how to fill a rotary input pair per block: cos/sin of
 ``(start_frame + f) * inv_freq`` in double precision, stored fp32 (wan_trt.rotary). The
@@ -25,15 +26,20 @@ frequencies are written as Python's repr, which reads back as the same double.
 A decoder engine's file (one per graph of the pair; ``history`` lines in call order, for both
 calls, though only the steady one takes them as inputs):
 
-    wan_trt_decoder 2
+    wan_trt_decoder 3
     engine <bytes> <sha256>
     config <name>            precision <bf16|fp16|fp32>      call <first|steady>
     input <name> <dtype> <dims...>
     output <name> <dtype> <dims...>
     history <input> <output>
+    sha256 <hex>
+
+Both end in a ``sha256`` line: the SHA-256 of every byte before it (:func:`sealed`). The C++ runtime checks
+it before it parses a field, and refuses a file without it, with another, or with a field it cannot parse.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from wan_trt.digest import file_digest
@@ -56,21 +62,26 @@ def runtime_text(spec: GraphSpec, engine: Path) -> str | None:
     return None if text is None else text(spec, file_digest(engine))
 
 
+def sealed(body: str) -> str:
+    """``body`` (whole lines) followed by the ``sha256`` line of its bytes, which ends a runtime file."""
+    return body + f"sha256 {hashlib.sha256(body.encode()).hexdigest()}\n"
+
+
 def _engine_line(engine_file: dict) -> str:
     return f"engine {engine_file['size']} {engine_file['sha256']}"
 
 
 def decoder_text(spec: DecoderSpec, engine_file: dict) -> str:
-    lines = ["wan_trt_decoder 2", _engine_line(engine_file), f"config {spec.config.name}",
+    lines = ["wan_trt_decoder 3", _engine_line(engine_file), f"config {spec.config.name}",
              f"precision {spec.precision}", f"call {spec.call}"]
     lines += _io_lines(spec) + [f"history {i} {o}" for i, o in spec.histories]
-    return "\n".join(lines) + "\n"
+    return sealed("\n".join(lines) + "\n")
 
 
 def pass_text(spec: PassSpec, engine_file: dict) -> str:
     cfg, a = spec.config, spec.config.model.action_config
     sched = BlockSchedule.from_config(cfg)
-    lines = ["wan_trt_runtime 4", _engine_line(engine_file), f"config {cfg.name}", f"precision {spec.precision}",
+    lines = ["wan_trt_runtime 5", _engine_line(engine_file), f"config {cfg.name}", f"precision {spec.precision}",
              f"block_frames {cfg.block_frames}", f"prev_frames {cfg.prev_frames}",
              f"tokens_per_frame {cfg.tokens_per_frame}", f"window_frames {a.window_frames}",
              f"ratio {a.vae_time_compression_ratio}", f"max_stream_frames {MAX_STREAM_FRAMES}",
@@ -83,7 +94,7 @@ def pass_text(spec: PassSpec, engine_file: dict) -> str:
               for c in spec.caches for layer in c.layers
               for (prev_k, prev_v), (cur_k, cur_v) in [(c.prev_names(layer), c.cur_names(layer))]]
     lines += [f"rotary {r.cos} {r.sin} " + " ".join(repr(f) for f in r.inv_freq) for r in spec.rotaries]
-    return "\n".join(lines) + "\n"
+    return sealed("\n".join(lines) + "\n")
 
 
 def runtime_path(engine: Path) -> Path:

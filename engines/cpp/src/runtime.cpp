@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #ifdef WAN_TRT_WITH_CUDA
@@ -24,180 +25,11 @@
 
 namespace wan_trt {
 
-// ---- spec file ------------------------------------------------------------------------------
-
-static at::ScalarType parse_dtype(const std::string& name) {
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  if (name == "float32") return at::kFloat;
-  if (name == "int32") return at::kInt;
-  if (name == "int64") return at::kLong;
-  throw Error("runtime file: unknown dtype '" + name + "'");
-}
-
-static TensorSpec parse_tensor(std::istringstream& in) {
-  TensorSpec t;
-  std::string dtype;
-  in >> t.name >> dtype;
-  t.dtype = parse_dtype(dtype);
-  for (int64_t d; in >> d;) t.shape.push_back(d);
-  return t;
-}
-
-// The lines of a runtime file after its header line, which must be `header`.
-static std::vector<std::string> read_runtime_file(const std::string& path, const std::string& header) {
-  std::ifstream file(path);
-  if (!file) throw Error("cannot open runtime file " + path + " (written by `wan-trt build` beside the engine)");
-  std::string line;
-  std::getline(file, line);
-  if (line == "wan_trt_runtime 1")
-    throw Error(path + " is from an older wan-trt (a RoPE table with a frame offset input): re-export and rebuild");
-  if (line == "wan_trt_runtime 2")
-    throw Error(path + " is from an older wan-trt (one stacked tensor per cache): re-export and rebuild");
-  if (line == "wan_trt_runtime 3" || line == "wan_trt_decoder 1")
-    throw Error(path + " is from an older wan-trt (no engine hash): rebuild with `wan-trt build`, which keeps an "
-                "up-to-date engine and writes its runtime file anew");
-  if (line != header) {
-    const bool other = line.rfind("wan_trt_", 0) == 0;
-    throw Error(path + (other ? " is the runtime file of another kind of engine (" + line + "), not " + header
-                              : " is not a wan-trt runtime file (" + header + ")"));
-  }
-  std::vector<std::string> lines;
-  while (std::getline(file, line)) lines.push_back(line);
-  return lines;
-}
-
-// An `input`, `output` or `engine` line of any runtime file; false for other keys.
-static bool parse_io(GraphIO& io, const std::string& key, std::istringstream& in) {
-  if (key == "input") io.inputs.push_back(parse_tensor(in));
-  else if (key == "output") io.outputs.push_back(parse_tensor(in));
-  else if (key == "engine") in >> io.engine_bytes >> io.engine_sha256;
-  else return false;
-  return true;
-}
-
-static bool has_engine(const GraphIO& io) { return io.engine_bytes >= 0 && io.engine_sha256.size() == 64; }
-
-RuntimeSpec RuntimeSpec::load(const std::string& path) {
-  RuntimeSpec s;
-  std::string key;
-  for (const auto& line : read_runtime_file(path, "wan_trt_runtime 4")) {
-    std::istringstream in(line);
-    if (!(in >> key) || parse_io(s, key, in)) continue;
-    if (key == "config") in >> s.config;
-    else if (key == "precision") in >> s.precision;
-    else if (key == "block_frames") in >> s.block_frames;
-    else if (key == "prev_frames") in >> s.prev_frames;
-    else if (key == "tokens_per_frame") in >> s.tokens_per_frame;
-    else if (key == "window_frames") in >> s.window_frames;
-    else if (key == "ratio") in >> s.ratio;
-    else if (key == "max_stream_frames") in >> s.max_stream_frames;
-    else if (key == "latent") in >> s.channels >> s.height >> s.width;
-    else if (key == "timesteps") for (double v; in >> v;) s.timesteps.push_back(v);
-    else if (key == "sigmas") for (double v; in >> v;) s.sigmas.push_back(v);
-    else if (key == "clean_timestep") in >> s.clean_timestep;
-    else if (key == "cache") {
-      CacheSpec c;
-      in >> c.kind >> c.units >> c.prev_k >> c.cur_k >> c.prev_v >> c.cur_v;
-      s.caches.push_back(c);
-    } else if (key == "rotary") {
-      RotarySpec r;
-      in >> r.cos >> r.sin;
-      for (double v; in >> v;) r.inv_freq.push_back(v);
-      s.rotaries.push_back(r);
-    } else throw Error(path + ": unknown key '" + key + "'");
-  }
-  if (s.timesteps.empty() || s.timesteps.size() != s.sigmas.size() || s.inputs.empty() || s.rotaries.empty() ||
-      s.max_stream_frames <= 0 || !has_engine(s))
-    throw Error(path + ": incomplete runtime file");
-  return s;
-}
-
-DecoderSpec DecoderSpec::load(const std::string& path) {
-  DecoderSpec s;
-  std::string key;
-  for (const auto& line : read_runtime_file(path, "wan_trt_decoder 2")) {
-    std::istringstream in(line);
-    if (!(in >> key) || parse_io(s, key, in)) continue;
-    if (key == "config") in >> s.config;
-    else if (key == "precision") in >> s.precision;
-    else if (key == "call") in >> s.call;
-    else if (key == "history") {
-      std::pair<std::string, std::string> pair;
-      in >> pair.first >> pair.second;
-      s.histories.push_back(pair);
-    } else throw Error(path + ": unknown key '" + key + "'");
-  }
-  bool complete = (s.call == "first" || s.call == "steady") && s.has_input("latents") && s.has_output("rgb") &&
-                  !s.histories.empty() && has_engine(s);
-  for (const auto& [input, output] : s.histories)
-    complete = complete && s.has_output(output) && (s.call == "first" || s.has_input(input));
-  if (!complete) throw Error(path + ": incomplete decoder runtime file (rebuild the engine with `wan-trt build`)");
-  return s;
-}
-
-static std::vector<std::string> names(const std::vector<TensorSpec>& tensors) {
-  std::vector<std::string> out;
-  for (const auto& t : tensors) out.push_back(t.name);
-  return out;
-}
-
-DecoderEngines DecoderEngines::load(const std::string& engine) {
-  namespace fs = std::filesystem;
-  const fs::path path(engine);
-  if (!fs::is_regular_file(path)) throw Error("decoder engine " + engine + ": no such file");
-  const fs::path root = fs::canonical(path).parent_path().parent_path();  // symlinks followed, as Python does
-  DecoderEngines d;
-  d.first = (root / "first" / path.filename()).string();
-  d.steady = (root / "steady" / path.filename()).string();
-  for (const auto& e : {d.first, d.steady})
-    if (!fs::is_regular_file(e))
-      throw Error("decoder engine " + engine + ": its other graph's engine " + e + " is missing; build both with " +
-                  "`wan-trt build " + root.string() + "`");
-  d.first_spec = DecoderSpec::load(d.first + ".runtime.txt");
-  d.steady_spec = DecoderSpec::load(d.steady + ".runtime.txt");
-  const DecoderSpec &a = d.first_spec, &b = d.steady_spec;
-  if (a.call != "first" || b.call != "steady" || a.config != b.config || a.precision != b.precision ||
-      a.histories != b.histories || names(a.outputs) != names(b.outputs))
-    throw Error("decoder engine " + engine + ": " + d.first + " and " + d.steady +
-                " are not the first and steady graphs of one decoder (config, precision or histories differ)");
-  return d;
-}
-
-const TensorSpec& GraphIO::input(const std::string& name) const {
-  for (const auto& t : inputs)
-    if (t.name == name) return t;
-  throw Error("spec has no input '" + name + "'");
-}
-
-bool GraphIO::has_input(const std::string& name) const {
-  return std::any_of(inputs.begin(), inputs.end(), [&](const TensorSpec& t) { return t.name == name; });
-}
-
-bool GraphIO::has_output(const std::string& name) const {
-  return std::any_of(outputs.begin(), outputs.end(), [&](const TensorSpec& t) { return t.name == name; });
-}
-
-at::ScalarType RuntimeSpec::dtype() const { return input("latents").dtype; }
-
-// ---- AOTInductor runner ---------------------------------------------------------------------
-
-struct AotiRunner::Impl {
-  // single_threaded: no locking and no event queries between runs, which CUDA-graph capture forbids
-  Impl(const std::string& package, bool single_threaded) : loader(package, "model", single_threaded) {}
-  torch::inductor::AOTIModelPackageLoader loader;
-  std::map<std::string, at::Tensor> outputs;
-  std::map<std::string, const void*> pointers;
-#ifdef WAN_TRT_WITH_CUDA
-  std::unique_ptr<at::cuda::CUDAGraph> graph;
-#endif
-};
-
-// ---- engine file ----------------------------------------------------------------------------
+// ---- SHA-256 ---------------------------------------------------------------------------------
 
 namespace {
 
-// SHA-256 (FIPS 180-4) of a file, streamed.
+// SHA-256 (FIPS 180-4), streamed: of an engine file, and of a runtime file before its sha256 line.
 class Sha256 {
  public:
   void update(const unsigned char* data, size_t n) {
@@ -272,6 +104,261 @@ class Sha256 {
 };
 
 }  // namespace
+
+// ---- spec file ------------------------------------------------------------------------------
+
+static const char kRewrite[] = ": rebuild with `wan-trt build`, which keeps an up-to-date engine and writes its runtime "
+                               "file anew";
+
+namespace {
+
+// One line of a runtime file: its values after the key, each of which must parse, and nothing after them.
+class Line {
+ public:
+  Line(const std::string& path, const std::string& text) : path_(path), text_(text), in_(text) { in_ >> key_; }
+  const std::string& key() const { return key_; }
+
+  template <class T>
+  T next() {
+    T value{};
+    if (!(in_ >> value)) bad();
+    return value;
+  }
+
+  // the values up to the end of the line (at least one)
+  template <class T>
+  std::vector<T> rest() {
+    std::vector<T> values;
+    for (T value; in_ >> value;) values.push_back(value);
+    if (!in_.eof() || values.empty()) bad();
+    return values;
+  }
+
+  void end() {
+    in_ >> std::ws;
+    if (!in_.eof()) bad();
+  }
+
+  [[noreturn]] void bad() const { throw Error(path_ + ": cannot read its line '" + text_ + "'" + kRewrite); }
+
+ private:
+  const std::string &path_, &text_;
+  std::istringstream in_;
+  std::string key_;
+};
+
+}  // namespace
+
+static at::ScalarType parse_dtype(Line& line) {
+  const auto name = line.next<std::string>();
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  if (name == "float32") return at::kFloat;
+  if (name == "int32") return at::kInt;
+  if (name == "int64") return at::kLong;
+  line.bad();
+}
+
+static TensorSpec parse_tensor(Line& line) {
+  TensorSpec t;
+  t.name = line.next<std::string>();
+  t.dtype = parse_dtype(line);
+  t.shape = line.rest<int64_t>();
+  if (std::any_of(t.shape.begin(), t.shape.end(), [](int64_t d) { return d < 1; })) line.bad();
+  return t;
+}
+
+// A value of the line that must be at least ``least``.
+static int64_t at_least(Line& line, int64_t least) {
+  const auto value = line.next<int64_t>();
+  if (value < least) line.bad();
+  return value;
+}
+
+// The file's bytes once its last line, `sha256 <hex>`, is that of every byte before it; an older or another
+// file's header, a missing or another hash, is refused.
+static std::string sealed_text(const std::string& path, const std::string& header) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::is_regular_file(path, error))
+    throw Error("cannot open runtime file " + path + " (written by `wan-trt build` beside the engine)");
+  std::ifstream file(path, std::ios::binary);
+  std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  if (!file || file.bad()) throw Error("runtime file " + path + ": cannot be read (" + std::strerror(errno) + ")");
+  const std::string first = text.substr(0, text.find('\n'));
+  if (first == "wan_trt_runtime 1")
+    throw Error(path + " is from an older wan-trt (a RoPE table with a frame offset input): re-export and rebuild");
+  if (first == "wan_trt_runtime 2")
+    throw Error(path + " is from an older wan-trt (one stacked tensor per cache): re-export and rebuild");
+  if (first == "wan_trt_runtime 3" || first == "wan_trt_decoder 1")
+    throw Error(path + " is from an older wan-trt (no engine hash)" + kRewrite);
+  if (first == "wan_trt_runtime 4" || first == "wan_trt_decoder 2")
+    throw Error(path + " is from an older wan-trt (no hash of its own)" + kRewrite);
+  if (first != header) {
+    const bool other = first.rfind("wan_trt_", 0) == 0;
+    throw Error(path + (other ? " is the runtime file of another kind of engine (" + first + "), not " + header
+                              : " is not a wan-trt runtime file (" + header + ")"));
+  }
+  const size_t last = text.size() < 2 ? std::string::npos : text.rfind('\n', text.size() - 2);
+  const std::string seal = last == std::string::npos || text.back() != '\n'
+                               ? "" : text.substr(last + 1, text.size() - last - 2);
+  if (seal.rfind("sha256 ", 0) != 0) throw Error(path + ": no sha256 line at its end (a cut file)" + kRewrite);
+  Sha256 digest;
+  digest.update(reinterpret_cast<const unsigned char*>(text.data()), last + 1);
+  if (seal != "sha256 " + digest.hex())
+    throw Error(path + ": its contents are not those its sha256 line was written for (an edited or damaged file)" +
+                kRewrite);
+  return text.substr(0, last + 1);
+}
+
+// The lines of a runtime file between its header line, which must be `header`, and its sha256 line.
+static std::vector<std::string> read_runtime_file(const std::string& path, const std::string& header) {
+  std::istringstream text(sealed_text(path, header));
+  std::vector<std::string> lines;
+  std::string line;
+  std::getline(text, line);  // the header
+  while (std::getline(text, line)) lines.push_back(line);
+  return lines;
+}
+
+// An `input`, `output` or `engine` line of any runtime file; false for other keys.
+static bool parse_io(GraphIO& io, Line& line) {
+  if (line.key() == "input") io.inputs.push_back(parse_tensor(line));
+  else if (line.key() == "output") io.outputs.push_back(parse_tensor(line));
+  else if (line.key() == "engine") {
+    io.engine_bytes = at_least(line, 0);
+    io.engine_sha256 = line.next<std::string>();
+    if (io.engine_sha256.size() != 64 || io.engine_sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+      line.bad();
+  } else return false;
+  line.end();
+  return true;
+}
+
+static bool has_engine(const GraphIO& io) { return io.engine_bytes >= 0 && io.engine_sha256.size() == 64; }
+
+RuntimeSpec RuntimeSpec::load(const std::string& path) {
+  RuntimeSpec s;
+  for (const auto& text : read_runtime_file(path, "wan_trt_runtime 5")) {
+    Line line(path, text);
+    const std::string& key = line.key();
+    if (key.empty() || parse_io(s, line)) continue;
+    if (key == "config") s.config = line.next<std::string>();
+    else if (key == "precision") s.precision = line.next<std::string>();
+    else if (key == "block_frames") s.block_frames = at_least(line, 1);
+    else if (key == "prev_frames") s.prev_frames = at_least(line, 0);
+    else if (key == "tokens_per_frame") s.tokens_per_frame = at_least(line, 1);
+    else if (key == "window_frames") s.window_frames = at_least(line, 1);
+    else if (key == "ratio") s.ratio = at_least(line, 1);
+    else if (key == "max_stream_frames") s.max_stream_frames = at_least(line, 1);
+    else if (key == "latent") s.channels = at_least(line, 1), s.height = at_least(line, 1), s.width = at_least(line, 1);
+    else if (key == "timesteps") s.timesteps = line.rest<double>();
+    else if (key == "sigmas") s.sigmas = line.rest<double>();
+    else if (key == "clean_timestep") s.clean_timestep = line.next<double>();
+    else if (key == "cache") {
+      CacheSpec c;
+      c.kind = line.next<std::string>();
+      c.units = at_least(line, 1);
+      for (std::string* name : {&c.prev_k, &c.cur_k, &c.prev_v, &c.cur_v}) *name = line.next<std::string>();
+      s.caches.push_back(c);
+    } else if (key == "rotary") {
+      RotarySpec r;
+      r.cos = line.next<std::string>();
+      r.sin = line.next<std::string>();
+      r.inv_freq = line.rest<double>();
+      s.rotaries.push_back(r);
+    } else throw Error(path + ": unknown key '" + key + "'" + kRewrite);
+    line.end();
+  }
+  if (s.timesteps.empty() || s.timesteps.size() != s.sigmas.size() || s.inputs.empty() || s.rotaries.empty() ||
+      s.block_frames < 1 || s.max_stream_frames < 1 || s.ratio < 1 || !has_engine(s))
+    throw Error(path + ": incomplete runtime file" + kRewrite);
+  return s;
+}
+
+DecoderSpec DecoderSpec::load(const std::string& path) {
+  DecoderSpec s;
+  for (const auto& text : read_runtime_file(path, "wan_trt_decoder 3")) {
+    Line line(path, text);
+    const std::string& key = line.key();
+    if (key.empty() || parse_io(s, line)) continue;
+    if (key == "config") s.config = line.next<std::string>();
+    else if (key == "precision") s.precision = line.next<std::string>();
+    else if (key == "call") s.call = line.next<std::string>();
+    else if (key == "history") {
+      std::pair<std::string, std::string> pair;
+      pair.first = line.next<std::string>();
+      pair.second = line.next<std::string>();
+      s.histories.push_back(pair);
+    } else throw Error(path + ": unknown key '" + key + "'" + kRewrite);
+    line.end();
+  }
+  bool complete = (s.call == "first" || s.call == "steady") && s.has_input("latents") && s.has_output("rgb") &&
+                  !s.histories.empty() && has_engine(s);
+  for (const auto& [input, output] : s.histories)
+    complete = complete && s.has_output(output) && (s.call == "first" || s.has_input(input));
+  if (!complete) throw Error(path + ": incomplete decoder runtime file (rebuild the engine with `wan-trt build`)");
+  return s;
+}
+
+static std::vector<std::string> names(const std::vector<TensorSpec>& tensors) {
+  std::vector<std::string> out;
+  for (const auto& t : tensors) out.push_back(t.name);
+  return out;
+}
+
+DecoderEngines DecoderEngines::load(const std::string& engine) {
+  namespace fs = std::filesystem;
+  const fs::path path(engine);
+  if (!fs::is_regular_file(path)) throw Error("decoder engine " + engine + ": no such file");
+  const fs::path root = fs::canonical(path).parent_path().parent_path();  // symlinks followed, as Python does
+  DecoderEngines d;
+  d.first = (root / "first" / path.filename()).string();
+  d.steady = (root / "steady" / path.filename()).string();
+  for (const auto& e : {d.first, d.steady})
+    if (!fs::is_regular_file(e))
+      throw Error("decoder engine " + engine + ": its other graph's engine " + e + " is missing; build both with " +
+                  "`wan-trt build " + root.string() + "`");
+  d.first_spec = DecoderSpec::load(d.first + ".runtime.txt");
+  d.steady_spec = DecoderSpec::load(d.steady + ".runtime.txt");
+  const DecoderSpec &a = d.first_spec, &b = d.steady_spec;
+  if (a.call != "first" || b.call != "steady" || a.config != b.config || a.precision != b.precision ||
+      a.histories != b.histories || names(a.outputs) != names(b.outputs))
+    throw Error("decoder engine " + engine + ": " + d.first + " and " + d.steady +
+                " are not the first and steady graphs of one decoder (config, precision or histories differ)");
+  return d;
+}
+
+const TensorSpec& GraphIO::input(const std::string& name) const {
+  for (const auto& t : inputs)
+    if (t.name == name) return t;
+  throw Error("spec has no input '" + name + "'");
+}
+
+bool GraphIO::has_input(const std::string& name) const {
+  return std::any_of(inputs.begin(), inputs.end(), [&](const TensorSpec& t) { return t.name == name; });
+}
+
+bool GraphIO::has_output(const std::string& name) const {
+  return std::any_of(outputs.begin(), outputs.end(), [&](const TensorSpec& t) { return t.name == name; });
+}
+
+at::ScalarType RuntimeSpec::dtype() const { return input("latents").dtype; }
+
+// ---- AOTInductor runner ---------------------------------------------------------------------
+
+struct AotiRunner::Impl {
+  // single_threaded: no locking and no event queries between runs, which CUDA-graph capture forbids
+  Impl(const std::string& package, bool single_threaded) : loader(package, "model", single_threaded) {}
+  torch::inductor::AOTIModelPackageLoader loader;
+  std::map<std::string, at::Tensor> outputs;
+  std::map<std::string, const void*> pointers;
+#ifdef WAN_TRT_WITH_CUDA
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+#endif
+};
+
+// ---- engine file ----------------------------------------------------------------------------
 
 void verify_engine(const std::string& engine, const GraphIO& io) {
   std::error_code error;

@@ -19,6 +19,8 @@
 // file the run reads (or the other output), or exists (--overwrite replaces only a tensor file such as a run
 // writes), more --blocks than the inputs hold, a --seed outside 0..2^32-1, a defect of the --actions file, by
 // line (a value beyond the range of the engine's dtype too: fp16 65504).
+// A runtime file that is older, edited or cut (its last line, the sha256 of the lines before it, does not
+// match), or with a field that does not parse, is refused before anything else is read.
 // Outputs are written whole or not at all: each into a fresh staging file beside it, both staged before
 // either is put at its path (without --overwrite, never over a file that appeared meanwhile); a failed write
 // exits 1 and removes only the staging files.

@@ -126,17 +126,18 @@ def test_cpp_session_refuses_a_block_and_then_streams_it_as_if_never_offered(aot
 @pytest.mark.parametrize("version, contract, fix", [
     (1, "a RoPE table with a frame offset input", "re-export and rebuild"),
     (2, "one stacked tensor per cache", "re-export and rebuild"),
-    (3, "no engine hash", "rebuild with `wan-trt build`, which keeps an up-to-date engine")])
+    (3, "no engine hash", "rebuild with `wan-trt build`, which keeps an up-to-date engine"),
+    (4, "no hash of its own", "rebuild with `wan-trt build`, which keeps an up-to-date engine")])
 def test_cpp_runtime_refuses_a_runtime_file_of_an_older_contract(aoti, wan_stream, tmp_path, version, contract, fix):
     """Engines built before the rotary inputs (an int32 rope_offset) or before one cache tensor per
-    layer: re-export and rebuild; runtime files without the engine's hash: rebuild (it rewrites them)."""
+    layer: re-export and rebuild; runtime files without the engine's hash or their own: rebuild (it rewrites them)."""
     import shutil
     export_dir, engine = aoti
     old = tmp_path / engine.name
     shutil.copy(engine, old)
     text = (engine.parent / (engine.name + ".runtime.txt")).read_text()
-    assert text.startswith("wan_trt_runtime 4\n")
-    (tmp_path / (engine.name + ".runtime.txt")).write_text(text.replace("wan_trt_runtime 4", f"wan_trt_runtime {version}"))
+    assert text.startswith("wan_trt_runtime 5\n")
+    (tmp_path / (engine.name + ".runtime.txt")).write_text(text.replace("wan_trt_runtime 5", f"wan_trt_runtime {version}"))
     inputs = synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9)
     with pytest.raises(WanTrtError, match=f"older wan-trt \\({contract}\\): {re.escape(fix)}"):
         run_wan_stream(wan_stream, old, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt")
@@ -215,15 +216,15 @@ def test_cpp_runtime_refuses_a_decoder_that_is_not_the_streams(aoti, decoder_aot
         steady = _copy_pair(decoder_aoti, tmp_path / name)
         text = steady.parents[1] / call / (steady.name + ".runtime.txt")
         assert old in text.read_text()
-        text.write_text(text.read_text().replace(old, new))
+        text.write_text(resealed(text.read_text().replace(old, new)))
         return steady
 
     refused(edited("mixed", "first", "config universal-small", "config gta_drive-small"),
             "are not the first and steady graphs of one decoder")
     wider = edited("wider", "first", "input latents float32 1 16 3 4 6", "input latents float32 1 16 3 4 8")
     wider_steady = wider.with_name(wider.name + ".runtime.txt")
-    wider_steady.write_text(wider_steady.read_text().replace("input latents float32 1 16 3 4 6",
-                                                             "input latents float32 1 16 3 4 8"))
+    wider_steady.write_text(resealed(wider_steady.read_text().replace("input latents float32 1 16 3 4 6",
+                                                                      "input latents float32 1 16 3 4 8")))
     refused(wider, r"takes other latents than the DiT .*export and build the decoder from the same config")
     import shutil
     for call in ("first", "steady"):  # DiT engine files where a decoder's should be
@@ -231,7 +232,13 @@ def test_cpp_runtime_refuses_a_decoder_that_is_not_the_streams(aoti, decoder_aot
         for f in (engine, engine.with_name(engine.name + ".runtime.txt")):
             shutil.copy(f, tmp_path / "dit" / call / f.name)
     dit = tmp_path / "dit" / "steady" / engine.name
-    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 4\\), not wan_trt_decoder 2")
+    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 5\\), not wan_trt_decoder 3")
+
+
+def resealed(text):
+    """A runtime file's ``text`` with its sha256 line made anew for its other lines (as a build writes it)."""
+    from wan_trt.engines.runtime.runtime_file import sealed
+    return sealed("".join(text.splitlines(keepends=True)[:-1]))
 
 
 def _actions_file(path, lines):

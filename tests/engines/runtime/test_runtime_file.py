@@ -1,5 +1,6 @@
 """The runtime file beside an engine (what the C++ runtime reads) is written whole or not at all."""
 import errno
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,14 @@ def test_a_write_that_fails_leaves_the_earlier_runtime_file_whole(tmp_path, monk
         write_runtime_file(spec, engine)
     assert runtime_path(engine).read_text() == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == [engine.name, runtime_path(engine).name]  # no staging left
+
+
+def test_the_runtime_file_ends_with_the_sha256_of_its_other_lines(tmp_path):
+    """The C++ runtime refuses a runtime file whose last line is not the sha256 of the bytes before it."""
+    spec = PassSpec.from_config(load_config("universal-small"), "fp32")
+    engine = tmp_path / "engine.pt2"
+    engine.write_bytes(b"an engine")
+    data = write_runtime_file(spec, engine).read_bytes()
+    body, _, last = data[:-1].rpartition(b"\n")
+    assert data.startswith(b"wan_trt_runtime 5\n") and data.endswith(b"\n")
+    assert last.decode() == "sha256 " + hashlib.sha256(body + b"\n").hexdigest()

@@ -1,0 +1,99 @@
+"""What the C++ runtime (wan_stream) trusts: its runtime file, its inputs file, its flags. Each defect of
+them is refused before any block runs, on one line naming the file or flag, with nothing written."""
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.engines.runtime.test_cpp import wan_stream  # noqa: F401
+from wan_trt.engines.runtime.cpp import write_stream_inputs
+from wan_trt.engines.runtime.runtime_file import sealed
+from wan_trt.export.manifest import Manifest
+from wan_trt.stream import synthetic_stream
+
+
+def _inputs(aoti, tmp_path, blocks=1, **fields):
+    """The stream inputs file of ``blocks`` blocks, its dict's ``fields`` replaced."""
+    import torch
+    inputs = synthetic_stream(Manifest.read(aoti[0]).spec.config, blocks, seed=9)
+    path = write_stream_inputs(inputs, tmp_path / "in.pt")
+    if fields:
+        torch.save({**torch.load(path), **fields}, path)
+    return path
+
+
+def _refused(wan_stream, engine, inputs, tmp_path, *flags):
+    """wan_stream's exit status and stderr over one block, once it is known to have run none and written nothing."""
+    out = tmp_path / "out.pt"
+    proc = subprocess.run([str(wan_stream), "--engine", str(engine), "--inputs", str(inputs), "--blocks", "1",
+                           "--out", str(out), *flags], capture_output=True, text=True, errors="replace")
+    assert proc.returncode != 0 and "block 0" not in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)
+    assert not out.exists()
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # one line, no backtrace
+    return proc.returncode, proc.stderr.strip()
+
+
+# ---- the runtime file --------------------------------------------------------------------------
+
+def _engine_with_runtime(aoti, tmp_path, edit, reseal):
+    """A copy of the engine beside its runtime file, whose lines before the sha256 line went through ``edit``
+    (and, with ``reseal``, a sha256 line made anew for them: a well-formed file holding a bad value)."""
+    engine = aoti[1]
+    copy = tmp_path / "engine" / engine.name
+    copy.parent.mkdir()
+    shutil.copy(engine, copy)
+    lines = engine.with_name(engine.name + ".runtime.txt").read_text().splitlines(keepends=True)
+    assert lines[-1].startswith("sha256 ")
+    body = "".join(edit(lines[:-1]))
+    runtime = copy.with_name(copy.name + ".runtime.txt")
+    runtime.write_text(sealed(body) if reseal else body + lines[-1])
+    return copy, runtime
+
+
+def _replace(key, value):
+    return lambda lines: [f"{key} {value}\n" if line.split()[0] == key else line for line in lines]
+
+
+def _sigma_nudged(lines):
+    return [line.replace("sigmas 1.0 ", "sigmas 1.0000001 ") for line in lines]
+
+
+def _without_a_cache_line(lines):
+    first = next(i for i, line in enumerate(lines) if line.startswith("cache "))
+    return lines[:first] + lines[first + 1:]
+
+
+EDITED = "its contents are not those its sha256 line was written for"
+
+
+@pytest.mark.parametrize("edit, reseal, message", [
+    (_sigma_nudged, False, EDITED),  # streamed other latents, exit 0
+    (_replace("ratio", 2), False, EDITED),
+    (_replace("prev_frames", 1), False, EDITED),
+    (_without_a_cache_line, False, EDITED),
+    (_replace("block_frames", 0), False, EDITED),  # SIGFPE
+    (_replace("block_frames", 0), True, "cannot read its line 'block_frames 0'"),
+    (_replace("block_frames", "3x"), True, "cannot read its line 'block_frames 3x'"),  # read as 3
+    (_replace("ratio", "four"), True, "cannot read its line 'ratio four'"),  # read as 0
+    (_replace("clean_timestep", ""), True, "cannot read its line 'clean_timestep '"),
+    (lambda lines: [line.replace("float32", "float33", 1) if line.startswith("input ") else line for line in lines],
+     True, "cannot read its line 'input .* float33 "),
+])
+def test_an_edited_or_bad_runtime_file_is_refused(aoti, wan_stream, tmp_path, edit, reseal, message):
+    """The runtime file says how to stream (schedule, cache layout, rotary frequencies, dtypes): an edited one
+    streamed other latents with exit 0, `block_frames 0` died of SIGFPE, and a value that did not parse was
+    read as far as it went. Its sha256 line is checked before any field is read, and every field must parse."""
+    engine, runtime = _engine_with_runtime(aoti, tmp_path, edit, reseal)
+    code, stderr = _refused(wan_stream, engine, _inputs(aoti, tmp_path), tmp_path)
+    assert code == 1 and stderr.startswith(f"error: {runtime}"), stderr
+    assert re.search(message, stderr) and "rebuild with `wan-trt build`" in stderr, stderr
+
+
+def test_a_runtime_file_without_its_sha256_line_is_refused(aoti, wan_stream, tmp_path):
+    engine, runtime = _engine_with_runtime(aoti, tmp_path, lambda lines: lines, reseal=False)
+    runtime.write_text("".join(runtime.read_text().splitlines(keepends=True)[:-1]))  # cut before its last line
+    code, stderr = _refused(wan_stream, engine, _inputs(aoti, tmp_path), tmp_path)
+    assert code == 1 and stderr == (f"error: {runtime}: no sha256 line at its end (a cut file): rebuild with "
+                                    "`wan-trt build`, which keeps an up-to-date engine and writes its runtime file "
+                                    "anew"), stderr
