@@ -107,8 +107,8 @@ class Sha256 {
 
 // ---- spec file ------------------------------------------------------------------------------
 
-static const char kRewrite[] = ": rebuild with `wan-trt build`, which keeps an up-to-date engine and writes its runtime "
-                               "file anew";
+static const char kRewrite[] =
+    ": rebuild with `wan-trt build`, which keeps an up-to-date engine and writes its runtime file anew";
 
 namespace {
 
@@ -766,9 +766,10 @@ void StreamingSession::load_rotaries(int64_t start) {
   rotary_start_ = start;
 }
 
-bool StreamingSession::within_reach(int64_t block) const {
-  return (block + 1) * spec_.block_frames <= spec_.max_stream_frames;
-}
+int64_t reachable_blocks(const RuntimeSpec& spec) { return spec.max_stream_frames / spec.block_frames; }
+
+// (block + 1) * block_frames <= max_stream_frames, without the product (which overflows for a huge block)
+bool StreamingSession::within_reach(int64_t block) const { return block >= 0 && block < reachable_blocks(spec_); }
 
 at::Tensor StreamingSession::first_noise(int64_t block) const {
   const auto& latents = spec_.input("latents");

@@ -247,6 +247,10 @@ int run(int argc, char** argv) {
   at::Tensor mouse = get(inputs, "mouse"), keyboard = get(inputs, "keyboard");
   auto held = inputs.find("first_block");
   const int64_t first = held == inputs.end() ? 0 : held->value().toInt();
+  if (first < 0 || first >= wan_trt::reachable_blocks(spec))  // before any block arithmetic, which would overflow
+    throw wan_trt::Error("--inputs " + args["--inputs"] + ": first_block " + std::to_string(first) +
+                         ": a stream reaches " + std::to_string(spec.max_stream_frames) +
+                         " latent frames (blocks 0 to " + std::to_string(wan_trt::reachable_blocks(spec) - 1) + ")");
   if (args.count("--start-block") && integer(args, "--start-block") != first)
     throw wan_trt::Error("--start-block " + args["--start-block"] + ": the inputs hold the stream from block " +
                          std::to_string(first));

@@ -97,3 +97,15 @@ def test_a_runtime_file_without_its_sha256_line_is_refused(aoti, wan_stream, tmp
     assert code == 1 and stderr == (f"error: {runtime}: no sha256 line at its end (a cut file): rebuild with "
                                     "`wan-trt build`, which keeps an up-to-date engine and writes its runtime file "
                                     "anew"), stderr
+
+
+# ---- the inputs file -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("first_block", [2**62, 2**61 + 1, 89478485, -1])
+def test_a_first_block_past_the_streams_reach_is_refused(aoti, wan_stream, tmp_path, first_block):
+    """A stream reaches 2**28 latent frames (89478485 blocks of 3): (block + 1) * block_frames overflowed for
+    a first_block of 2**62, which streamed with exit 0."""
+    inputs = _inputs(aoti, tmp_path, blocks=2, first_block=first_block)  # raw actions enough for a later block
+    code, stderr = _refused(wan_stream, aoti[1], inputs, tmp_path)
+    assert code == 1 and stderr == (f"error: --inputs {tmp_path / 'in.pt'}: first_block {first_block}: a stream "
+                                    "reaches 268435456 latent frames (blocks 0 to 89478484)"), stderr

@@ -136,6 +136,10 @@ std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const Gr
 // as wan_trt.stream.first_raw_frame.
 int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block);
 
+// Blocks a stream reaches: 0 to reachable_blocks(spec) - 1 end within its max_stream_frames latent frames,
+// as wan_trt.stream.max_stream_blocks.
+int64_t reachable_blocks(const RuntimeSpec& spec);
+
 // Seeded noise per (block, step), the same draws as wan_trt.stream.NoiseSource.
 at::Tensor noise(int64_t seed, int64_t block, int64_t step, at::IntArrayRef shape, at::Device device,
                  at::ScalarType dtype);
