@@ -242,19 +242,24 @@ at::Tensor rows(const Json& v, int64_t n, int64_t dim, const std::string& where,
 
 }  // namespace
 
+void check_input_file(const std::string& path, const std::string& flag) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) throw Error(flag + " " + path + ": no such file");
+  if (!fs::is_regular_file(status))  // as wan_trt.outputs.check_input_file says it
+    throw Error(flag + " " + path + ": " +
+                (fs::is_directory(status) ? "a folder" : fs::is_fifo(status) ? "a pipe" : "not a regular file") +
+                ", where a file is read; write it to a file first");
+}
+
 std::map<std::string, at::Tensor> read_actions(const std::string& path, const RuntimeSpec& spec,
                                                int64_t first_block, int64_t blocks) {
   const double limit = largest(spec.dtype());  // the stream's: the session converts the actions to it
   std::map<std::string, int64_t> dims;  // the action inputs the config has, by name
   for (const std::string name : {"keyboard", "mouse"})
     if (spec.has_input(name + "_window")) dims[name] = spec.input(name + "_window").shape.back();
-  namespace fs = std::filesystem;
-  const fs::file_status status = fs::status(path);
-  if (!fs::exists(status)) throw Error("--actions " + path + ": no such file");
-  if (!fs::is_regular_file(status))  // as wan_trt.outputs.check_input_file says it
-    throw Error("--actions " + path + ": " +
-                (fs::is_directory(status) ? "a folder" : fs::is_fifo(status) ? "a pipe" : "not a regular file") +
-                ", where a file is read; write it to a file first");
+  check_input_file(path, "--actions");
   std::ifstream file(path);
   if (!file) throw Error("--actions " + path + ": cannot be read");
   std::vector<std::pair<int64_t, std::string>> lines;  // (line number, text) of the non-blank lines

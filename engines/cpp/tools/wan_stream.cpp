@@ -18,7 +18,9 @@
 // Refused before any block runs: an unknown flag, --out or --frames that is a folder, lies in no folder, is a
 // file the run reads (or the other output), or exists (--overwrite replaces only a tensor file such as a run
 // writes), more --blocks than the inputs hold, a --seed outside 0..2^32-1, a defect of the --actions file, by
-// line (a value beyond the range of the engine's dtype too: fp16 65504).
+// line (a value beyond the range of the engine's dtype too: fp16 65504), an --inputs file that is not one (a
+// folder, a pipe, no file torch.save wrote, not a dict, keys missing, a field of another type) or whose
+// first_block lies beyond a stream's reach.
 // A runtime file that is older, edited or cut (its last line, the sha256 of the lines before it, does not
 // match), or with a field that does not parse, is refused before anything else is read.
 // Outputs are written whole or not at all: each into a fresh staging file beside it, both staged before
@@ -57,10 +59,53 @@ std::vector<char> read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
 }
 
-at::Tensor get(const c10::Dict<c10::IValue, c10::IValue>& dict, const std::string& key) {
-  auto it = dict.find(key);
-  if (it == dict.end() || it->value().isNone()) return at::Tensor();
-  return it->value().toTensor();
+// The stream inputs of an --inputs file: write_stream_inputs's dict.
+struct StreamInputs {
+  at::Tensor visual, cond, mouse, keyboard;  // mouse, keyboard: undefined where None or absent
+  int64_t first = 0;                          // first_block: 0 where absent
+};
+
+// The inputs of ``path`` (--inputs), every defect refused on one line naming the file: not a file, not a file
+// torch.save wrote, not a dict, keys missing, a field of another type or number of dimensions.
+StreamInputs read_inputs(const std::string& path, const wan_trt::RuntimeSpec& spec) {
+  wan_trt::check_input_file(path, "--inputs");
+  const std::string where = "--inputs " + path + ": ";
+  const std::string writer = "wan_trt.engines.runtime.cpp.write_stream_inputs";
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(read_file(path));
+  } catch (const std::exception&) {  // libtorch's message is a page with a backtrace
+    throw wan_trt::Error(where + "not a file torch.save wrote; write it with " + writer);
+  }
+  if (!value.isGenericDict())
+    throw wan_trt::Error(where + "holds a " + value.tagKind() + ", not the dict of stream inputs " + writer + " saves");
+  const auto dict = value.toGenericDict();
+  std::string missing;
+  for (const char* key : {"visual_context", "cond_concat"})
+    if (dict.find(std::string(key)) == dict.end()) missing += (missing.empty() ? "" : ", ") + std::string(key);
+  if (!missing.empty())
+    throw wan_trt::Error(where + "no " + missing + " (the dict " + writer + " saves holds visual_context, " +
+                         "cond_concat, mouse, keyboard, first_block)");
+  auto tensor = [&](const std::string& key, bool required) {
+    auto it = dict.find(key);
+    if (it == dict.end() || (it->value().isNone() && !required)) return at::Tensor();
+    if (!it->value().isTensor())
+      throw wan_trt::Error(where + key + " is " + (it->value().isNone() ? "None" : "a " + it->value().tagKind()) +
+                           ", not a tensor" + (required ? "" : " or None"));
+    const at::Tensor t = it->value().toTensor();
+    const size_t dims = required ? spec.input(key).shape.size() : 3;  // raw actions: [1, frames, dim]
+    if (static_cast<size_t>(t.dim()) != dims)
+      throw wan_trt::Error(where + key + " has " + std::to_string(t.dim()) + " dimensions, not " +
+                           std::to_string(dims));
+    return t;
+  };
+  StreamInputs in{tensor("visual_context", true), tensor("cond_concat", true), tensor("mouse", false),
+                  tensor("keyboard", false)};
+  auto first = dict.find(std::string("first_block"));
+  if (first != dict.end() && !first->value().isInt())
+    throw wan_trt::Error(where + "first_block is a " + first->value().tagKind() + ", not an integer");
+  if (first != dict.end()) in.first = first->value().toInt();
+  return in;
 }
 
 int64_t integer(std::map<std::string, std::string>& args, const std::string& key) {
@@ -242,11 +287,10 @@ int run(int argc, char** argv) {
     check_output("--frames", args["--frames"], read, overwrite);
   }
 
-  auto inputs = torch::pickle_load(read_file(args["--inputs"])).toGenericDict();
-  const at::Tensor visual = get(inputs, "visual_context"), cond = get(inputs, "cond_concat");
-  at::Tensor mouse = get(inputs, "mouse"), keyboard = get(inputs, "keyboard");
-  auto held = inputs.find("first_block");
-  const int64_t first = held == inputs.end() ? 0 : held->value().toInt();
+  const StreamInputs inputs = read_inputs(args["--inputs"], spec);
+  const at::Tensor &visual = inputs.visual, &cond = inputs.cond;
+  at::Tensor mouse = inputs.mouse, keyboard = inputs.keyboard;
+  const int64_t first = inputs.first;
   if (first < 0 || first >= wan_trt::reachable_blocks(spec))  // before any block arithmetic, which would overflow
     throw wan_trt::Error("--inputs " + args["--inputs"] + ": first_block " + std::to_string(first) +
                          ": a stream reaches " + std::to_string(spec.max_stream_frames) +

@@ -109,3 +109,50 @@ def test_a_first_block_past_the_streams_reach_is_refused(aoti, wan_stream, tmp_p
     code, stderr = _refused(wan_stream, aoti[1], inputs, tmp_path)
     assert code == 1 and stderr == (f"error: --inputs {tmp_path / 'in.pt'}: first_block {first_block}: a stream "
                                     "reaches 268435456 latent frames (blocks 0 to 89478484)"), stderr
+
+
+def _tensor_file(path):
+    import torch
+    torch.save(torch.zeros(3), path)
+    return path
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: tmp, "{path}: a folder, where a file is read; write it to a file first"),
+    (lambda tmp: "/dev/null", "{path}: not a regular file, where a file is read; write it to a file first"),
+    (lambda tmp: tmp / "none.pt", "{path}: no such file"),
+    (lambda tmp: (tmp / "notes.txt").write_text("cond_concat") and tmp / "notes.txt",
+     "{path}: not a file torch.save wrote; write it with wan_trt.engines.runtime.cpp.write_stream_inputs"),
+    (lambda tmp: _tensor_file(tmp / "t.pt"), "{path}: holds a Tensor, not the dict of stream inputs "
+                                             "wan_trt.engines.runtime.cpp.write_stream_inputs saves"),
+])
+def test_an_inputs_file_that_is_not_one_is_refused(aoti, wan_stream, tmp_path, make, message):
+    """A folder, /dev/null, or a file holding something else ended in 'internal error' with a libtorch
+    backtrace (exit 2)."""
+    path = make(tmp_path)
+    code, stderr = _refused(wan_stream, aoti[1], path, tmp_path)
+    assert code == 1 and stderr == "error: --inputs " + message.format(path=path), stderr
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"cond_concat": None}, "cond_concat is None, not a tensor"),
+    ({"first_block": "3"}, "first_block is a String, not an integer"),
+    ({"mouse": [0.0]}, "mouse is a GenericList, not a tensor or None"),
+    ({"cond_concat": "zeros"}, "cond_concat is a String, not a tensor"),
+])
+def test_an_inputs_file_with_a_bad_field_is_refused(aoti, wan_stream, tmp_path, fields, message):
+    """A missing key or a field of another type: an INTERNAL ASSERT or a backtrace (exit 2)."""
+    inputs = _inputs(aoti, tmp_path, **fields)
+    code, stderr = _refused(wan_stream, aoti[1], inputs, tmp_path)
+    assert code == 1 and stderr == f"error: --inputs {inputs}: {message}", stderr
+
+
+def test_an_inputs_file_missing_keys_names_them(aoti, wan_stream, tmp_path):
+    import torch
+    inputs = _inputs(aoti, tmp_path)
+    kept = torch.load(inputs)
+    torch.save({k: v for k, v in kept.items() if k not in ("visual_context", "cond_concat")}, inputs)
+    code, stderr = _refused(wan_stream, aoti[1], inputs, tmp_path)
+    assert code == 1 and stderr == (f"error: --inputs {inputs}: no visual_context, cond_concat (the dict "
+                                    "wan_trt.engines.runtime.cpp.write_stream_inputs saves holds visual_context, "
+                                    "cond_concat, mouse, keyboard, first_block)"), stderr

@@ -258,6 +258,9 @@ class StreamingSession {
   bool started_ = false;
 };
 
+// Refuse ``path``, given as ``flag``, unless it is a regular file: a folder, a pipe or a missing file by name.
+void check_input_file(const std::string& path, const std::string& flag);
+
 // Raw action frames of blocks first_block .. first_block + blocks - 1 from a JSON-lines actions file
 // (one line per block from first_block on; the format of wan_trt/actions.py): name -> fp32 [1, N, D]
 // for each action input of the spec. Every defect of the lines read is refused with its line number, a value
