@@ -222,7 +222,11 @@ void check_output(const std::string& flag, const std::string& path,
 at::Device parse_device(const std::string& text) {
   if (!std::regex_match(text, std::regex("cpu|cuda(:[0-9]+)?")))
     throw wan_trt::Error("--device " + text + ": expected cpu, cuda or cuda:N");
-  return at::Device(text);
+  const at::Device device(text);
+  if (device.is_cuda() && !at::hasCUDA())  // else libtorch's "Could not run ... from the 'CUDA' backend", a page long
+    throw wan_trt::Error("--device " + text + ": this libtorch has no CUDA device (a CPU-only build, or no GPU); use "
+                         "--device cpu");
+  return device;
 }
 
 // Blocks from ``first`` on that the inputs hold: cond_concat's frames and the raw action frames.

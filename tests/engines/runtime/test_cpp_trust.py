@@ -156,3 +156,16 @@ def test_an_inputs_file_missing_keys_names_them(aoti, wan_stream, tmp_path):
     assert code == 1 and stderr == (f"error: --inputs {inputs}: no visual_context, cond_concat (the dict "
                                     "wan_trt.engines.runtime.cpp.write_stream_inputs saves holds visual_context, "
                                     "cond_concat, mouse, keyboard, first_block)"), stderr
+
+
+# ---- the flags -------------------------------------------------------------------------------------
+
+def test_cuda_without_a_cuda_libtorch_is_refused_on_one_line(aoti, wan_stream, tmp_path):
+    """A multi-line internal error (exit 2) where --cuda-graph already said it in one line."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this libtorch has a GPU")
+    code, stderr = _refused(wan_stream, aoti[1], _inputs(aoti, tmp_path), tmp_path, "--device", "cuda")
+    assert code == 1 and stderr == ("error: --device cuda: this libtorch has no CUDA device (a CPU-only build, or "
+                                    "no GPU); use --device cpu"), stderr
+
