@@ -140,6 +140,17 @@ bool tensor_file(const fs::path& path) {
          rest.find_first_not_of("0123456789", 5) == std::string::npos;
 }
 
+// A fresh staging file beside ``path`` (``path``.partial-XXXXXX, private, empty), or "" with errno set.
+std::string staging_file(const std::string& path) {
+  std::vector<char> name(path.begin(), path.end());
+  const char suffix[] = ".partial-XXXXXX";
+  name.insert(name.end(), suffix, suffix + sizeof(suffix));  // with its terminating zero
+  const int fd = mkstemp(name.data());
+  if (fd < 0) return "";
+  close(fd);
+  return name.data();
+}
+
 // The outputs, written whole or not at all: each into a staging file of its own beside it (a fresh name:
 // never a file of someone else's), all staged before any is put at its path. Without ``overwrite`` a path
 // taken meanwhile is not replaced (a hard link, refused where the name exists); with it, only a tensor file is.
@@ -153,13 +164,9 @@ void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs, bo
   umask(mask);
   try {
     for (const auto& [tensor, path] : outputs) {
-      std::vector<char> name(path.begin(), path.end());
-      const char suffix[] = ".partial-XXXXXX";
-      name.insert(name.end(), suffix, suffix + sizeof(suffix));  // with its terminating zero
-      const int fd = mkstemp(name.data());
-      if (fd < 0) fail(path, std::strerror(errno));
-      close(fd);
-      staged.emplace_back(name.data(), path);
+      const std::string name = staging_file(path);
+      if (name.empty()) fail(path, std::strerror(errno));
+      staged.emplace_back(name, path);
       std::vector<char> bytes = torch::pickle_save(tensor);
       std::ofstream file(staged.back().first, std::ios::binary);
       file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -199,10 +206,12 @@ bool same_file(const fs::path& a, const fs::path& b) {
   return fs::weakly_canonical(a, ignored) == fs::weakly_canonical(b, ignored);
 }
 
-// An output file that can be written and is none of the files the run reads or its other output; an existing
-// one only with --overwrite, and only a tensor file as torch.save writes (as an earlier run's output is).
+// An output file that can be written (a staging file beside it is made and removed) and is none of the files
+// the run reads or its other output; an existing one only with --overwrite, and only a tensor file as torch.save
+// writes (as an earlier run's output is).
 void check_output(const std::string& flag, const std::string& path,
                   const std::vector<std::pair<std::string, std::string>>& others, bool overwrite) {
+  if (path.empty()) throw wan_trt::Error(flag + ": an empty path; give a file path");
   const fs::path file(path);
   if (fs::is_directory(file)) throw wan_trt::Error(flag + " " + path + " is a folder; give a file path");
   const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
@@ -217,6 +226,10 @@ void check_output(const std::string& flag, const std::string& path,
   if (fs::exists(file) && !tensor_file(file))
     throw wan_trt::Error(flag + " " + path + " exists and is not a tensor file as wan_stream writes (--overwrite "
                          "replaces only those); give another path");
+  const std::string probe = staging_file(path);  // where the output will be staged: a folder one cannot write
+  if (probe.empty())                             // into (/proc, read-only) is found now, not after every block
+    throw wan_trt::Error(flag + " " + path + ": cannot be written (" + std::strerror(errno) + "); give another path");
+  std::remove(probe.c_str());
 }
 
 at::Device parse_device(const std::string& text) {

@@ -169,3 +169,15 @@ def test_cuda_without_a_cuda_libtorch_is_refused_on_one_line(aoti, wan_stream, t
     assert code == 1 and stderr == ("error: --device cuda: this libtorch has no CUDA device (a CPU-only build, or "
                                     "no GPU); use --device cpu"), stderr
 
+
+@pytest.mark.parametrize("out, message", [
+    ("/proc/out.pt", "--out /proc/out.pt: cannot be written (No such file or directory); give another path"),
+    ("", "--out: an empty path; give a file path"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_block(aoti, wan_stream, tmp_path, out, message):
+    """It was found only after every block had run (exit 1, the blocks' work lost), though refused up front is
+    what wan_stream promises."""
+    proc = subprocess.run([str(wan_stream), "--engine", str(aoti[1]), "--inputs", str(_inputs(aoti, tmp_path)),
+                           "--blocks", "1", "--out", out], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: " + message, (proc.stdout, proc.stderr)
+    assert "block 0" not in proc.stdout and sorted(p.name for p in tmp_path.iterdir()) == ["in.pt"]
