@@ -67,7 +67,7 @@ def run_wan_stream(exe: Path, engine: Path, inputs: Path, blocks: int, out: Path
     cmd += [] if decoder is None else ["--decoder", str(decoder), "--frames", str(frames)]
     cmd += [] if actions is None else ["--actions", str(actions)]
     cmd += ["--overwrite"] if overwrite else []
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")  # paths may hold any bytes
     if proc.returncode != 0:
         raise WanTrtError(f"wan_stream failed ({proc.returncode}): {proc.stderr[-3000:]}")
     block_ms, stage_ms = [], []

@@ -181,3 +181,17 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_block(aoti, wan_
                            "--blocks", "1", "--out", out], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 1 and proc.stderr.strip() == "error: " + message, (proc.stdout, proc.stderr)
     assert "block 0" not in proc.stdout and sorted(p.name for p in tmp_path.iterdir()) == ["in.pt"]
+
+
+# ---- the Python driver -------------------------------------------------------------------------------
+
+def test_run_wan_stream_reports_an_error_whose_bytes_are_not_utf8(tmp_path):
+    """wan_stream echoes paths, which may hold any bytes: their decoding raised UnicodeDecodeError in place of
+    the error."""
+    from wan_trt.engines.runtime.cpp import run_wan_stream
+    from wan_trt.errors import WanTrtError
+    exe = tmp_path / "wan_stream"
+    exe.write_text("#!/bin/sh\nprintf 'error: --out /tmp/\\377.pt is a folder\\n' >&2\nexit 1\n")
+    exe.chmod(0o755)
+    with pytest.raises(WanTrtError, match="wan_stream failed \\(1\\): error: --out /tmp/\ufffd.pt is a folder"):
+        run_wan_stream(exe, tmp_path / "e.pt2", tmp_path / "in.pt", 1, tmp_path / "out.pt")
