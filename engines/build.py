@@ -102,6 +102,9 @@ def build_engine(directory: str | None, config_name: str | None, options: BuildO
             raise WanTrtError(f"--weights {weights}: {directory} is a decoder export, whose weights were fixed at "
                               "export (`wan-trt export --graph decoder --vae-weights`); drop --weights")
         return build_decoder_engines(Path(directory), backend, options, seed=seed)
+    if options.out is not None and backend.name == "aoti":  # before an export --config may make (minutes)
+        from wan_trt.engines.backends.aoti import check_package_path
+        check_package_path(Path(options.out))
     export_dir = resolve_export(directory, config_name, options.precision, options.ops, weights=weights, seed=seed,
                                 backend=backend.name)
     return backend_module(backend).build(export_dir, options)

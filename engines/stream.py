@@ -139,7 +139,6 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     for r in results:
         logger.info("block %d (frame %d): %.1f ms", r.index, r.start_frame, 1e3 * r.seconds)
     report: dict[str, Any] = {"config": cfg.name, "precision": precision, "device": device,
-                              "inputs": stream_inputs(o, decoder is not None),
                               "block_ms": [1e3 * r.seconds for r in results]}
     summary = {"blocks": blocks, "mean_block_ms": sum(report["block_ms"]) / blocks}
     if o.reference:
@@ -158,6 +157,7 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         summary["video_frames"] = int(frames.shape[0])
     report["summary"] = summary
     if out is not None:
+        report = {**report, "inputs": stream_inputs(o, decoder is not None)}  # hashed only for a report written
         protect = _inputs(o.weights, o.vae_weights, o.actions)
         with staged_dir(out, owned_stream_files, overwrite=o.overwrite, protect=protect, what=OUTPUT) as staging:
             torch.save(torch.cat([r.latents.cpu() for r in results], dim=2), staging / "latents.pt")

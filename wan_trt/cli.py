@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import click
 
@@ -61,6 +61,10 @@ class Commands(click.Group):
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
+        with terminated_as_interrupted() as terminated:
+            self._run(terminated, *args, **kwargs)
+
+    def _run(self, terminated: list[bool], *args, **kwargs):
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except NO_ARGS_IS_HELP as exc:
@@ -74,6 +78,9 @@ class Commands(click.Group):
             click.echo(f"error: {exc.format_message()}", err=True)
             sys.exit(1)
         except click.Abort:
+            if terminated:  # the conventional status of a process ended by SIGTERM
+                click.echo("error: terminated", err=True)
+                sys.exit(128 + signal.SIGTERM)
             click.echo("error: aborted", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
@@ -89,20 +96,35 @@ class Commands(click.Group):
 NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2+
 
 
+@contextlib.contextmanager
+def terminated_as_interrupted() -> Iterator[list[bool]]:
+    """While a command runs from the command line: SIGTERM (`timeout`, `kill`) ends it as Ctrl-C does, its
+    staging files and locks removed on the way out (killed by the default action, it left them for the next
+    run of the same output to find). The list yielded holds True once it came. Python runs the handler between
+    bytecodes: a long native call (an engine compile, a load) ends first. Not where the process set its own
+    handler or runs the command off its main thread; the previous handler is restored after."""
+    came: list[bool] = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield came
+        return
+
+    def terminated(signum, frame) -> None:
+        came.append(True)
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @click.group(name="wan-trt", cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Debug-level log.")
 def main(verbose: bool) -> None:
     """wan-trt: Matrix-Game 2.0 (CausalWanModel) from PyTorch to deployable engines."""
     setup_logging(verbose)
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminated)  # `timeout`, `kill`: cleaned up as Ctrl-C is
     prefer_workspace_free_gemms()  # before any GEMM of the process (PyTorch reads it once)
-
-
-def _terminated(signum, frame) -> None:
-    """SIGTERM ends a command as Ctrl-C does: its staging files and locks are removed on the way out (killed
-    by the default action, it left them for the next run of the same output to find)."""
-    raise KeyboardInterrupt
 
 
 # ---- commands ------------------------------------------------------------------------------

@@ -47,10 +47,12 @@ class _RepeatedKey(Exception):
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's dict, refusing a key given twice (json keeps the last one without a word)."""
+    """A JSON object's dict, refusing a key given twice (json keeps the last one without a word); comments
+    (keys starting with '_') may repeat."""
     data = dict(pairs)
-    if len(data) != len(pairs):
-        raise _RepeatedKey(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+    keys = [k for k, _ in pairs if not k.startswith("_")]  # '_' keys are comments: read by nothing
+    if len(set(keys)) != len(keys):
+        raise _RepeatedKey(next(k for i, k in enumerate(keys) if k in keys[:i]))
     return data
 
 

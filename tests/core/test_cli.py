@@ -107,7 +107,7 @@ def test_a_provider_given_with_an_engine_is_refused(aoti):
 def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
     """`timeout` or `kill` (SIGTERM) ended a run at once: an export killed while it wrote left its staging folder
     and lock beside --out, for the next run of that --out to find. It is now handled as Ctrl-C: removed on the
-    way out, exit status 1."""
+    way out, exit status 143 (128 + SIGTERM)."""
     import signal
     import subprocess
     import sys
@@ -121,5 +121,16 @@ def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
     assert list(tmp_path.glob(".exp.partial-*")), "the export never staged (or ended first)"
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=120)
-    assert run.returncode == 1 and b"aborted" in err, err
+    assert run.returncode == 143 and b"error: terminated" in err, err
     assert not [p.name for p in tmp_path.iterdir()], "left behind"
+
+
+def test_the_sigterm_handler_is_the_command_lines_alone():
+    """The handler was installed by the command group and never removed: a process that ran a command as a
+    library call (a test, a notebook, a service) was interrupted by a SIGTERM long after, instead of ending. It
+    is in place only while a command runs from the command line, and the default comes back after."""
+    import signal
+    before = signal.getsignal(signal.SIGTERM)
+    res = CliRunner().invoke(main, ["info", "--config", "universal-small"])
+    assert res.exit_code == 0, res.output
+    assert signal.getsignal(signal.SIGTERM) is before

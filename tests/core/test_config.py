@@ -274,3 +274,11 @@ def test_a_key_given_twice_in_a_config_is_refused(tmp_path):
     assert '"num_layers": 4' in path.read_text()
     with pytest.raises(WanTrtError, match="key 'num_layers' appears twice in one object"):
         load_config(path)
+
+
+def test_a_comment_key_may_repeat(tmp_path):
+    """Keys starting with '_' are comments, read by nothing: repeating one is no ambiguity."""
+    text = (PRESET_DIR / "universal-small.json").read_text()
+    path = tmp_path / "comments.json"
+    path.write_text(text.replace('"model": {', '"_note": "a", "_note": "b", "model": {', 1))
+    assert load_config(path) == load_config("universal-small")

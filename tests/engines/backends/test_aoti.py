@@ -259,3 +259,12 @@ def test_an_engine_out_without_the_pt2_suffix_is_refused_before_any_work(aoti, t
                                               rf"e\.g\. .*engine\.pt2"):
             aoti_backend.build_aoti(export_dir, out, device="cpu")
     assert not list(tmp_path.iterdir())
+
+
+def test_an_engine_out_without_the_pt2_suffix_is_refused_before_an_export_is_made(tmp_path, monkeypatch):
+    """`build --config C --out engine.bin` first exported C (minutes at full size), and only then refused the name."""
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["build", "--config", "universal-small", "--backend", "aoti", "--device", "cpu",
+                                    "--fp32", "--out", str(tmp_path / "engine.bin")])
+    assert res.exit_code == 1 and "an AOTInductor engine is a .pt2 package" in res.output, res.output
+    assert not list(tmp_path.iterdir())  # no export made
