@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <locale>
 #include <sstream>
 
 #ifdef WAN_TRT_WITH_CUDA
@@ -115,7 +116,10 @@ namespace {
 // One line of a runtime file: its values after the key, each of which must parse, and nothing after them.
 class Line {
  public:
-  Line(const std::string& path, const std::string& text) : path_(path), text_(text), in_(text) { in_ >> key_; }
+  Line(const std::string& path, const std::string& text) : path_(path), text_(text), in_(text) {
+    in_.imbue(std::locale::classic());  // numbers as written, whatever locale the embedding program set
+    in_ >> key_;
+  }
   const std::string& key() const { return key_; }
 
   template <class T>
@@ -186,6 +190,8 @@ static std::string sealed_text(const std::string& path, const std::string& heade
   std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
   if (!file || file.bad()) throw Error("runtime file " + path + ": cannot be read (" + std::strerror(errno) + ")");
   const std::string first = text.substr(0, text.find('\n'));
+  if (!first.empty() && first.back() == '\r')
+    throw Error(path + ": its lines end in CR LF (converted to Windows line endings?)" + kRewrite);
   if (first == "wan_trt_runtime 1")
     throw Error(path + " is from an older wan-trt (a RoPE table with a frame offset input): re-export and rebuild");
   if (first == "wan_trt_runtime 2")

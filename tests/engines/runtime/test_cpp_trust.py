@@ -195,3 +195,13 @@ def test_run_wan_stream_reports_an_error_whose_bytes_are_not_utf8(tmp_path):
     exe.chmod(0o755)
     with pytest.raises(WanTrtError, match="wan_stream failed \\(1\\): error: --out /tmp/\ufffd.pt is a folder"):
         run_wan_stream(exe, tmp_path / "e.pt2", tmp_path / "in.pt", 1, tmp_path / "out.pt")
+
+
+def test_a_runtime_file_with_windows_line_endings_is_named_so(aoti, wan_stream, tmp_path):
+    """A runtime file converted to CR LF was 'the runtime file of another kind of engine (wan_trt_runtime 5\\r),
+    not wan_trt_runtime 5', a carriage return garbling the terminal's line."""
+    engine, runtime = _engine_with_runtime(aoti, tmp_path, lambda lines: lines, reseal=False)
+    runtime.write_bytes(runtime.read_bytes().replace(b"\n", b"\r\n"))
+    code, stderr = _refused(wan_stream, engine, _inputs(aoti, tmp_path), tmp_path)
+    assert code == 1 and stderr.startswith(f"error: {runtime}: its lines end in CR LF"), stderr
+    assert "\r" not in stderr and "rebuild with `wan-trt build`" in stderr, stderr
