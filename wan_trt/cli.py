@@ -61,12 +61,15 @@ class Commands(click.Group):
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
-        with terminated_as_interrupted() as terminated:
-            self._run(terminated, *args, **kwargs)
+        with terminated_on_sigterm():
+            self._run(*args, **kwargs)
 
-    def _run(self, terminated: list[bool], *args, **kwargs):
+    def _run(self, *args, **kwargs):
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
+        except Terminated:  # the conventional status of a process ended by SIGTERM
+            click.echo("error: terminated", err=True)
+            sys.exit(128 + signal.SIGTERM)
         except NO_ARGS_IS_HELP as exc:
             click.echo(exc.format_message())
             sys.exit(0)
@@ -78,9 +81,6 @@ class Commands(click.Group):
             click.echo(f"error: {exc.format_message()}", err=True)
             sys.exit(1)
         except click.Abort:
-            if terminated:  # the conventional status of a process ended by SIGTERM
-                click.echo("error: terminated", err=True)
-                sys.exit(128 + signal.SIGTERM)
             click.echo("error: aborted", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
@@ -96,25 +96,30 @@ class Commands(click.Group):
 NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2+
 
 
+class Terminated(BaseException):
+    """SIGTERM came: raised in the main thread, it unwinds the command as Ctrl-C's KeyboardInterrupt does."""
+
+
 @contextlib.contextmanager
-def terminated_as_interrupted() -> Iterator[list[bool]]:
+def terminated_on_sigterm() -> Iterator[None]:
     """While a command runs from the command line: SIGTERM (`timeout`, `kill`) ends it as Ctrl-C does, its
     staging files and locks removed on the way out (killed by the default action, it left them for the next
-    run of the same output to find). The list yielded holds True once it came. Python runs the handler between
-    bytecodes: a long native call (an engine compile, a load) ends first. Not where the process set its own
-    handler or runs the command off its main thread; the previous handler is restored after."""
-    came: list[bool] = []
+    run of the same output to find), then 'error: terminated' and exit status 143. Python runs the handler
+    between bytecodes: a long native call (an engine compile, a load) ends first. Not where the process set
+    its own handler or runs the command off its main thread; the previous handler is restored after."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield came
+        yield
         return
+    came = []
 
     def terminated(signum, frame) -> None:
-        came.append(True)
-        raise KeyboardInterrupt
+        if not came:  # once: a second SIGTERM does not interrupt the unwinding of the first
+            came.append(signum)
+            raise Terminated
     signal.signal(signal.SIGTERM, terminated)
     try:
-        yield came
+        yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
