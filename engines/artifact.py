@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from wan_trt.digest import bytes_digest, check_digest_record, file_digest, verify_file
+from wan_trt.digest import check_digest_record, file_digest, verify_file
 from wan_trt.errors import WanTrtError
-from wan_trt.export.manifest import MANIFEST, Manifest, tool_versions
+from wan_trt.export.manifest import Manifest, tool_versions
 from wan_trt.export.manifest_schema import OPS
 from wan_trt.log import logger
 from wan_trt.model.fp8 import FP8_SCHEME
@@ -207,12 +207,7 @@ def install_engine(partial: Path, engine: Path, meta: EngineMetadata) -> None:
 def check_export_unchanged(meta: EngineMetadata) -> None:
     """Refuse to install an engine whose export (``meta``'s folder and manifest) was replaced while it was built:
     the engine would stand beside, and be taken for, an export it was not built from."""
-    manifest = Path(meta.export_dir) / MANIFEST
-    try:
-        same = bytes_digest(manifest.read_bytes()) == meta.manifest_sha256
-    except OSError:
-        same = False
-    if not same:
+    if Manifest.digest_at(meta.export_dir) != meta.manifest_sha256:
         raise WanTrtError(f"{meta.export_dir} was replaced while its engine was built (by an `export --overwrite`?): "
                           "the engine is of the export that was there, so it was not installed; build again")
 

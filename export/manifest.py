@@ -112,6 +112,15 @@ class Manifest:
             raise WanTrtError(f"{directory / self.graph} reads weights from {', '.join(stray)}, which the manifest "
                               f"does not record ({self.external_data or 'no external data'}); {REMAKE}")
 
+    @staticmethod
+    def digest_at(directory: str | Path) -> str | None:
+        """The sha256 of the manifest.json now in ``directory`` (what :attr:`sha256` of one read there is), or
+        None where none can be read: whether a folder still holds the export read from it."""
+        try:
+            return bytes_digest((Path(directory) / MANIFEST).read_bytes())
+        except OSError:
+            return None
+
     @classmethod
     def read(cls, directory: str | Path, verify: bool = True) -> "Manifest":
         """Load and check a manifest; with ``verify`` every file it names must have its recorded size and hash."""

@@ -373,7 +373,7 @@ def identities_of_read(manifests: dict[Path, Manifest], checked: str) -> dict[Pa
     replaced where a folder's manifest.json is no longer the one read. The same manifest holds the same files'
     hashes, so a folder swapped in before this, with another manifest, is caught."""
     identity = folder_identities(*manifests)
-    _refuse_replaced([d for d, m in manifests.items() if Manifest.read(d, verify=False).sha256 != m.sha256], checked)
+    _refuse_replaced([d for d, m in manifests.items() if Manifest.digest_at(d) != m.sha256], checked)
     return identity
 
 

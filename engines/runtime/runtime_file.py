@@ -39,10 +39,9 @@ it before it parses a field, and refuses a file without it, with another, or wit
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-from wan_trt.digest import file_digest
+from wan_trt.digest import bytes_digest, file_digest
 from wan_trt.outputs import write_file
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.scheduler import BlockSchedule
@@ -64,7 +63,7 @@ def runtime_text(spec: GraphSpec, engine: Path) -> str | None:
 
 def sealed(body: str) -> str:
     """``body`` (whole lines) followed by the ``sha256`` line of its bytes, which ends a runtime file."""
-    return body + f"sha256 {hashlib.sha256(body.encode()).hexdigest()}\n"
+    return body + f"sha256 {bytes_digest(body.encode())}\n"
 
 
 def _engine_line(engine_file: dict) -> str:

@@ -98,8 +98,7 @@ def check_keys(model: nn.Module, state: Mapping[str, torch.Tensor], source: str,
     lines = [f"{flag} {source} does not match the model:"]
     for title, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
         if items:
-            shown = ", ".join(items[:_SHOW]) + (f", ... ({len(items) - _SHOW} more)" if len(items) > _SHOW else "")
-            lines.append(f"  {len(items)} {title} key(s): {shown}")
+            lines.append(f"  {len(items)} {title} key(s): {_listed(items)}")
     lines.append(f"  {_swapped(flag, state) or hint}")
     raise WanTrtError("\n".join(lines))
 
