@@ -35,6 +35,11 @@ DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # the devices an engine is built for
 _NONE = type(None)
 
 
+def device_type(device: str) -> str:
+    """'cuda' of 'cuda:1', 'cpu' of 'cpu' (torch.device's type, without importing torch)."""
+    return str(device).split(":", 1)[0]
+
+
 def default_engine_path(directory: Path, backend: str, device: str) -> Path:
     """Where `wan-trt build` writes an engine without --out: beside the export."""
     return directory / f"engine_{backend}_{device}.{'pt2' if backend.startswith('aoti') else 'plan'}"
@@ -109,6 +114,13 @@ class EngineMetadata:
         """The registry backend that runs this engine (without CUDA graphs), also its engine key:
         'tensorrt', 'aoti', or 'aoti-<ops>' for a package built with fused ops."""
         return self.backend if self.backend != "aoti" or self.ops == "native" else f"aoti-{self.ops}"
+
+    def check_runs_on(self, device: str, engine: Path, flag: str) -> None:
+        """Refuse running ``engine`` (given as ``flag``) on ``device`` when it was built for another kind of
+        device: its runner would run it where it was built, under the other device's name."""
+        if device_type(self.device) != device_type(device):
+            raise WanTrtError(f"{flag} {engine}: built for {self.device}, but this run is on --device {device}; "
+                              f"run it with --device {self.device}, or build one for {device}")
 
     @staticmethod
     def path_for(engine: Path) -> Path:

@@ -130,10 +130,12 @@ class Bench:
         self.device = device
         for key, engine in engines.items():  # an engine under another backend's flag would be run and named as that
             if engine is not None:
-                built = EngineMetadata.read(engine).backend_name
+                meta = EngineMetadata.read(engine)
+                built = meta.backend_name
                 if built != key:
                     raise WanTrtError(f"{ENGINE_FLAGS[key]} {engine}: a {built} engine; give it with "
                                       f"{ENGINE_FLAGS.get(built, 'its own flag')}")
+                meta.check_runs_on(device, engine, ENGINE_FLAGS[key])
         self.sources = RunnerSources(self.spec, device, self.model, self.manifest, directory, engines)
         self._models: dict[str, Any] = {}
 
@@ -193,6 +195,7 @@ class OtherEngine:
         """Checks ``engine`` before any work (its export's files are verified when it is benched): a DiT
         engine of an export of ``config_name`` that still exists."""
         meta = EngineMetadata.read(engine)
+        meta.check_runs_on(device, engine, "--also-engine")
         export = Path(meta.export_dir)
         if not (export / "manifest.json").exists():
             raise WanTrtError(f"--also-engine {engine}: its export {export} is gone; rebuild the engine")

@@ -320,3 +320,42 @@ def test_overwrite_refuses_a_users_file_where_its_rows_so_far_would_go(plain_exp
     res = _bench(args + ["--overwrite"])
     assert res.exit_code == 1 and ".bench.json.incomplete" in res.output, res.output
     assert notes.read_text() == "my notes"
+
+
+def _as_if_built_for(engine, device, into):
+    """A copy of ``engine`` and its metadata in folder ``into``, the metadata saying it was built for ``device``."""
+    import shutil
+
+    into.mkdir(parents=True, exist_ok=True)
+    copy = into / engine.name
+    shutil.copy(engine, copy)
+    meta = json.loads(engine.with_name(engine.name + ".json").read_text())
+    copy.with_name(copy.name + ".json").write_text(json.dumps({**meta, "device": device}))
+    return copy
+
+
+def test_an_engine_built_for_another_device_is_refused_before_any_work(plain_export, aoti, decoder_export,
+                                                                     decoder_aoti, tmp_path):
+    """Its runner ran it on the device it was built for, while the report named --device (and measured that
+    device's memory): a CPU package benched with --device cuda ran on the CPU under the GPU's name."""
+    import shutil
+
+    _, engine = aoti
+    cuda_engine = _as_if_built_for(engine, "cuda", tmp_path / "cuda")
+    out = tmp_path / "b.json"
+    base = [str(plain_export), "--device", "cpu", "--blocks", "2", "--out", str(out)]
+    for args, flag in ((["--backends", "aoti", "--aoti-engine", str(cuda_engine)], "--aoti-engine"),
+                       (["--backends", "torch-eager", "--also-engine", str(cuda_engine)], "--also-engine")):
+        res = _bench(base + args)
+        assert res.exit_code == 1 and f"{flag} {cuda_engine}: built for cuda" in res.output, res.output
+        assert "--device cpu" in res.output and "Traceback" not in res.output and not out.exists()
+    decoder = tmp_path / "decoder"
+    shutil.copytree(decoder_export, decoder)
+    for call in ("first", "steady"):
+        meta_file = decoder / call / (decoder_aoti.name + ".json")
+        meta = json.loads(meta_file.read_text())
+        meta_file.write_text(json.dumps({**meta, "device": "cuda", "export_dir": str((decoder / call).resolve())}))
+    res = _bench(base + ["--backends", "torch-eager", "--decoder", str(decoder), "--decoder-engine",
+                         str(decoder / "steady" / decoder_aoti.name)])
+    assert res.exit_code == 1 and "--decoder-engine" in res.output and "built for cuda" in res.output, res.output
+    assert not out.exists()
