@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from wan_trt.config import WanConfig
 from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, ENGINE_FLAGS, RunnerSources, Unavailable, get_backend,
                                      make_runner, parse_backends)
@@ -180,6 +181,14 @@ class Bench:
             return op_class_profile(lambda: runner.infer(feeds), runner.device)
 
 
+def _fields(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's fields by dotted name ('model.ffn_dim')."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        out.update(_fields(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+    return out
+
+
 @dataclass
 class OtherEngine:
     """An engine of another export of the same config, benched beside the run's own rows."""
@@ -191,18 +200,23 @@ class OtherEngine:
     device: str
 
     @classmethod
-    def of(cls, engine: Path, device: str, config_name: str) -> "OtherEngine":
+    def of(cls, engine: Path, device: str, config: WanConfig) -> "OtherEngine":
         """Checks ``engine`` before any work (its export's files are verified when it is benched): a DiT
-        engine of an export of ``config_name`` that still exists."""
+        engine of an export of ``config`` (every field, not only its name) that still exists."""
         meta = EngineMetadata.read(engine)
         meta.check_runs_on(device, engine, "--also-engine")
         export = Path(meta.export_dir)
         if not (export / "manifest.json").exists():
             raise WanTrtError(f"--also-engine {engine}: its export {export} is gone; rebuild the engine")
-        kind = Manifest.read(export, verify=False).spec.KIND
-        if kind != "pass" or meta.config != config_name:
-            raise WanTrtError(f"--also-engine {engine}: a {meta.config} {kind} engine; this run benches "
-                              f"{config_name} denoising passes")
+        spec = Manifest.read(export, verify=False).spec
+        if spec.KIND != "pass" or meta.config != config.name:
+            raise WanTrtError(f"--also-engine {engine}: a {meta.config} {spec.KIND} engine; this run benches "
+                              f"{config.name} denoising passes")
+        if spec.config.to_dict() != config.to_dict():  # another model that took the name: its rows are not this one's
+            theirs, ours = _fields(spec.config.to_dict()), _fields(config.to_dict())
+            differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+            raise WanTrtError(f"--also-engine {engine}: its export's config is named {config.name} but differs from "
+                              f"this run's ({', '.join(differ)}); bench it beside an export of its own config")
         return cls(engine, export, meta.backend_name, meta.precision, device)
 
     @property
@@ -278,8 +292,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         raise WanTrtError(f"--chart {o.chart}: drawing it needs matplotlib, which is not installed "
                           "(`pip install matplotlib`); drop --chart or install it")
     backend_profiles = [p for p in o.profile if p != DECODER_PROFILE]  # the decoder's is in report["decoder"]
-    config_name = read_transformer(directory, "bench", verify=False).spec.config.name
-    others = [OtherEngine.of(Path(e), o.device, config_name) for e in o.also_engines]
+    config = read_transformer(directory, "bench", verify=False).spec.config
+    others = [OtherEngine.of(Path(e), o.device, config) for e in o.also_engines]
     pairs = [(other.row(b), (other, b)) for other in others for b in other.backends]
     rows = [row for row, _ in pairs]
     twice = sorted({r for r in rows if rows.count(r) > 1})

@@ -359,3 +359,25 @@ def test_an_engine_built_for_another_device_is_refused_before_any_work(plain_exp
                          str(decoder / "steady" / decoder_aoti.name)])
     assert res.exit_code == 1 and "--decoder-engine" in res.output and "built for cuda" in res.output, res.output
     assert not out.exists()
+
+
+def test_an_engine_of_another_model_under_the_configs_name_is_refused(plain_export, aoti, tmp_path):
+    """--also-engine compared config names only: an engine of a model with another FFN width, saved under the
+    run's config name, was benched and named as a precision of the run's model."""
+    from dataclasses import replace
+
+    from wan_trt.config_load import load_config
+    from wan_trt.export.transformer import export_transformer
+
+    cfg = load_config("universal-small")
+    other = tmp_path / "other"
+    export_transformer(replace(cfg, model=replace(cfg.model, ffn_dim=cfg.model.ffn_dim * 2)), other, "fp32", seed=2,
+                       onnx=False)
+    engine = _as_if_built_for(aoti[1], "cpu", other)  # its metadata pointed at the other model's export
+    meta = engine.with_name(engine.name + ".json")
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "export_dir": str(other.resolve())}))
+    out = tmp_path / "b.json"
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager",
+                  "--also-engine", str(engine), "--out", str(out)])
+    assert res.exit_code == 1 and "model.ffn_dim" in res.output and "differs" in res.output, res.output
+    assert not out.exists()
