@@ -150,6 +150,10 @@ def test_an_earlier_report_is_replaced_only_with_overwrite(plain_export, tmp_pat
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["backends"].keys() == {"torch-eager"} and out.read_bytes() != first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.png"]  # no staging files left
+    # a run in which no row runs draws no chart: the earlier one went with the report it showed
+    res = _bench(args[:-6] + ["--backends", "aoti", "--out", str(out), "--chart", str(chart), "--overwrite"])
+    assert res.exit_code == 1 and json.loads(out.read_text())["backends"] == {}, res.output
+    assert not chart.exists() and "removed the earlier chart" in res.output, res.output
 
 
 def test_every_decoder_row_runs_or_says_why_not(plain_export, decoder_export, decoder_aoti, tmp_path):
