@@ -53,19 +53,20 @@ RESULTS_DIR = "check"
 
 
 def report_path(directory: Path, name: str) -> Path:
-    """Where the report of the check of ``name`` (an engine file's stem, or the runner of an export's graph)
+    """Where the report of the check of ``name`` (an engine file's name, or the runner of an export's graph)
     goes: one file per engine, so that checks of two engines of one export keep their own."""
     return Path(directory) / RESULTS_DIR / f"report_{name}.json"
 
 
 def engine_report_name(engine: Path, directory: Path) -> str:
-    """The name an engine's report and results go by under its export ``directory``: its file's stem where
-    `wan-trt build` puts engines (the export folder), else the stem and a hash of its path (two engines of
-    one file name in two folders kept one report between them, each check replacing the other's)."""
+    """The name an engine's report and results go by under its export ``directory``: its file's name,
+    suffix included, where `wan-trt build` puts engines (the export folder), else that name and a hash of
+    its path. Two engines of one file name in two folders, or of one stem in one (``e.pt2`` and ``e.plan``),
+    kept one report between them, each check replacing the other's."""
     engine = Path(engine).resolve()
     if engine.parent == Path(directory).resolve():
-        return engine.stem
-    return f"{engine.stem}-{hashlib.sha256(str(engine).encode()).hexdigest()[:8]}"
+        return engine.name
+    return f"{engine.name}-{hashlib.sha256(str(engine).encode()).hexdigest()[:8]}"
 
 
 def results_path(directory: Path, name: str) -> Path:

@@ -55,7 +55,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     """Check the decoder graphs run by ``runners`` (by call) against the PyTorch decoder; ``pair``: the
     engines run (by call), or None for the exports' graphs; ``named``: the engine file the check was asked
     for (either of the pair: the report's ``target`` and ``engine_sha256``; both engines are in its
-    ``engines``). The report is written to ``<steady export>/check/report_<engine stem or backend>.json``
+    ``engines``). The report is written to ``<steady export>/check/report_<engine file name or backend>.json``
     (:func:`report_path`). ``identity``: :func:`folder_identities` of ``dirs`` taken before the manifests were
     read (defaults to taking it here)."""
     require_history_check(options)

@@ -142,7 +142,7 @@ def test_aoti_engines_build_check_stream_and_bench(decoder_export, decoder_aoti,
     assert report.ok and len(report.stream) == 8, report.table()
     # the engine asked for is the target, both that ran are named (the report named only the steady one)
     recorded = {c: EngineMetadata.read(decoder_export / c / engine.name).engine_file["sha256"] for c in ("first", "steady")}
-    written = json.loads((decoder_export / "steady" / "check" / f"report_decoder-{engine.stem}.json").read_text())
+    written = json.loads((decoder_export / "steady" / "check" / f"report_decoder-{engine.name}.json").read_text())
     for r in (report.as_dict(), written):
         assert r["target"] == str(first.resolve()) and r["engine_sha256"] == recorded["first"]
         assert r["engines"] == {c: {"path": str((decoder_export / c / engine.name).resolve()), "sha256": recorded[c]}

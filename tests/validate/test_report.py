@@ -34,8 +34,8 @@ def test_each_engine_checked_keeps_its_own_report_saying_what_was_checked(two_en
     check_engine(engines[0], CheckOptions(blocks=2, seed=1, save_results=False))
     check_engine(engines[1], CheckOptions(stream=False, save_results=False))
     reports = {p.name: json.loads(p.read_text()) for p in sorted((export / "check").glob("report_*.json"))}
-    assert set(reports) == {"report_engine_a.json", "report_engine_b.json"}
-    a, b = reports["report_engine_a.json"], reports["report_engine_b.json"]
+    assert set(reports) == {"report_engine_a.pt2.json", "report_engine_b.pt2.json"}
+    a, b = reports["report_engine_a.pt2.json"], reports["report_engine_b.pt2.json"]
     assert a["target"] == str(engines[0].resolve()) and b["target"] == str(engines[1].resolve())
     recorded = json.loads(engines[0].with_name(engines[0].name + ".json").read_text())["engine_file"]["sha256"]
     assert a["engine_sha256"] == b["engine_sha256"] == recorded and a["device"] == "cpu"
@@ -49,7 +49,7 @@ def test_a_check_that_stops_half_way_leaves_no_report_behind(two_engines, monkey
     import wan_trt.validate.check as check
     export, engines = two_engines
     check_engine(engines[0], CheckOptions(stream=False, save_results=False))
-    report = export / "check" / "report_engine_a.json"
+    report = export / "check" / "report_engine_a.pt2.json"
     assert json.loads(report.read_text())["ok"]
 
     def stopped(*args, **kwargs):
@@ -78,7 +78,7 @@ def test_each_engine_keeps_its_own_run_results_and_none_outlive_a_check_that_sav
     """Polygraphy's RunResults were check/run_results_<backend>.json, shared by every engine of a backend, and a
     check with --no-save-results left an earlier check's beside its own report."""
     export, engines = two_engines
-    results = {e.stem: export / "check" / f"run_results_{e.stem}.json" for e in engines}
+    results = {e.stem: export / "check" / f"run_results_{e.name}.json" for e in engines}
     for engine in engines:
         check_engine(engine, CheckOptions(stream=False, save_results=True))
     assert all(path.is_file() for path in results.values())
@@ -114,7 +114,7 @@ def test_run_results_that_fail_to_save_leave_no_partial_file_and_name_it(two_eng
             f.write('{"lst": [["truncat')
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(RunResults, "save", full_disk)
-    results = export / "check" / f"run_results_{engines[0].stem}.json"
+    results = export / "check" / f"run_results_{engines[0].name}.json"
     with pytest.raises(WanTrtError, match=f"{results.name}.*No space left on device"):
         check_engine(engines[0], CheckOptions(stream=False, save_results=True))
     assert not results.exists() and not list((export / "check").glob(f".{results.name}*"))
@@ -242,13 +242,13 @@ def test_the_staging_files_of_a_killed_check_go_with_the_next_check_of_its_targe
     from wan_trt.outputs import staging_file
     export, engines = two_engines
     check_dir = export / "check"
-    killed = [staging_file(check_dir / name) for name in ("run_results_engine_a.json", "report_engine_a.json")]
-    other = staging_file(check_dir / "run_results_engine_b.json")
-    users = check_dir / ".run_results_engine_a.json.partial-mine"
+    killed = [staging_file(check_dir / name) for name in ("run_results_engine_a.pt2.json", "report_engine_a.pt2.json")]
+    other = staging_file(check_dir / "run_results_engine_b.pt2.json")
+    users = check_dir / ".run_results_engine_a.pt2.json.partial-mine"
     users.write_text("the user's")
     check_engine(engines[0], CheckOptions(stream=False, save_results=True))
     assert not any(p.exists() for p in killed) and other.exists() and users.read_text() == "the user's"
-    assert (check_dir / "run_results_engine_a.json").is_file()
+    assert (check_dir / "run_results_engine_a.pt2.json").is_file()
 
 
 def test_an_error_of_the_check_itself_is_not_blamed_on_its_run_results(two_engines, monkeypatch):
@@ -279,3 +279,16 @@ def test_a_report_names_the_device_its_check_ran_on(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
     environment = json.loads(report_json(CheckReport("onnxruntime-cpu", "fp32", device="cpu")))["environment"]
     assert environment["device"] != "Some GPU" and "driver_capability" not in environment, environment
+
+
+def test_engines_of_one_stem_in_one_export_keep_their_own_reports(two_engines):
+    """Reports were named by the engine file's stem: engine_a.pt2 and engine_a.plan (or a package named after a
+    runner, onnxruntime.pt2) shared one report, each check deleting the other's."""
+    export, engines = two_engines
+    twin = _copy_engine(engines[0], export / "engine_a.bin")
+    meta = json.loads(twin.with_name(twin.name + ".json").read_text())
+    twin.with_name(twin.name + ".json").write_text(json.dumps({**meta, "export_dir": str(export.resolve())}))
+    check_engine(engines[0], CheckOptions(stream=False, save_results=False))
+    check_engine(twin, CheckOptions(stream=False, save_results=False))
+    reports = [json.loads(p.read_text()) for p in sorted((export / "check").glob("report_engine_a*.json"))]
+    assert sorted(r["target"] for r in reports) == sorted(str(p.resolve()) for p in (engines[0], twin))
