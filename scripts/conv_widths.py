@@ -22,6 +22,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from wan_trt.profiling import provenance
+
 # (name, input channels, output channels, joined frames (2 of history + 12), height, width, calls a block)
 STAGES = [("full_96", 96, 96, 14, 352, 640, 6), ("quarter_192", 192, 192, 14, 176, 320, 6)]
 GROUPINGS = {96: [(128,), (96,), (64, 32), (32, 32, 32), (48, 48)],
@@ -80,8 +82,7 @@ def main() -> int:
                   f"(min {rows[-1]['ms_per_call_min']:.3f}) rel-L2 {errors[key]:.1e}", file=sys.stderr)
         del x, plain, variants
         torch.cuda.empty_cache()
-    result = {"command": " ".join(["python3", *sys.argv]), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "dtype": args.dtype, "rows": rows}
+    result = {**provenance(device="cuda"), "cudnn": torch.backends.cudnn.version(), "dtype": args.dtype, "rows": rows}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     return 0

@@ -67,7 +67,7 @@ def compare(export: str, engine: str, decoder_engine: str, blocks: int, device: 
     diff = (cpp.frames.int() - python_frames.int()).abs()
     differing = (diff > 0).any(dim=-1)  # [N, H, W] pixels with any channel off
     python_ms = [1e3 * r.seconds for r in results]
-    return {**provenance(), "config": manifest.spec.config.name, "precision": manifest.spec.precision,
+    return {**provenance(device=device), "config": manifest.spec.config.name, "precision": manifest.spec.precision,
             "device": device, "blocks": blocks, "python_backend": backend, "python_decoder_backend": decoder_backend,
             "cpp": "wan_stream" + (" --cuda-graph" if cuda else ""),
             "video_frames": int(cpp.frames.shape[0]),

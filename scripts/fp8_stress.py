@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     cfg = load_config(args.config)
-    report = {**provenance(), "config": cfg.name,
+    report = {**provenance(device=args.device), "config": cfg.name,
               "weights": {name: weight_set(cfg, name == "stress", args.device) for name in ("seeded", "stress")}}
     for name, r in report["weights"].items():
         print(f"{name}: {'passes' if r['ok'] else 'FAILS'}; flow fp8 {100 * r['flow']['fp8_rel_l2']:.2f} % "

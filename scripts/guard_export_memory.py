@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wan_trt.profiling import environment
+from wan_trt.profiling import provenance
 
 
 def main() -> int:
@@ -39,8 +39,7 @@ def main() -> int:
     wall = time.perf_counter() - start
     peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20  # KiB on Linux
     sizes = {f.name: f.stat().st_size for f in target.iterdir()} if target.is_dir() else {}
-    result = {"command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "export_command": " ".join(cmd[2:]),
-              "environment": environment(), "returncode": proc.returncode, "wall_s": wall,
+    result = {**provenance(device="cpu"), "export_command": " ".join(cmd[2:]), "returncode": proc.returncode, "wall_s": wall,
               "peak_rss_gib": peak_gib, "limit_gib": args.limit_gib, "files_bytes": sizes,
               "stages": [line for line in proc.stderr.splitlines() if line.startswith("[wan-trt]")]}
     args.out.parent.mkdir(parents=True, exist_ok=True)

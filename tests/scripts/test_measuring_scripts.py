@@ -80,3 +80,24 @@ def test_interleaved_engines_take_turns_stepping_first():
     # b steps second at blocks 2 and 4, first at 3 and 5: +1 when second, -3 when first
     report = ab.paired({"a": [10.0, 10.0, 10.0, 10.0], "b": [11.0, 7.0, 11.0, 7.0]}, first_block=2)
     assert report["b"]["median_diff_ms_by_order"] == {"ran_first": -3.0, "ran_second": 1.0}
+
+
+def test_every_result_writing_script_records_its_command_device_and_code():
+    """conv_widths.py and guard_export_memory.py recorded no source commit; fp8_stress.py (--device cpu by
+    default) and cpp_stream.py recorded the current CUDA device whatever --device said. A script that writes a
+    result file starts it with provenance(), given the script's --device where it takes one."""
+    import ast
+
+    missing, deviceless = [], []
+    for path in sorted(SCRIPTS.glob("*.py")):
+        source = path.read_text()
+        if "--out" not in source or "json.dump" not in source:
+            continue
+        calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+                 and getattr(n.func, "id", getattr(n.func, "attr", None)) == "provenance"]
+        if not calls:
+            missing.append(path.name)
+        elif 'add_argument("--device"' in source and not all(
+                any(k.arg == "device" for k in c.keywords) or len(c.args) > 1 for c in calls):
+            deviceless.append(path.name)
+    assert not missing and not deviceless, f"no provenance(): {missing}; provenance() without --device: {deviceless}"
