@@ -167,7 +167,9 @@ class Bench:
             result = bench_upstream(self.model(), inputs, blocks, self.device)
         else:
             result = bench_session(self.runner(backend), inputs, blocks, decoder=decoder)
-        result.update(throughput(self.flops_per_block, result["block_ms"]["p50"]))
+        # a row that decodes too did the decoder's arithmetic in its blocks' time
+        flops = self.flops_per_block + (graph_flops(decoder.spec) if decoder is not None else 0)
+        result.update(throughput(flops, result["block_ms"]["p50"]))
         result.update(peak_torch_mem_gib=peak_memory_gib(self.device), start_torch_mem_gib=start)
         return result
 

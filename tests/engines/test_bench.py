@@ -385,3 +385,16 @@ def test_an_engine_of_another_model_under_the_configs_name_is_refused(plain_expo
                   "--also-engine", str(engine), "--out", str(out)])
     assert res.exit_code == 1 and "model.ffn_dim" in res.output and "differs" in res.output, res.output
     assert not out.exists()
+
+
+def test_an_end_to_end_rows_rate_counts_the_decoders_arithmetic(plain_export, decoder_export, decoder_aoti, tmp_path):
+    """TFLOP/s of a DiT + decoder row divided the DiT's FLOPs alone by a block time that includes the decode."""
+    out = tmp_path / "bench.json"
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "3", "--backends", "torch-eager",
+                  "--decoder", str(decoder_export), "--decoder-engine", str(decoder_aoti),
+                  "--end-to-end", "torch-eager", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    row = report["end_to_end"]["torch-eager+decoder"]
+    flops = report["flops_per_block"] + report["decoder"]["flops_per_block"]["steady"]
+    assert row["tflops"] == flops / (row["block_ms"]["p50"] * 1e-3) / 1e12
