@@ -10,6 +10,11 @@ held for the whole block or one row per video frame of the block (9 for block 0,
 Lines end at '\\n' (a '\\r' before it dropped); a line of JSON whitespace only is blank and skipped;
 lines past the blocks asked for are not read (nor decoded). Every defect of the lines
 read is refused with its line number before any block runs.
+
+A number, integer or not, is read as the double nearest it, and that double must lie within
++-``torch.finfo(dtype).max`` of the stream's dtype (fp16 65504, bf16 3.38953e+38, fp32 3.40282e+38):
+``340282346638528859811704183484516925441`` (fp32's max + 1) is read as fp32's max; ``3.4028235e38``, a
+double above it, is refused. The C++ reader (engines/cpp/src/actions.cpp) holds numbers to the same rule.
 """
 from __future__ import annotations
 
@@ -39,8 +44,8 @@ def action_dims(cfg: WanConfig) -> dict[str, int]:
 def read_actions(path: str | Path, cfg: WanConfig, blocks: int, dtype: torch.dtype = torch.float32
                  ) -> dict[str, torch.Tensor]:
     """The raw action frames of blocks 0 .. ``blocks - 1`` from ``path``: name -> fp32 [1, N_raw, D]. Every
-    value must be finite in ``dtype`` too (the stream's: fp16 holds up to 65504), so that no block is refused
-    after the blocks before it ran."""
+    value must lie within ``dtype``'s range too (the stream's: fp16 holds up to 65504; the rule above), so that
+    no block is refused after the blocks before it ran."""
     path = Path(path)
     limit = torch.finfo(dtype).max
     check_input_file(path, "--actions")
@@ -59,11 +64,9 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int, dtype: torch.dty
         except UnicodeDecodeError as exc:
             raise WanTrtError(f"{where}: not UTF-8 text (byte {exc.start} of the line); expected JSON") from None
         try:
-            entry = json.loads(line, parse_constant=_not_json, object_pairs_hook=_Object.of)
+            entry = json.loads(line, parse_int=float, parse_constant=_not_json, object_pairs_hook=_Object.of)
         except json.JSONDecodeError as exc:
             raise WanTrtError(f"{where}: not JSON ({exc.msg})") from None
-        except ValueError as exc:  # a number Python will not read (an integer of over 4300 digits)
-            raise WanTrtError(f"{where}: not a JSON line wan-trt reads ({exc})") from None
         except RecursionError:
             raise WanTrtError(f"{where}: not JSON (nested too deeply)") from None
         if isinstance(entry, _Object) and entry.repeated is not None:
@@ -120,10 +123,5 @@ def _rows(value, n: int, dim: int, where: str, limit: float) -> torch.Tensor:
 
 
 def _number(v, limit: float) -> bool:
-    """A finite JSON number within +-``limit`` (an int too large for a float is not)."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(v) and abs(v) <= limit
-    except OverflowError:
-        return False
+    """A JSON number (read as the double nearest it: integers too, by ``parse_int=float``) within +-``limit``."""
+    return isinstance(v, float) and math.isfinite(v) and abs(v) <= limit

@@ -257,8 +257,9 @@ def test_a_stream_output_of_an_older_wan_trt_is_still_its_own(tmp_path):
 
 
 def test_action_values_are_refused_by_line_where_the_stream_cannot_hold_them(tmp_path):
-    """An integer of 5000 digits crashed the reader with a ValueError traceback; a value fp16 cannot hold (7e4)
-    passed it and stopped an fp16 stream at that block, after the blocks before it ran, as 'NaN or Inf'."""
+    """An integer of 5000 digits crashed the reader with a ValueError traceback (it is read as a double, inf, as the
+    C++ reader reads it); a value fp16 cannot hold (7e4) passed it and stopped an fp16 stream at that block, after
+    the blocks before it ran, as 'NaN or Inf'."""
     from wan_trt.actions import read_actions
     from wan_trt.config_load import load_config
 
@@ -267,7 +268,7 @@ def test_action_values_are_refused_by_line_where_the_stream_cannot_hold_them(tmp
     good = json.dumps({"mouse": [0.1, 0.0], "keyboard": [1] + [0] * (keys - 1)})
     path = tmp_path / "actions.jsonl"
     path.write_text(good + "\n" + '{"mouse": [1' + "0" * 5000 + ', 0], "keyboard": [0, 0]}\n')
-    with pytest.raises(WanTrtError, match=r"line 2 \(block 1\): not a JSON line wan-trt reads"):
+    with pytest.raises(WanTrtError, match=r"line 2 \(block 1\), mouse: expected 2 finite numbers .* within \+-3.40282e"):
         read_actions(path, cfg, 2)
     path.write_text(good + "\n" + json.dumps({"mouse": [70000.0, 0.0], "keyboard": [1] + [0] * (keys - 1)}) + "\n")
     assert read_actions(path, cfg, 2)["mouse"][0, -1, 0] == 70000.0  # fp32 holds it

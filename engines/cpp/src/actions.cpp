@@ -1,10 +1,11 @@
 // Actions from a JSON-lines file, the format of wan_trt/actions.py: one line per block, a JSON object
 // with one key per action input ("mouse", "keyboard"), each one action held for the block (D numbers)
 // or one row per video frame (n rows of D). Lines end at '\n' (a '\r' before it dropped); a line of JSON
-// whitespace only is blank and skipped; lines past the blocks asked for are not read. Every value must be
-// finite in the stream's dtype (the engine's: fp16 holds up to 65504), so that no block is refused after the
-// blocks before it ran. A file is refused where the Python reader refuses it, with the same messages but for
-// the parser's own wording of a line that is not JSON.
+// whitespace only is blank and skipped; lines past the blocks asked for are not read. A number, integer or not,
+// is read as the double nearest it (strtod), which must lie within +-torch.finfo(dtype).max of the stream's dtype
+// (the engine's: fp16 holds up to 65504; the rule of wan_trt/actions.py), so that no block is refused after the
+// blocks before it ran. A file is refused where the Python reader refuses it, with the same messages but for the
+// parser's own wording of a line that is not JSON.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -182,7 +183,7 @@ class Parser {
     }
     Json v;
     v.kind = Json::kNumber;
-    v.number = std::strtod(s_.substr(begin, i_ - begin).c_str(), nullptr);  // inf when out of double's range
+    v.number = std::strtod(s_.substr(begin, i_ - begin).c_str(), nullptr);  // the nearest double; inf past its range
     return v;
   }
 
@@ -211,7 +212,7 @@ std::string general(double x) {
   return text;
 }
 
-// A finite number within +-limit.
+// A number whose double is finite and within +-limit (the rule at the top of this file).
 bool is_number(const Json& v, double limit) {
   return v.kind == Json::kNumber && std::isfinite(v.number) && std::abs(v.number) <= limit;
 }

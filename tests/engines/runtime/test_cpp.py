@@ -292,6 +292,8 @@ def test_cpp_runtime_reads_actions_from_a_json_lines_file_as_python_does(aoti, w
      r"line 2 \(block 1\), mouse: expected 2 finite numbers .* each within \+-3.40282e\+38 \(the stream's precision\)"),
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, {"mouse": [0, True], "keyboard": [0, 0, 0, 0]}],
      r"line 2 \(block 1\), mouse: expected 2 finite numbers"),
+    ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, '{"mouse": [0, ' + "9" * 4400 + '], "keyboard": [0, 0, 0, 0]}'],
+     r"line 2 \(block 1\), mouse: expected 2 finite numbers"),  # Python: 'not a JSON line wan-trt reads'
 ])
 def test_cpp_runtime_refuses_the_actions_python_refuses(aoti, wan_stream, tmp_path, lines, message):
     from wan_trt.actions import read_actions
@@ -338,6 +340,36 @@ def test_cpp_runtime_refuses_by_line_an_action_the_engines_dtype_cannot_hold(aot
     assert run.latents.dtype == torch.float16 and len(run.block_ms) == 3 and torch.isfinite(run.latents).all()
     fp32 = run_wan_stream(wan_stream, aoti[1], inputs, 3, tmp_path / "fp32.pt", actions=actions(70000.0))
     assert len(fp32.block_ms) == 3 and torch.isfinite(fp32.latents).all()
+
+
+FP32_MAX = int(torch.finfo(torch.float32).max)  # 2**128 - 2**104
+
+
+@pytest.mark.parametrize("number, read", [
+    (str(FP32_MAX + 1), True),  # Python compared the integer exactly and refused it; C++ read its double, the max
+    (str(FP32_MAX) + ".5", True),
+    (str(FP32_MAX + 2**74 - 1), True),  # doubles lie 2**75 apart here: the largest integer read as the max
+    (str(FP32_MAX + 2**74 + 1), False),
+    ("3.4028235e38", False),  # float32's max to 8 digits: a double above it (float32 would round it to the max)
+])
+def test_python_and_cpp_hold_a_number_at_the_dtypes_limit_alike(aoti, wan_stream, tmp_path, number, read):
+    """A number is read as the double nearest it, which must lie within +-torch.finfo(dtype).max, in both
+    readers: the integer float32 max + 1 streamed from C++ (its double is the max) and was refused by Python."""
+    from wan_trt.actions import read_actions
+    export_dir, engine = aoti
+    cfg = Manifest.read(export_dir).spec.config
+    path = _actions_file(tmp_path / "actions.jsonl", ['{"mouse": [' + number + ', 0], "keyboard": [0, 0, 0, 0]}'])
+    inputs = write_stream_inputs(synthetic_stream(cfg, 1, seed=9), tmp_path / "in.pt")
+    refused = r"line 1 \(block 0\), mouse: expected 2 finite numbers .* each within \+-3.40282e\+38"
+    if read:
+        assert read_actions(path, cfg, 1)["mouse"][0, 0, 0] == torch.finfo(torch.float32).max
+        with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: latents of block 0 came out non-finite"):
+            run_wan_stream(wan_stream, engine, inputs, 1, tmp_path / "out.pt", actions=path)  # read, streamed
+    else:
+        with pytest.raises(WanTrtError, match=refused):
+            read_actions(path, cfg, 1)
+        with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: --actions .*" + refused):
+            run_wan_stream(wan_stream, engine, inputs, 1, tmp_path / "out.pt", actions=path)
 
 
 @pytest.mark.parametrize("flag, value, message", [("--blocks", "8x", "--blocks: expected an integer, got '8x'"),

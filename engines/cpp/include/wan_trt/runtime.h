@@ -263,8 +263,8 @@ void check_input_file(const std::string& path, const std::string& flag);
 
 // Raw action frames of blocks first_block .. first_block + blocks - 1 from a JSON-lines actions file
 // (one line per block from first_block on; the format of wan_trt/actions.py): name -> fp32 [1, N, D]
-// for each action input of the spec. Every defect of the lines read is refused with its line number, a value
-// beyond the range of the spec's dtype (fp16: 65504) too, before any block runs.
+// for each action input of the spec. Every defect of the lines read is refused with its line number, a number
+// whose nearest double lies beyond the range of the spec's dtype (fp16: 65504) too, before any block runs.
 std::map<std::string, at::Tensor> read_actions(const std::string& path, const RuntimeSpec& spec,
                                                int64_t first_block, int64_t blocks);
 
