@@ -180,15 +180,20 @@ static int64_t at_least(Line& line, int64_t least) {
 }
 
 // The file's bytes once its last line, `sha256 <hex>`, is that of every byte before it; an older or another
-// file's header, a missing or another hash, is refused.
+// file's header, a missing or another hash, is refused. The header line is read and judged first, alone: a file
+// that is no runtime file (an engine given for one, GBs) is refused without reading the rest.
 static std::string sealed_text(const std::string& path, const std::string& header) {
   namespace fs = std::filesystem;
   std::error_code error;
   if (!fs::is_regular_file(path, error))
     throw Error("cannot open runtime file " + path + " (written by `wan-trt build` beside the engine)");
   std::ifstream file(path, std::ios::binary);
-  std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
-  if (!file || file.bad()) throw Error("runtime file " + path + ": cannot be read (" + std::strerror(errno) + ")");
+  constexpr size_t kHeaderBytes = 64;  // more than any header line ("wan_trt_runtime 5") and its '\n'
+  std::string text(kHeaderBytes, '\0');
+  file.read(&text[0], static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(file.gcount()));
+  auto unreadable = [&] { return Error("runtime file " + path + ": cannot be read (" + std::strerror(errno) + ")"); };
+  if (file.bad() || (file.fail() && !file.eof())) throw unreadable();
   const std::string first = text.substr(0, text.find('\n'));
   if (!first.empty() && first.back() == '\r')
     throw Error(path + ": its lines end in CR LF (converted to Windows line endings?)" + kRewrite);
@@ -205,6 +210,9 @@ static std::string sealed_text(const std::string& path, const std::string& heade
     throw Error(path + (other ? " is the runtime file of another kind of engine (" + first + "), not " + header
                               : " is not a wan-trt runtime file (" + header + ")"));
   }
+  std::ostringstream rest;  // the rest, now that the header is this kind's
+  if (file.peek() != std::char_traits<char>::eof() && !(rest << file.rdbuf())) throw unreadable();
+  text += rest.str();
   const size_t last = text.size() < 2 ? std::string::npos : text.rfind('\n', text.size() - 2);
   const std::string seal = last == std::string::npos || text.back() != '\n'
                                ? "" : text.substr(last + 1, text.size() - last - 2);

@@ -22,7 +22,8 @@
 // folder, a pipe, no file torch.save wrote, not a dict, keys missing, a field of another type) or whose
 // first_block lies beyond a stream's reach.
 // A runtime file that is older, edited or cut (its last line, the sha256 of the lines before it, does not
-// match), or with a field that does not parse, is refused before anything else is read.
+// match), or with a field that does not parse, is refused before anything else is read; a file that is no
+// runtime file (the engine given by mistake, GBs) by its first line, without reading the rest.
 // Outputs are written whole or not at all: each into a fresh staging file beside it, both staged before
 // either is put at its path (without --overwrite, never over a file that appeared meanwhile); a failed write
 // exits 1 and removes only the staging files.

@@ -99,6 +99,26 @@ def test_a_runtime_file_without_its_sha256_line_is_refused(aoti, wan_stream, tmp
                                     "anew"), stderr
 
 
+def test_a_large_file_given_as_runtime_file_is_refused_by_its_first_line(aoti, wan_stream, tmp_path):
+    """A file that is no runtime file (the engine itself, given by mistake: GBs) was read whole before its first
+    line was looked at. Its first line is read alone, and refused: a 2 GiB file (sparse) leaves the process far
+    below 2 GiB of memory."""
+    import os
+    big = tmp_path / "big.pt2"
+    with open(big, "wb") as f:
+        f.truncate(2 << 30)
+    stderr = tmp_path / "stderr.txt"
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen([str(wan_stream), "--engine", str(aoti[1]), "--runtime", str(big), "--inputs",
+                                 str(_inputs(aoti, tmp_path)), "--out", str(tmp_path / "out.pt")],
+                                stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)  # the process's own peak memory
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 1, (proc.returncode, stderr.read_text())
+    assert stderr.read_text().strip() == f"error: {big} is not a wan-trt runtime file (wan_trt_runtime 5)"
+    assert usage.ru_maxrss < 1 << 20, f"{usage.ru_maxrss} KiB"
+
+
 # ---- the inputs file -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("first_block", [2**62, 2**61 + 1, 89478485, -1])
