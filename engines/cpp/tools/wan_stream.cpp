@@ -19,8 +19,8 @@
 // file the run reads (or the other output), or exists (--overwrite replaces only a tensor file such as a run
 // writes), more --blocks than the inputs hold, a --seed outside 0..2^32-1, a defect of the --actions file, by
 // line (a value beyond the range of the engine's dtype too: fp16 65504), an --inputs file that is not one (a
-// folder, a pipe, no file torch.save wrote, not a dict, keys missing, a field of another type) or whose
-// first_block lies beyond a stream's reach.
+// folder, a pipe, unreadable, no file torch.save wrote or one libtorch cannot load, not a dict, keys missing, a
+// field of another type or of another shape than the engine's) or whose first_block lies beyond a stream's reach.
 // A runtime file that is older, edited or cut (its last line, the sha256 of the lines before it, does not
 // match), or with a field that does not parse, is refused before anything else is read; a file that is no
 // runtime file (the engine given by mistake, GBs) by its first line, without reading the rest.
@@ -33,16 +33,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <optional>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "wan_trt/runtime.h"
 
@@ -54,10 +55,34 @@ const std::set<std::string> kValueFlags{"--engine", "--inputs", "--blocks", "--o
                                         "--device", "--start-block", "--actions", "--decoder", "--frames"};
 constexpr int64_t kMaxSeed = 4294967295;  // as `wan-trt --seed`: 32 bits
 
-std::vector<char> read_file(const std::string& path) {
+// The bytes of ``path`` (given as ``flag``); a file that cannot be opened or read is refused naming the error.
+std::vector<char> read_file(const std::string& path, const std::string& flag) {
   std::ifstream file(path, std::ios::binary);
-  if (!file) throw wan_trt::Error("cannot open " + path);
-  return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  std::ostringstream bytes;
+  const bool empty = file && file.peek() == std::char_traits<char>::eof();  // a read error sets badbit here too
+  if (!file || (!empty && !(bytes << file.rdbuf())))
+    throw wan_trt::Error(flag + " " + path + ": cannot be read (" + std::strerror(errno) + ")");
+  const std::string text = bytes.str();
+  return {text.begin(), text.end()};
+}
+
+// Whether ``path`` holds a tensor file as torch.save writes (a zip whose first entry is its pickle or a storage
+// of it: TOP/data.pkl, TOP/data/N), as an earlier run's outputs are: the only kind of file --overwrite replaces.
+bool tensor_file(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  char head[30 + 256] = {};
+  file.read(head, sizeof(head));
+  const std::streamsize got = file.gcount();
+  if (got < 30 || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
+  const size_t length = static_cast<unsigned char>(head[26]) | static_cast<unsigned char>(head[27]) << 8;
+  if (30 + static_cast<std::streamsize>(length) > got) return false;
+  const std::string name(head + 30, length);
+  const size_t top = name.find('/');
+  if (top == std::string::npos || top == 0) return false;
+  const std::string rest = name.substr(top + 1);
+  if (rest == "data.pkl") return true;
+  return rest.size() > 5 && rest.compare(0, 5, "data/") == 0 &&
+         rest.find_first_not_of("0123456789", 5) == std::string::npos;
 }
 
 // The stream inputs of an --inputs file: write_stream_inputs's dict.
@@ -66,17 +91,43 @@ struct StreamInputs {
   int64_t first = 0;                          // first_block: 0 where absent
 };
 
-// The inputs of ``path`` (--inputs), every defect refused on one line naming the file: not a file, not a file
-// torch.save wrote, not a dict, keys missing, a field of another type or number of dimensions.
+// The shape the field ``key`` of an --inputs file must have for this engine; -1: the frames the file holds.
+std::vector<int64_t> inputs_shape(const wan_trt::RuntimeSpec& spec, const std::string& key) {
+  std::vector<int64_t> shape = {1, -1, -1};  // raw actions: [1, frames, dim]
+  if (key == "visual_context" || key == "cond_concat") shape = spec.input(key).shape;
+  if (key == "cond_concat") shape[2] = -1;
+  if ((key == "mouse" || key == "keyboard") && spec.has_input(key + "_window"))
+    shape[2] = spec.input(key + "_window").shape.back();
+  return shape;
+}
+
+// "[1, 16, F, 4, 6]": a shape, -1 written F.
+std::string shape_text(c10::IntArrayRef shape) {
+  std::string text = "[";
+  for (size_t d = 0; d < shape.size(); ++d)
+    text += (d ? ", " : "") + (shape[d] == -1 ? std::string("F") : std::to_string(shape[d]));
+  return text + "]";
+}
+
+// The inputs of ``path`` (--inputs), every defect refused on one line naming the file and what is wrong: not a
+// file or not readable, not a file torch.save wrote or one libtorch cannot load, not a dict, keys missing, a field
+// of another type or shape than this engine's. Only a file in another format is pointed to the writer.
 StreamInputs read_inputs(const std::string& path, const wan_trt::RuntimeSpec& spec) {
   wan_trt::check_input_file(path, "--inputs");
   const std::string where = "--inputs " + path + ": ";
   const std::string writer = "wan_trt.engines.runtime.cpp.write_stream_inputs";
+  const std::vector<char> bytes = read_file(path, "--inputs");
+  if (!tensor_file(path)) throw wan_trt::Error(where + "not a file torch.save wrote; write it with " + writer);
   c10::IValue value;
   try {
-    value = torch::pickle_load(read_file(path));
-  } catch (const std::exception&) {  // libtorch's message is a page with a backtrace
-    throw wan_trt::Error(where + "not a file torch.save wrote; write it with " + writer);
+    value = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {  // libtorch's what() is a page with a backtrace: its first sentence
+    const auto* error = dynamic_cast<const c10::Error*>(&e);
+    const std::string why = error ? error->what_without_backtrace() : e.what();
+    throw wan_trt::Error(where + "a torch.save file libtorch cannot load (" +
+                         why.substr(0, std::min(why.find(". "), why.find('\n'))) +
+                         "): cut short, or holding objects other than tensors, numbers, strings, lists and dicts; "
+                         "write it with " + writer);
   }
   if (!value.isGenericDict())
     throw wan_trt::Error(where + "holds a " + value.tagKind() + ", not the dict of stream inputs " + writer + " saves");
@@ -94,10 +145,16 @@ StreamInputs read_inputs(const std::string& path, const wan_trt::RuntimeSpec& sp
       throw wan_trt::Error(where + key + " is " + (it->value().isNone() ? "None" : "a " + it->value().tagKind()) +
                            ", not a tensor" + (required ? "" : " or None"));
     const at::Tensor t = it->value().toTensor();
-    const size_t dims = required ? spec.input(key).shape.size() : 3;  // raw actions: [1, frames, dim]
-    if (static_cast<size_t>(t.dim()) != dims)
+    const std::vector<int64_t> shape = inputs_shape(spec, key);
+    if (static_cast<size_t>(t.dim()) != shape.size())
       throw wan_trt::Error(where + key + " has " + std::to_string(t.dim()) + " dimensions, not " +
-                           std::to_string(dims));
+                           std::to_string(shape.size()));
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (shape[d] != -1 && t.size(d) != shape[d])
+        throw wan_trt::Error(where + key + " has shape " + shape_text(t.sizes()) + "; this engine (" + spec.config +
+                             ") takes " + shape_text(shape) +
+                             (std::count(shape.begin(), shape.end(), -1) ? " (F: the frames it holds)" : "") +
+                             "; give inputs of " + spec.config);
     return t;
   };
   StreamInputs in{tensor("visual_context", true), tensor("cond_concat", true), tensor("mouse", false),
@@ -120,25 +177,6 @@ int64_t integer(std::map<std::string, std::string>& args, const std::string& key
   }
   if (used == 0 || used != text.size()) throw wan_trt::Error(key + ": expected an integer, got '" + text + "'");
   return value;
-}
-
-// Whether ``path`` holds a tensor file as torch.save writes (a zip whose first entry is its pickle or a storage
-// of it: TOP/data.pkl, TOP/data/N), as an earlier run's outputs are: the only kind of file --overwrite replaces.
-bool tensor_file(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  char head[30 + 256] = {};
-  file.read(head, sizeof(head));
-  const std::streamsize got = file.gcount();
-  if (got < 30 || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
-  const size_t length = static_cast<unsigned char>(head[26]) | static_cast<unsigned char>(head[27]) << 8;
-  if (30 + static_cast<std::streamsize>(length) > got) return false;
-  const std::string name(head + 30, length);
-  const size_t top = name.find('/');
-  if (top == std::string::npos || top == 0) return false;
-  const std::string rest = name.substr(top + 1);
-  if (rest == "data.pkl") return true;
-  return rest.size() > 5 && rest.compare(0, 5, "data/") == 0 &&
-         rest.find_first_not_of("0123456789", 5) == std::string::npos;
 }
 
 // A fresh staging file beside ``path`` (``path``.partial-XXXXXX, private, empty), or "" with errno set.

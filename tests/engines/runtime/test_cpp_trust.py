@@ -5,6 +5,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from tests.engines.runtime.test_cpp import wan_stream  # noqa: F401
 from wan_trt.engines.runtime.cpp import write_stream_inputs
@@ -152,6 +153,46 @@ def test_an_inputs_file_that_is_not_one_is_refused(aoti, wan_stream, tmp_path, m
     path = make(tmp_path)
     code, stderr = _refused(wan_stream, aoti[1], path, tmp_path)
     assert code == 1 and stderr == "error: --inputs " + message.format(path=path), stderr
+
+
+def _cut_inputs(aoti, tmp_path):
+    path = _inputs(aoti, tmp_path)
+    path.write_bytes(path.read_bytes()[:1000])
+    return path
+
+
+WRITER = "wan_trt.engines.runtime.cpp.write_stream_inputs"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda aoti, tmp: "/proc/self/mem", r"{path}: cannot be read \(Input/output error\)"),  # a read error
+    (_cut_inputs, "{path}: a torch.save file libtorch cannot load (.*): cut short, or holding objects other "
+                  f"than tensors, numbers, strings, lists and dicts; write it with {WRITER}"),
+])
+def test_an_inputs_file_that_cannot_be_read_says_why(aoti, wan_stream, tmp_path, make, message):
+    """A file that could not be read, or a torch.save file cut short, was 'not a file torch.save wrote; write it
+    with write_stream_inputs': the advice fits only a file in another format."""
+    path = make(aoti, tmp_path)
+    code, stderr = _refused(wan_stream, aoti[1], path, tmp_path)
+    assert code == 1 and re.fullmatch("error: --inputs " + message.format(path=re.escape(str(path))), stderr), stderr
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"visual_context": torch.zeros(1, 5, 16)},
+     r"visual_context has shape \[1, 5, 16\]; this engine \(universal-small\) takes \[1, 5, 32\]"),
+    ({"cond_concat": torch.zeros(1, 20, 3, 8, 6)},
+     r"cond_concat has shape \[1, 20, 3, 8, 6\]; this engine \(universal-small\) takes \[1, 20, F, 4, 6\] "
+     r"\(F: the frames it holds\)"),
+    ({"keyboard": torch.zeros(1, 9, 2)},
+     r"keyboard has shape \[1, 9, 2\]; this engine \(universal-small\) takes \[1, F, 4\] \(F: the frames it holds\)"),
+])
+def test_inputs_of_another_shape_are_refused_naming_the_file_and_shapes(aoti, wan_stream, tmp_path, fields, message):
+    """Inputs of another config ran into the session's 'visual_context: wrong shape' or 'keyboard: expected shape
+    [1, 9, 4] for block 0', naming neither the file nor what it held."""
+    inputs = _inputs(aoti, tmp_path, **fields)
+    code, stderr = _refused(wan_stream, aoti[1], inputs, tmp_path)
+    assert code == 1 and re.fullmatch(f"error: --inputs {re.escape(str(inputs))}: {message}; give inputs of "
+                                      "universal-small", stderr), stderr
 
 
 @pytest.mark.parametrize("fields, message", [
