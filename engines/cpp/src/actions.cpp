@@ -2,10 +2,13 @@
 // with one key per action input ("mouse", "keyboard"), each one action held for the block (D numbers)
 // or one row per video frame (n rows of D). Lines end at '\n' (a '\r' before it dropped); a line of JSON
 // whitespace only is blank and skipped; lines past the blocks asked for are not read. A number, integer or not,
-// is read as the double nearest it (strtod), which must lie within +-torch.finfo(dtype).max of the stream's dtype
+// is read as the double nearest it (strtod, in the C locale whatever locale the program set), which must lie within +-torch.finfo(dtype).max of the stream's dtype
 // (the engine's: fp16 holds up to 65504; the rule of wan_trt/actions.py), so that no block is refused after the
 // blocks before it ran. A file is refused where the Python reader refuses it, with the same messages but for the
 // parser's own wording of a line that is not JSON.
+#include <locale.h>
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -13,7 +16,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <limits>
+#include <locale>
 #include <set>
 #include <sstream>
 
@@ -183,7 +188,10 @@ class Parser {
     }
     Json v;
     v.kind = Json::kNumber;
-    v.number = std::strtod(s_.substr(begin, i_ - begin).c_str(), nullptr);  // the nearest double; inf past its range
+    // the nearest double (inf past its range), read in the C locale: strtod follows the process's, and a
+    // program that set a comma-decimal one read 0.3 as 0
+    static const locale_t c_locale = newlocale(LC_ALL_MASK, "C", static_cast<locale_t>(0));
+    v.number = strtod_l(s_.substr(begin, i_ - begin).c_str(), nullptr, c_locale);
     return v;
   }
 
@@ -205,11 +213,12 @@ double largest(at::ScalarType dtype) {
   }
 }
 
-// A number as Python's f"{x:.6g}" writes it (65504, 3.40282e+38).
+// A number as Python's f"{x:.6g}" writes it (65504, 3.40282e+38), with a point whatever locale the program set.
 std::string general(double x) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.6g", x);
-  return text;
+  std::ostringstream text;
+  text.imbue(std::locale::classic());
+  text << std::setprecision(6) << x;
+  return text.str();
 }
 
 // A number whose double is finite and within +-limit (the rule at the top of this file).

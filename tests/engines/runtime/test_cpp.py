@@ -578,3 +578,48 @@ def _flipped(data: bytes) -> bytes:
     """``data`` with one bit of its middle byte flipped (same size)."""
     middle = len(data) // 2
     return data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1:]
+
+
+@pytest.fixture(scope="module")
+def comma_locale(tmp_path_factory):
+    """A locale whose decimal point is a comma (de_DE.UTF-8), compiled into a folder of its own: (LOCPATH, name)."""
+    import shutil
+    import subprocess
+    if shutil.which("localedef") is None:
+        pytest.skip("localedef is not installed (glibc's locale compiler): no comma-decimal locale to run under")
+    root = tmp_path_factory.mktemp("locales")
+    made = subprocess.run(["localedef", "-i", "de_DE", "-f", "UTF-8", str(root / "de_DE.UTF-8")],
+                          capture_output=True, text=True)
+    if not (root / "de_DE.UTF-8").is_dir():
+        pytest.skip(f"localedef could not compile de_DE.UTF-8 ({made.returncode}): {made.stderr.strip()[:200]}")
+    return root, "de_DE.UTF-8"
+
+
+def test_the_runtime_reads_its_files_alike_whatever_locale_the_program_set(aoti, wan_stream, comma_locale, tmp_path):
+    """The actions reader parsed numbers with strtod, which follows the process's locale: in a program that set
+    a comma-decimal locale, 0.3 read as 0 and the stream ran on other actions than the file's, without a word.
+    The runtime file (sigmas, rotary base) is read under the same locale here too."""
+    import os
+    import subprocess
+
+    from wan_trt.actions import read_actions
+    export_dir, engine = aoti
+    cfg = Manifest.read(export_dir).spec.config
+    keys = cfg.model.action_config.keyboard_dim_in
+    path = _actions_file(tmp_path / "actions.jsonl", [{"mouse": [0.3, -0.25], "keyboard": [1] + [0] * (keys - 1)},
+                                                      {"mouse": [1.5e-3, 2.75], "keyboard": [0.5] * keys}])
+    locpath, name = comma_locale
+    out = tmp_path / "actions.pt"
+    run = subprocess.run([str(wan_stream.parent / "locale_reads"), name, str(engine), str(path), "2", str(out)],
+                         capture_output=True, text=True, env={**os.environ, "LOCPATH": str(locpath)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    python = read_actions(path, cfg, 2)
+    expected = torch.cat([python[name] for name in sorted(python)], dim=2)  # as the driver joins them
+    torch.testing.assert_close(torch.load(out), expected, rtol=0, atol=0)
+    # a refusal names the limit as Python does (3.40282e+38, not 3,40282e+38)
+    path = _actions_file(tmp_path / "far.jsonl", [{"mouse": [1e39, 0], "keyboard": [0] * keys}])
+    with pytest.raises(WanTrtError) as refused:
+        read_actions(path, cfg, 1)
+    run = subprocess.run([str(wan_stream.parent / "locale_reads"), name, str(engine), str(path), "1", str(out)],
+                         capture_output=True, text=True, env={**os.environ, "LOCPATH": str(locpath)})
+    assert run.returncode == 1 and "3.40282e+38" in str(refused.value) and "3.40282e+38" in run.stderr, run.stderr
