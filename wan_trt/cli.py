@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -52,11 +52,64 @@ def _fail(message: str) -> None:
     sys.exit(1)
 
 
-class Commands(click.Group):
+class OnceOptions(click.Command):
+    """A command whose single-valued options may each be given once: click kept the last of `--out a --out b`
+    (or of `--video --no-video`) without a word. Refused while the command line is parsed, before any work;
+    options meant to repeat (``multiple=True``) repeat as before."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing:
+            refuse_repeats(self, ctx, args)
+        return super().parse_args(ctx, args)
+
+
+def refuse_repeats(command: click.Command, ctx: click.Context, args: list[str]) -> None:
+    """Refuse ``args`` where one single-valued option of ``command`` (its spellings, a --x/--no-x pair, flags
+    sharing one destination) is given more than once. Parses a copy with click's own parser, so `--out=a`,
+    `-v` and values that look like options read as they will when the command runs."""
+    parser = command.make_parser(ctx)
+    given: dict[str, list[tuple[Any, Any]]] = {}
+    options = {id(o): o for o in (*parser._long_opt.values(), *parser._short_opt.values())}.values()
+    for option in options:
+        if option.action in ("store", "store_const") and not option.obj.is_eager:  # not --help, not multiple
+            option.process = _recording(option, given)
+    parser.parse_args(args=list(args))
+    for occurrences in given.values():
+        if len(occurrences) > 1:
+            raise click.BadOptionUsage(_name(occurrences[0][0]), _repeated(occurrences), ctx=ctx)
+
+
+def _recording(option, given: dict) -> Callable:
+    process = option.process
+
+    def record(value, state) -> None:
+        given.setdefault(option.dest, []).append((option, value))
+        process(value, state)
+    return record
+
+
+def _name(option) -> str:
+    return (option._long_opts or option._short_opts)[0]
+
+
+def _repeated(occurrences: list) -> str:
+    """'--out given twice (a, b): give it once', or '--video and --no-video given together: give one of them'."""
+    names = list(dict.fromkeys(_name(option) for option, _ in occurrences))
+    values = [str(value) for option, value in occurrences if option.takes_value]
+    shown = f" ({', '.join(values)})" if values else ""
+    if len(names) > 1:
+        return f"{' and '.join(names)} given together{shown}: give one of them"
+    times = "twice" if len(occurrences) == 2 else f"{len(occurrences)} times"
+    return f"{names[0]} given {times}{shown}: give it once"
+
+
+class Commands(OnceOptions, click.Group):
     """The command group: what click itself refuses while it parses (a flag value out of its choices, a path
     that does not exist, an unknown flag) ends as the commands' own user errors do, one 'error: ...' line and
     exit status 1, pointing at the command's help instead of printing its usage. No command at all shows
-    the help."""
+    the help. Its options and every command's may each be given once (:class:`OnceOptions`)."""
+
+    command_class = OnceOptions
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:

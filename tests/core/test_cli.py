@@ -1,4 +1,5 @@
 """The CLI's contract: user errors are one `error:` line and exit 1 (traceback only with -v)."""
+import click
 import pytest
 import torch
 from click.testing import CliRunner
@@ -134,3 +135,55 @@ def test_the_sigterm_handler_is_the_command_lines_alone():
     res = CliRunner().invoke(main, ["info", "--config", "universal-small"])
     assert res.exit_code == 0, res.output
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _single_valued_options():
+    """(command, option) for every option of every command (and of the group) that takes one value or is a flag."""
+    commands = [(None, main), *((name, command) for name, command in main.commands.items())]
+    return [(name, param) for name, command in commands for param in command.params
+            if isinstance(param, click.Option) and not param.multiple and not param.count and param.name != "help"]
+
+
+@pytest.mark.parametrize("name, option", _single_valued_options(),
+                         ids=lambda x: x if isinstance(x, str) or x is None else x.opts[-1])
+def test_every_single_valued_option_given_twice_is_refused(name, option, tmp_path, monkeypatch):
+    """`--out a --out b` (or `--config x --config y`, `--precision` ...) went on with the last one and said nothing."""
+    monkeypatch.chdir(tmp_path)
+    flag = option.opts[-1]
+    twice = [flag, flag] if option.is_flag else [flag, "a", flag, "b"]
+    takes_config = name is not None and "config_name" in {p.name for p in main.commands[name].params}
+    stop = ["--config", "no-such-preset"] if takes_config and option.name != "config_name" else []  # no work if taken
+    args = twice + ["info"] if name is None else [name, *twice, *stop]
+    shown = "" if option.is_flag else " (a, b)"
+    _one_error_line(_run(args), f"error: {flag} given twice{shown}: give it once")
+
+
+def test_an_option_given_twice_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = _run(["stream", "--config", "universal-small", "--blocks", "1", "--out", "a", "--out", "b"])
+    _one_error_line(res, "error: --out given twice (a, b): give it once", "wan-trt stream --help")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["stream", "--config", "no-such-preset", "--out", "o", "--video", "--no-video"], "--video and --no-video given together: give one of them"),
+    (["build", "--bf16", "--fp16"], "--bf16 and --fp16 given together: give one of them"),
+    (["build", "--fp32", "--fp32"], "--fp32 given twice: give it once"),
+    (["info", "--config", "x", "--config=y", "--config", "z"], "--config given 3 times (x, y, z): give it once"),
+    (["-v", "--verbose", "info"], "--verbose given twice: give it once"),
+])
+def test_the_two_spellings_of_an_option_count_as_giving_it_twice(args, message):
+    _one_error_line(_run(args), f"error: {message}")
+
+
+def test_an_option_meant_to_repeat_may_repeat(tmp_path):
+    """bench --also-engine is repeatable: each one is taken (here refused as missing, not as repeated)."""
+    res = _run(["bench", str(tmp_path), "--also-engine", "no/a.pt2", "--also-engine", "no/b.pt2"])
+    _one_error_line(res, "'no/a.pt2' does not exist")
+    assert "given twice" not in res.output
+
+
+def test_different_options_with_one_meaning_are_not_a_repeat():
+    """--precision fp32 with --fp32 agree: two options, each given once (pick_precision judges them)."""
+    res = _run(["build", "--precision", "fp32", "--fp32"])
+    _one_error_line(res, "give an export DIRECTORY")
