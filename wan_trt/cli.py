@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import click
+from click.core import ParameterSource
 
 from wan_trt.cli_options import (PathArg, config_option, device_option, pick_device, pick_precision, precision_aliases,
                                  precision_option, seed_option, weights_option)
@@ -189,7 +190,7 @@ def main(verbose: bool) -> None:
 
 @main.command()
 @config_option
-@click.option("--list", "list_presets", is_flag=True, help="List the built-in presets and exit.")
+@click.option("--list", "list_presets", is_flag=True, help="List the built-in presets and exit (no --config).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @user_errors
 def info(config_name: str, list_presets: bool, as_json: bool) -> None:
@@ -198,6 +199,10 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
     from wan_trt.info import format_info, model_info
 
     if list_presets:
+        given = click.get_current_context().get_parameter_source("config_name") is not ParameterSource.DEFAULT
+        if given:  # an option the command would not use is refused, never dropped
+            raise WanTrtError(f"--config {config_name}: --list lists the presets and takes no --config; drop one "
+                              "of them")
         names = preset_names()
         click.echo(json.dumps(names) if as_json else "\n".join(names))
         return

@@ -49,3 +49,17 @@ def test_cli_user_error_exits_1_without_traceback():
     res = CliRunner().invoke(main, ["info", "--config", "does-not-exist"])
     assert res.exit_code == 1
     assert "error: --config 'does-not-exist'" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("config", ["universal-small", "universal", "no-such-preset"])
+def test_list_with_a_config_is_refused(config):
+    """`info --list --config X` printed the preset list and dropped --config without a word."""
+    res = CliRunner().invoke(main, ["info", "--list", "--config", config, "--json"])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert res.output.startswith(f"error: --config {config}: --list lists the presets and takes no --config"), \
+        res.output
+
+
+def test_list_as_json_is_the_preset_names():
+    res = CliRunner().invoke(main, ["info", "--list", "--json"])
+    assert res.exit_code == 0 and "universal-small" in json.loads(res.output), res.output
