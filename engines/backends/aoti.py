@@ -71,11 +71,9 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     check_engine_out(engine)
     engine.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(engine, "build"):
-        if not force and up_to_date(engine, key, manifest):
-            write_runtime_file(manifest.spec, engine)
-            return engine
-        _compile(manifest, directory, engine, key, device, ops)
-    write_runtime_file(manifest.spec, engine)
+        if force or not up_to_date(engine, key, manifest):
+            _compile(manifest, directory, engine, key, device, ops)
+        write_runtime_file(manifest.spec, engine, EngineMetadata.read(engine).engine_file)  # verified or just made
     return engine
 
 

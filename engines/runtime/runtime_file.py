@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wan_trt.digest import bytes_digest, file_digest
+from wan_trt.digest import bytes_digest
 from wan_trt.outputs import write_file
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.scheduler import BlockSchedule
@@ -54,11 +54,11 @@ def _io_lines(spec: GraphSpec) -> list[str]:
             + [f"output {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.outputs])
 
 
-def runtime_text(spec: GraphSpec, engine: Path) -> str | None:
-    """The runtime file's text for ``spec``'s engine file ``engine`` (hashed only for a graph the C++ runtime
-    runs); None for other graphs."""
+def runtime_text(spec: GraphSpec, engine_file: dict) -> str | None:
+    """The runtime file's text for ``spec``'s engine file, whose ``{size, sha256}`` is ``engine_file``; None for
+    graphs the C++ runtime does not run."""
     text = decoder_text if isinstance(spec, DecoderSpec) else pass_text if isinstance(spec, PassSpec) else None
-    return None if text is None else text(spec, file_digest(engine))
+    return None if text is None else text(spec, engine_file)
 
 
 def sealed(body: str) -> str:
@@ -100,10 +100,11 @@ def runtime_path(engine: Path) -> Path:
     return engine.with_name(engine.name + ".runtime.txt")
 
 
-def write_runtime_file(spec: GraphSpec, engine: Path) -> Path | None:
-    """The runtime file of ``engine`` (a DiT pass or a decoder graph, with the engine file's size and sha256),
-    written whole or not at all; None for other graphs."""
-    text = runtime_text(spec, engine)
+def write_runtime_file(spec: GraphSpec, engine: Path, engine_file: dict) -> Path | None:
+    """The runtime file of ``engine`` (a DiT pass or a decoder graph), written whole or not at all; None for other
+    graphs. ``engine_file`` is the engine's ``{size, sha256}`` as its build recorded and verified it: the build
+    does not hash a multi-GB file a second time for this."""
+    text = runtime_text(spec, engine_file)
     if text is None:
         return None
     path = runtime_path(Path(engine))

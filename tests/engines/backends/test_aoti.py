@@ -1,5 +1,6 @@
 """AOTInductor engine on the CPU: build, check, Python runtime, bench, bad input (the C++ runtime:
 tests/engines/runtime/test_cpp.py; the package is the session-wide ``aoti`` fixture of tests/conftest.py)."""
+import hashlib
 import json
 import os
 import shutil
@@ -142,6 +143,30 @@ def test_damaged_engine_is_refused_and_rebuilt_not_reused(aoti, tmp_path, monkey
     assert copy.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == [
         "engine.pt2", "engine.pt2.json", "engine.pt2.runtime.txt"]
     AotiRunner(copy, Manifest.read(export_dir))  # verified again: the new file is the one recorded
+
+
+def test_a_fresh_build_hashes_its_engine_once(aoti, tmp_path, monkeypatch):
+    """The build hashed the engine it had just written twice: once for its metadata, then again (renamed into
+    place) for its runtime file; some 10 s of a full-size engine's SHA-256 for nothing."""
+    import wan_trt.digest as digest
+    export_dir, engine = aoti
+    data = engine.read_bytes()
+
+    def compile_stand_in(program, package_path):  # the hashing of the package is under test, not Inductor
+        Path(package_path).write_bytes(data)
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_stand_in)
+    read = []
+
+    def counting_open(path, *args, **kwargs):  # file_digest reads each file it hashes (not one it knows)
+        read.append(Path(path).name)
+        return open(path, *args, **kwargs)
+    monkeypatch.setattr(digest, "open", counting_open, raising=False)
+    built = build_aoti(export_dir, tmp_path / "fresh.pt2", device="cpu")
+    hashed = [name for name in read if name.startswith((".fresh.pt2.partial-", "fresh.pt2"))]
+    assert len(hashed) == 1, hashed
+    runtime = (tmp_path / "fresh.pt2.runtime.txt").read_text()
+    assert f"engine {len(data)} {hashlib.sha256(data).hexdigest()}" in runtime.splitlines()
+    AotiRunner(built, Manifest.read(export_dir))  # the metadata's record is the file's
 
 
 def test_check_engine_refuses_an_export_changed_since_the_build(aoti, tmp_path):
