@@ -9,7 +9,7 @@ from wan_trt.config import WanConfig
 from wan_trt.config_load import load_config
 from wan_trt.digest import file_digest, verify_file
 from wan_trt.engines.artifact import REBUILD, EngineMetadata
-from wan_trt.engines.backends import BUILDABLE, DEFAULT_BUILD, backend_module, get_backend
+from wan_trt.engines.backends import BUILDABLE, DEFAULT_BUILD, backend_module, check_engine_name, get_backend
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger
 from wan_trt.export.decoder import decoder_dirs, read_decoder
@@ -102,9 +102,8 @@ def build_engine(directory: str | None, config_name: str | None, options: BuildO
             raise WanTrtError(f"--weights {weights}: {directory} is a decoder export, whose weights were fixed at "
                               "export (`wan-trt export --graph decoder --vae-weights`); drop --weights")
         return build_decoder_engines(Path(directory), backend, options, seed=seed)
-    if options.out is not None and backend.name == "aoti":  # before an export --config may make (minutes)
-        from wan_trt.engines.backends.aoti import check_package_path
-        check_package_path(Path(options.out))
+    if options.out is not None:  # before an export --config may make (minutes)
+        check_engine_name(backend, Path(options.out))
     export_dir = resolve_export(directory, config_name, options.precision, options.ops, weights=weights, seed=seed,
                                 backend=backend.name)
     return backend_module(backend).build(export_dir, options)

@@ -21,7 +21,8 @@ from click.core import ParameterSource
 
 from wan_trt.cli_options import (PathArg, config_option, device_option, pick_device, pick_precision, precision_aliases,
                                  precision_option, seed_option, weights_option)
-from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, DEFAULT_BUILD, ENGINE_FLAGS, parse_backends
+from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, BUILDABLE, BY_NAME, DEFAULT_BUILD, ENGINE_FLAGS,
+                                      parse_backends)
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger, setup_logging
@@ -359,7 +360,8 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
               help="TensorRT builder optimization level.  [default: 3]")
 @click.option("--weak-typing", is_flag=True, help="TensorRT 10.x only: untyped network + precision builder flag.")
 @click.option("--out", type=PathArg(dir_okay=False), default=None,
-              help="Engine path. Defaults to DIRECTORY/engine_<backend>_<device>.<pt2|plan>.")
+              help="Engine path, named " + ", ".join(f"*{BY_NAME[b].engine_suffix} ({b})" for b in BUILDABLE)
+                   + ". Defaults to DIRECTORY/engine_<backend>_<device>.<pt2|plan>.")
 @click.option("--force", is_flag=True, help="Rebuild even if an up-to-date engine exists.")
 @weights_option
 @click.option("--seed", type=int, default=None,

@@ -46,6 +46,8 @@ class Backend:
         compile: run under torch.compile (the PyTorch backends).
         reference_pipeline: the upstream-semantics reference pipeline, run as a whole (no runner).
         builds: ``wan-trt build --backend NAME`` builds its engine.
+        engine_suffix: how the name of the engine file it builds ends (``wan-trt build --out``), checked before
+            any export or trace (:func:`check_engine_name`).
         test: the test module that runs it (checked by tests/engines/backends/test_registry.py).
     """
 
@@ -59,6 +61,7 @@ class Backend:
     ops: str = "native"
     cuda_graph: bool = False
     builds: bool = False
+    engine_suffix: str | None = None
     compile: bool = False
     reference_pipeline: bool = False
 
@@ -75,7 +78,8 @@ BACKENDS: tuple[Backend, ...] = (
     Backend("onnxruntime", "onnxruntime", "the exported graph (CUDA provider on a GPU, CPU provider otherwise)",
             "tests/export/test_transformer.py"),
     Backend("aoti", "aoti", "the AOTInductor package (--aoti-engine)", "tests/engines/backends/test_aoti.py",
-            requires=("engine",), engine_flag="--aoti-engine", engine_key="aoti", builds=True),
+            requires=("engine",), engine_flag="--aoti-engine", engine_key="aoti", builds=True,
+            engine_suffix=".pt2"),  # AOTInductor packages only to a .pt2 name
     Backend("aoti+cudagraph", "aoti", "the AOTInductor package replayed as CUDA graphs",
             "tests/engines/backends/test_aoti.py", requires=("engine", "cuda"), engine_flag="--aoti-engine",
             engine_key="aoti", cuda_graph=True),
@@ -86,7 +90,8 @@ BACKENDS: tuple[Backend, ...] = (
             "tests/engines/backends/test_aoti.py", requires=("engine", "cuda"),
             engine_flag="--aoti-plugins-engine", engine_key="aoti-plugins", ops="plugins", cuda_graph=True),
     Backend("tensorrt", "tensorrt", "the TensorRT engine (--trt-engine)", "tests/engines/backends/test_tensorrt.py",
-            requires=("tensorrt", "engine"), engine_flag="--trt-engine", engine_key="tensorrt", builds=True),
+            requires=("tensorrt", "engine"), engine_flag="--trt-engine", engine_key="tensorrt", builds=True,
+            engine_suffix=".plan"),
 )
 BY_NAME = {b.name: b for b in BACKENDS}
 ALL_BACKENDS = tuple(BY_NAME)
@@ -100,6 +105,15 @@ def get_backend(name: str, flag: str = "--backend") -> Backend:
     if name not in BY_NAME:
         raise WanTrtError(f"{flag}: unknown backend {name!r}; valid: {', '.join(ALL_BACKENDS)}")
     return BY_NAME[name]
+
+
+def check_engine_name(backend: Backend, engine: Path) -> None:
+    """Refuse an engine path not named as ``backend``'s engine files are (AOTInductor fails on another name only
+    after the export and the trace), before any of that work."""
+    suffix = backend.engine_suffix
+    if suffix is not None and engine.suffix != suffix:
+        raise WanTrtError(f"--out {engine}: --backend {backend.name} writes a {suffix} file; name it e.g. "
+                          f"{engine.with_name(engine.stem + suffix)}")
 
 
 def parse_backends(names: str | None) -> list[str] | None:

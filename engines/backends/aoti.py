@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_engine_path, engine_key,
                                      install_engine, staged_file, up_to_date)
+from wan_trt.engines.backends import check_engine_name, get_backend
 from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, channels_last_3d_convolutions,
                                                      make_libstdcxx_global, shared_kernel_inputs)
 from wan_trt.engines.runtime.cuda_graph import CudaGraphRunner
@@ -42,13 +43,6 @@ def check_fp8_device(device: str) -> None:
                           "build a bf16 engine instead")
 
 
-def check_package_path(engine: Path) -> None:
-    """AOTInductor packages only to a ``.pt2`` name (otherwise it fails after the export and the trace)."""
-    if engine.suffix != ".pt2":
-        raise WanTrtError(f"--out {engine}: an AOTInductor engine is a .pt2 package; name it e.g. "
-                          f"{engine.with_name(engine.stem + '.pt2')}")
-
-
 def build_aoti(directory: str | Path, out: str | Path | None = None, device: str = "cuda",
                force: bool = False, ops: str | None = None) -> Path:
     """Compile the export in ``directory`` into an AOTInductor package for ``device`` ('cuda' or 'cpu').
@@ -67,7 +61,7 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
         check_fp8_device(device)
     engine = Path(out) if out else default_engine_path(directory, "aoti" if ops == "native" else f"aoti_{ops}", device)
     key = engine_key(manifest, "aoti", device, {"ops": ops})
-    check_package_path(engine)
+    check_engine_name(get_backend("aoti"), engine)
     check_engine_out(engine)
     engine.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(engine, "build"):

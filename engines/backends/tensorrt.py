@@ -22,6 +22,7 @@ import torch
 
 from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_engine_path, engine_key,
                                      install_engine, staged_file, up_to_date)
+from wan_trt.engines.backends import check_engine_name, get_backend
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.runtime_file import write_runtime_file
 from wan_trt.errors import WanTrtError
@@ -85,6 +86,7 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
     cache_path = Path(timing_cache) if timing_cache else None
     _check_inputs(manifest, directory, opt_level, cache_path)
     engine = Path(out) if out else default_engine_path(directory, "tensorrt", "cuda")
+    check_engine_name(get_backend("tensorrt"), engine)
     check_engine_out(engine)
     trt = import_tensorrt()
     key = engine_key(manifest, "tensorrt", "cuda", {"opt_level": opt_level, "weak_typing": weak_typing})

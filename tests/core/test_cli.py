@@ -166,7 +166,8 @@ def test_an_option_given_twice_is_refused_before_any_work(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("args, message", [
-    (["stream", "--config", "no-such-preset", "--out", "o", "--video", "--no-video"], "--video and --no-video given together: give one of them"),
+    (["stream", "--config", "no-such-preset", "--out", "o", "--video", "--no-video"],
+     "--video and --no-video given together: give one of them"),
     (["build", "--bf16", "--fp16"], "--bf16 and --fp16 given together: give one of them"),
     (["build", "--fp32", "--fp32"], "--fp32 given twice: give it once"),
     (["info", "--config", "x", "--config=y", "--config", "z"], "--config given 3 times (x, y, z): give it once"),

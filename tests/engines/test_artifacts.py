@@ -15,6 +15,7 @@ from wan_trt.cli import main
 from wan_trt.config_load import load_config
 from wan_trt.engines import artifact
 from wan_trt.engines.artifact import EngineMetadata, engine_key, install_engine, up_to_date
+from wan_trt.engines.backends import get_backend
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest
 from wan_trt.log import logger
@@ -75,7 +76,8 @@ def test_engine_out_never_replaces_a_file_build_did_not_write(plain_export, tmp_
     for target in (notes, plain_export / "manifest.json"):
         before = target.read_bytes()
         res = _build(str(plain_export), "--fp32", "--backend", backend, "--device", "cpu", "--out", str(target))
-        why = "is a .pt2 package" if backend == "aoti" and target.suffix != ".pt2" else "were not written by"
+        suffix = get_backend(backend).engine_suffix
+        why = f"writes a {suffix} file" if target.suffix != suffix else "were not written by"
         assert res.exit_code == 1 and why in res.output, res.output
         assert target.read_bytes() == before
     Manifest.read(plain_export)

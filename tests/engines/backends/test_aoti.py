@@ -280,7 +280,7 @@ def test_an_engine_out_without_the_pt2_suffix_is_refused_before_any_work(aoti, t
     monkeypatch.setattr(aoti_backend, "_compile", no_work)
     for name in ("engine.bin", "engine"):
         out = tmp_path / name
-        with pytest.raises(WanTrtError, match=rf"--out {out}: an AOTInductor engine is a \.pt2 package; name it "
+        with pytest.raises(WanTrtError, match=rf"--out {out}: --backend aoti writes a \.pt2 file; name it "
                                               rf"e\.g\. .*engine\.pt2"):
             aoti_backend.build_aoti(export_dir, out, device="cpu")
     assert not list(tmp_path.iterdir())
@@ -291,5 +291,5 @@ def test_an_engine_out_without_the_pt2_suffix_is_refused_before_an_export_is_mad
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(main, ["build", "--config", "universal-small", "--backend", "aoti", "--device", "cpu",
                                     "--fp32", "--out", str(tmp_path / "engine.bin")])
-    assert res.exit_code == 1 and "an AOTInductor engine is a .pt2 package" in res.output, res.output
+    assert res.exit_code == 1 and "--backend aoti writes a .pt2 file" in res.output, res.output
     assert not list(tmp_path.iterdir())  # no export made

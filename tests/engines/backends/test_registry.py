@@ -6,7 +6,7 @@ import torch
 from click.testing import CliRunner
 
 from wan_trt.cli import main
-from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, RunnerSources, why_not
+from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, RunnerSources, get_backend, why_not
 from wan_trt.engines.bench import BenchOptions, run_bench
 from wan_trt.engines.build import BuildOptions, build_engine
 from wan_trt.errors import WanTrtError
@@ -60,6 +60,31 @@ def test_build_refuses_a_backend_that_builds_no_engine():
         build_engine(None, "universal-small", BuildOptions(backend="onnxruntime"))
     with pytest.raises(WanTrtError, match="--backend tensorrtt: not an engine that `wan-trt build` makes"):
         build_engine(None, "universal-small", BuildOptions(backend="tensorrtt"))
+
+
+@pytest.mark.parametrize("backend", BUILDABLE)
+@pytest.mark.parametrize("name", ["engine.bin", "engine"])
+def test_every_buildable_backend_refuses_an_out_it_does_not_write_before_any_work(tmp_path, monkeypatch, backend,
+                                                                                  name):
+    """Each building entry declares the name its engine file takes, and `build --out` is held to it before any
+    export or trace: `build --config C --backend tensorrt --out engine.pt2` exported C first (minutes at full
+    size), only aoti's .pt2 was checked up front."""
+    monkeypatch.chdir(tmp_path)
+    suffix = get_backend(backend).engine_suffix
+    res = CliRunner().invoke(main, ["build", "--config", "universal-small", "--fp32", "--backend", backend,
+                                    "--device", "cpu", "--out", str(tmp_path / name)])
+    assert res.exit_code == 1 and res.output.startswith(
+        f"error: --out {tmp_path / name}: --backend {backend} writes a {suffix} file; name it e.g. "
+        f"{tmp_path / ('engine' + suffix)}"), res.output
+    assert not list(tmp_path.iterdir())  # no export made
+
+
+def test_the_engine_names_are_the_default_ones(tmp_path):
+    """`build` without --out writes the name its backend declares."""
+    from wan_trt.engines.artifact import default_engine_path
+    assert [default_engine_path(tmp_path, b, "cpu").suffix for b in BUILDABLE] == \
+        [get_backend(b).engine_suffix for b in BUILDABLE]
+    assert get_backend("aoti").engine_suffix == ".pt2" and get_backend("tensorrt").engine_suffix == ".plan"
 
 
 def test_build_precision_and_its_alias_must_agree(tmp_path):
