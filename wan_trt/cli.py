@@ -68,7 +68,8 @@ class OnceOptions(click.Command):
 def refuse_repeats(command: click.Command, ctx: click.Context, args: list[str]) -> None:
     """Refuse ``args`` where one single-valued option of ``command`` (its spellings, a --x/--no-x pair, flags
     sharing one destination) is given more than once. Parses a copy with click's own parser, so `--out=a`,
-    `-v` and values that look like options read as they will when the command runs."""
+    `-v` and values that look like options read as they will when the command runs. Its option table is
+    click's private one (click 8.x); tests/core/test_cli.py gives every option of every command twice."""
     parser = command.make_parser(ctx)
     given: dict[str, list[tuple[Any, Any]]] = {}
     options = {id(o): o for o in (*parser._long_opt.values(), *parser._short_opt.values())}.values()
