@@ -46,8 +46,8 @@ class Backend:
         compile: run under torch.compile (the PyTorch backends).
         reference_pipeline: the upstream-semantics reference pipeline, run as a whole (no runner).
         builds: ``wan-trt build --backend NAME`` builds its engine.
-        engine_suffix: how the name of the engine file it builds ends (``wan-trt build --out``), checked before
-            any export or trace (:func:`check_engine_name`).
+        engine_suffixes: how the name of the engine file it builds may end (``wan-trt build --out``; the first:
+            its default name), checked before any export or trace (:func:`check_engine_name`).
         test: the test module that runs it (checked by tests/engines/backends/test_registry.py).
     """
 
@@ -61,7 +61,7 @@ class Backend:
     ops: str = "native"
     cuda_graph: bool = False
     builds: bool = False
-    engine_suffix: str | None = None
+    engine_suffixes: tuple[str, ...] = ()
     compile: bool = False
     reference_pipeline: bool = False
 
@@ -79,7 +79,7 @@ BACKENDS: tuple[Backend, ...] = (
             "tests/export/test_transformer.py"),
     Backend("aoti", "aoti", "the AOTInductor package (--aoti-engine)", "tests/engines/backends/test_aoti.py",
             requires=("engine",), engine_flag="--aoti-engine", engine_key="aoti", builds=True,
-            engine_suffix=".pt2"),  # AOTInductor packages only to a .pt2 name
+            engine_suffixes=(".pt2",)),  # AOTInductor packages only to a .pt2 name
     Backend("aoti+cudagraph", "aoti", "the AOTInductor package replayed as CUDA graphs",
             "tests/engines/backends/test_aoti.py", requires=("engine", "cuda"), engine_flag="--aoti-engine",
             engine_key="aoti", cuda_graph=True),
@@ -91,7 +91,7 @@ BACKENDS: tuple[Backend, ...] = (
             engine_flag="--aoti-plugins-engine", engine_key="aoti-plugins", ops="plugins", cuda_graph=True),
     Backend("tensorrt", "tensorrt", "the TensorRT engine (--trt-engine)", "tests/engines/backends/test_tensorrt.py",
             requires=("tensorrt", "engine"), engine_flag="--trt-engine", engine_key="tensorrt", builds=True,
-            engine_suffix=".plan"),
+            engine_suffixes=(".plan", ".engine", ".trt")),  # any name serves TensorRT: the usual ones
 )
 BY_NAME = {b.name: b for b in BACKENDS}
 ALL_BACKENDS = tuple(BY_NAME)
@@ -110,10 +110,10 @@ def get_backend(name: str, flag: str = "--backend") -> Backend:
 def check_engine_name(backend: Backend, engine: Path) -> None:
     """Refuse an engine path not named as ``backend``'s engine files are (AOTInductor fails on another name only
     after the export and the trace), before any of that work."""
-    suffix = backend.engine_suffix
-    if suffix is not None and engine.suffix != suffix:
-        raise WanTrtError(f"--out {engine}: --backend {backend.name} writes a {suffix} file; name it e.g. "
-                          f"{engine.with_name(engine.stem + suffix)}")
+    suffixes = backend.engine_suffixes
+    if suffixes and engine.suffix not in suffixes:
+        raise WanTrtError(f"--out {engine}: --backend {backend.name} writes a {' or '.join(suffixes)} file; name it "
+                          f"e.g. {engine.with_name(engine.stem + suffixes[0])}")
 
 
 def parse_backends(names: str | None) -> list[str] | None:

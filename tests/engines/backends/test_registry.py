@@ -70,12 +70,12 @@ def test_every_buildable_backend_refuses_an_out_it_does_not_write_before_any_wor
     export or trace: `build --config C --backend tensorrt --out engine.pt2` exported C first (minutes at full
     size), only aoti's .pt2 was checked up front."""
     monkeypatch.chdir(tmp_path)
-    suffix = get_backend(backend).engine_suffix
+    suffixes = get_backend(backend).engine_suffixes
     res = CliRunner().invoke(main, ["build", "--config", "universal-small", "--fp32", "--backend", backend,
                                     "--device", "cpu", "--out", str(tmp_path / name)])
     assert res.exit_code == 1 and res.output.startswith(
-        f"error: --out {tmp_path / name}: --backend {backend} writes a {suffix} file; name it e.g. "
-        f"{tmp_path / ('engine' + suffix)}"), res.output
+        f"error: --out {tmp_path / name}: --backend {backend} writes a {' or '.join(suffixes)} file; name it e.g. "
+        f"{tmp_path / ('engine' + suffixes[0])}"), res.output
     assert not list(tmp_path.iterdir())  # no export made
 
 
@@ -83,8 +83,11 @@ def test_the_engine_names_are_the_default_ones(tmp_path):
     """`build` without --out writes the name its backend declares."""
     from wan_trt.engines.artifact import default_engine_path
     assert [default_engine_path(tmp_path, b, "cpu").suffix for b in BUILDABLE] == \
-        [get_backend(b).engine_suffix for b in BUILDABLE]
-    assert get_backend("aoti").engine_suffix == ".pt2" and get_backend("tensorrt").engine_suffix == ".plan"
+        [get_backend(b).engine_suffixes[0] for b in BUILDABLE]
+    assert get_backend("aoti").engine_suffixes == (".pt2",) and get_backend("tensorrt").engine_suffixes[0] == ".plan"
+    from wan_trt.engines.backends import check_engine_name
+    for name in ("model.plan", "model.engine", "model.trt"):  # TensorRT takes any name: the usual ones pass
+        check_engine_name(get_backend("tensorrt"), tmp_path / name)
 
 
 def test_build_precision_and_its_alias_must_agree(tmp_path):
