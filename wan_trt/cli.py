@@ -188,6 +188,11 @@ def main(verbose: bool) -> None:
     prefer_workspace_free_gemms()  # before any GEMM of the process (PyTorch reads it once)
 
 
+def given(name: str) -> bool:
+    """Whether the running command's parameter ``name`` was given (command line or environment), not defaulted."""
+    return click.get_current_context().get_parameter_source(name) is not ParameterSource.DEFAULT
+
+
 # ---- commands ------------------------------------------------------------------------------
 
 @main.command()
@@ -201,8 +206,7 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
     from wan_trt.info import format_info, model_info
 
     if list_presets:
-        given = click.get_current_context().get_parameter_source("config_name") is not ParameterSource.DEFAULT
-        if given:  # an option the command would not use is refused, never dropped
+        if given("config_name"):  # an option the command would not use is refused, never dropped
             raise WanTrtError(f"--config {config_name}: --list lists the presets and takes no --config; drop one "
                               "of them")
         names = preset_names()
@@ -326,6 +330,10 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
     from wan_trt.validate.check import CheckOptions
     from wan_trt.validate.check_decoder import check_target
 
+    unused = [f"--{name}" for name in ("blocks", "seed") if not stream and given(name)]
+    if unused:  # they set the stream check only
+        raise WanTrtError(f"{' and '.join(unused)} set{'s' if len(unused) == 1 else ''} the stream check, which "
+                          f"--no-stream skips; drop {'it' if len(unused) == 1 else 'them'} or --no-stream")
     export = Path(target).is_dir()  # else an engine file
     if provider is not None and not export:
         raise WanTrtError(f"--provider {provider}: {target} is an engine, which runs on the device it was built for "

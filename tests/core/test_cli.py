@@ -188,3 +188,15 @@ def test_different_options_with_one_meaning_are_not_a_repeat():
     """--precision fp32 with --fp32 agree: two options, each given once (pick_precision judges them)."""
     res = _run(["build", "--precision", "fp32", "--fp32"])
     _one_error_line(res, "give an export DIRECTORY")
+
+
+@pytest.mark.parametrize("given, phrase", [(["--blocks", "5"], "--blocks sets"), (["--seed", "7"], "--seed sets"),
+                                           (["--blocks", "5", "--seed", "7"], "--blocks and --seed set")])
+def test_check_refuses_stream_options_that_no_stream_would_drop(exports, tmp_path, given, phrase):
+    """`check --no-stream --blocks 5 --seed 7` passed and recorded blocks 5 and seed 7 in its report, though no
+    stream ran to use them."""
+    import shutil
+    export = shutil.copytree(exports["universal-small"], tmp_path / "export")  # a check writes its report there
+    _one_error_line(_run(["check", str(export), "--no-stream", *given, "--no-save-results"]), phrase,
+                    "--no-stream skips")
+    assert not (export / "check").exists()
