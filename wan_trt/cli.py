@@ -280,6 +280,8 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
     """ONNX of one denoising pass (KV caches as static-shaped inputs and outputs), or of the video decoder."""
     from wan_trt.config_load import load_config
 
+    if no_onnx and given("opset"):  # the opset is the ONNX graph's: nothing would use it
+        raise WanTrtError(f"--opset {opset}: --no-onnx writes no ONNX graph for it to apply to; drop one of them")
     cfg = load_config(config_name)
     if graph == "decoder":
         from wan_trt.export.decoder import export_decoder

@@ -200,3 +200,11 @@ def test_check_refuses_stream_options_that_no_stream_would_drop(exports, tmp_pat
     _one_error_line(_run(["check", str(export), "--no-stream", *given, "--no-save-results"]), phrase,
                     "--no-stream skips")
     assert not (export / "check").exists()
+
+
+def test_export_refuses_an_opset_with_no_onnx(tmp_path):
+    """`export --no-onnx --opset 18` exported and recorded opset 18 in its manifest, for a graph it did not write."""
+    out = tmp_path / "e"
+    _one_error_line(_run(["export", "--config", "universal-small", "--precision", "fp32",
+                          "--no-onnx", "--opset", "18", "--out", str(out)]), "--opset 18", "--no-onnx")
+    assert not out.exists()
