@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 BLOCKS = 66  # a run's time is mostly the engine's load and capture (about a minute): 64 kept blocks cost 5 s
@@ -61,7 +62,9 @@ def main() -> None:
         summary = summarize(runs)
         for tag, s in summary.items():
             print(f"{tag}: {s['p50']:.2f} ms/block p50, mean {s['mean']:.2f} ({s['n']} blocks; runs {s['run_p50s']})")
-        args.out.write_text(json.dumps({"command": runs[0]["command"], "environment": runs[0]["environment"],
+        # the file's command is this one; the machine is the runs' (each run keeps its own command and code)
+        command = " ".join([Path(sys.argv[0]).name] + sys.argv[1:])
+        args.out.write_text(json.dumps({"command": command, "environment": runs[0]["environment"],
                                         "ms_per_block": summary, "runs": runs}, indent=1))
         return
     if args.tag is None or args.export is None:

@@ -101,3 +101,20 @@ def test_every_result_writing_script_records_its_command_device_and_code():
                 any(k.arg == "device" for k in c.keywords) or len(c.args) > 1 for c in calls):
             deviceless.append(path.name)
     assert not missing and not deviceless, f"no provenance(): {missing}; provenance() without --device: {deviceless}"
+
+
+def test_a_summary_of_runs_names_the_command_that_made_it(tmp_path):
+    """time_blocks.py --summarize wrote the first run's command as the file's, as if one run had made it."""
+    import json
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs.jsonl"
+    run = {"tag": "a", "ms": [80.0, 81.0, 82.0], "source": None, "environment": {"device": "GPU"}}
+    runs.write_text("\n".join(json.dumps({**run, "command": f"time_blocks.py a export{i}"}) for i in range(2)) + "\n")
+    out = tmp_path / "summary.json"
+    subprocess.run([sys.executable, str(SCRIPTS / "time_blocks.py"), "--summarize", str(runs), "--out", str(out)],
+                   check=True, capture_output=True)
+    summary = json.loads(out.read_text())
+    assert summary["command"] == f"time_blocks.py --summarize {runs} --out {out}", summary["command"]
+    assert summary["environment"] == {"device": "GPU"} and len(summary["runs"]) == 2
