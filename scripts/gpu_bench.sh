@@ -7,7 +7,8 @@
 #   scripts/gpu_bench.sh build RESULTS       export (no ONNX graph) + AOTInductor build with the fused kernels
 #   scripts/gpu_bench.sh bench RESULTS       wan-trt bench of the engine (CUDA graphs and not) beside
 #                                            torch.compile and eager; JSON + chart in RESULTS
-#   scripts/gpu_bench.sh check RESULTS       wan-trt check of the engine (--blocks 4) as JSON in RESULTS
+#   scripts/gpu_bench.sh check RESULTS       wan-trt check of the engine (--blocks 4) as JSON in RESULTS (an earlier
+#                                            result replaced only by a check that wrote one)
 #   scripts/gpu_bench.sh block-end RESULTS   what the end of a block costs (its checks and cache commit), as CUDA
 #                                            graphs and op by op (scripts/bench_block_end.py; needs `build` first)
 #   scripts/gpu_bench.sh long RESULTS        one stream of LONG_BLOCKS (1500) blocks: memory, time and finiteness
@@ -72,6 +73,13 @@ results=${2:-bench/results/new}
 [ "$step" = setup ] || [ "$step" = site ] || { mkdir -p "$results" && results=$(cd "$results" && pwd); }
 tag=${CONFIG}_${PRECISION}
 
+keep_result() {  # file, exit status, log: file.partial becomes file if the command wrote anything (a failed
+  # check's report included), so a run that crashes leaves the earlier result whole; then the status
+  local file=$1 rc=$2 log=$3
+  if [ -s "$file.partial" ]; then mv -f "$file.partial" "$file"; else rm -f "$file.partial"; fi
+  [ "$rc" = 0 ] || { tail -20 "$log"; exit "$rc"; }
+}
+
 run_step() {  # name, command...: log to RESULTS/name.log, keep the exit status
   local name=$1; shift
   echo "== $name: $*"
@@ -94,8 +102,9 @@ case "$step" in
       --backends "$BACKENDS" --overwrite --out "$results/bench_${tag}_engines.json" --chart "$results/bench_${tag}_engines.png"
     ;;
   check)
-    wan-trt check "$ENGINE" --blocks 4 --json --no-save-results > "$results/check_${tag}_aoti_plugins.json" \
-      2> "$results/check.log" || { tail -20 "$results/check.log"; exit 1; }
+    rc=0; wan-trt check "$ENGINE" --blocks 4 --json --no-save-results > "$results/check_${tag}_aoti_plugins.json.partial" \
+      2> "$results/check.log" || rc=$?
+    keep_result "$results/check_${tag}_aoti_plugins.json" "$rc" "$results/check.log"
     tail -3 "$results/check.log"
     ;;
   decoder)
@@ -104,8 +113,9 @@ case "$step" in
     run_step build_decoder wan-trt build "$DECODER" --backend aoti --ops "$DECODER_OPS" --precision "$PRECISION" \
       --device cuda
     [ "${DECODER_CHECK:-1}" = 0 ] && exit 0  # the engines only
-    wan-trt check "$DECODER_ENGINE" --blocks 3 --json --no-save-results \
-      > "$results/check_${tag}_decoder_aoti.json" 2> "$results/check_decoder.log" || { tail -20 "$results/check_decoder.log"; exit 1; }
+    rc=0; wan-trt check "$DECODER_ENGINE" --blocks 3 --json --no-save-results \
+      > "$results/check_${tag}_decoder_aoti.json.partial" 2> "$results/check_decoder.log" || rc=$?
+    keep_result "$results/check_${tag}_decoder_aoti.json" "$rc" "$results/check_decoder.log"
     tail -1 "$results/check_decoder.log"
     ;;
   decoder-bench)

@@ -118,3 +118,23 @@ def test_a_summary_of_runs_names_the_command_that_made_it(tmp_path):
     summary = json.loads(out.read_text())
     assert summary["command"] == f"time_blocks.py --summarize {runs} --out {out}", summary["command"]
     assert summary["environment"] == {"device": "GPU"} and len(summary["runs"]) == 2
+
+
+def test_a_check_that_writes_nothing_leaves_the_earlier_result_whole(tmp_path):
+    """gpu_bench.sh check redirected the check's output into its result file, which the shell emptied before
+    the check ran: a check that failed to start left an empty file where the earlier result was."""
+    import os
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    results.mkdir()
+    earlier = results / "check_nosuchconfig_fp32_aoti_plugins.json"
+    earlier.write_text('{"ok": true}')
+    env = {**os.environ, "CONFIG": "nosuchconfig", "PRECISION": "fp32",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    run = subprocess.run(["bash", str(SCRIPTS / "gpu_bench.sh"), "check", str(results)], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "does not exist" in run.stdout + run.stderr, run.stdout + run.stderr
+    assert earlier.read_text() == '{"ok": true}' and sorted(p.name for p in results.iterdir()) == [
+        "check.log", earlier.name]
