@@ -67,9 +67,10 @@ class OnceOptions(click.Command):
 
 def refuse_repeats(command: click.Command, ctx: click.Context, args: list[str]) -> None:
     """Refuse ``args`` where one single-valued option of ``command`` (its spellings, a --x/--no-x pair, flags
-    sharing one destination) is given more than once. Parses a copy with click's own parser, so `--out=a`,
-    `-v` and values that look like options read as they will when the command runs. Its option table is
-    click's private one (click 8.x); tests/core/test_cli.py gives every option of every command twice."""
+    sharing one destination) is given more than once, but for a flag repeated as itself (`-v -v`: it means
+    the same once or twice). Parses a copy with click's own parser, so `--out=a`, `-v` and values that look
+    like options read as they will when the command runs. Its option table is click's private one (click
+    8.x); tests/core/test_cli.py gives every option of every command twice."""
     parser = command.make_parser(ctx)
     given: dict[str, list[tuple[Any, Any]]] = {}
     options = {id(o): o for o in (*parser._long_opt.values(), *parser._short_opt.values())}.values()
@@ -78,6 +79,9 @@ def refuse_repeats(command: click.Command, ctx: click.Context, args: list[str]) 
             option.process = _recording(option, given)
     parser.parse_args(args=list(args))
     for occurrences in given.values():
+        if len({(o.action, o.const if o.action == "store_const" else id(o)) for o, _ in occurrences}) == 1 and \
+                occurrences[0][0].action == "store_const":
+            continue  # one flag, repeated: the same meaning
         if len(occurrences) > 1:
             raise click.BadOptionUsage(_name(occurrences[0][0]), _repeated(occurrences), ctx=ctx)
 
