@@ -40,6 +40,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <set>
@@ -66,23 +67,45 @@ std::vector<char> read_file(const std::string& path, const std::string& flag) {
   return {text.begin(), text.end()};
 }
 
-// Whether ``path`` holds a tensor file as torch.save writes (a zip whose first entry is its pickle or a storage
-// of it: TOP/data.pkl, TOP/data/N), as an earlier run's outputs are: the only kind of file --overwrite replaces.
-bool tensor_file(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  char head[30 + 256] = {};
-  file.read(head, sizeof(head));
-  const std::streamsize got = file.gcount();
-  if (got < 30 || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
+constexpr size_t kTensorHead = 30 + 256;  // a zip's first local header and a name of up to 256 bytes
+
+// The first bytes of ``path`` (given as ``flag``), at most ``n``; a file that cannot be opened or read is refused
+// naming the error (stdio: it tells a read error from the end of the file).
+std::string read_head(const std::string& path, const std::string& flag, size_t n) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  std::string head(n, '\0');
+  errno = 0;
+  const size_t got = file ? std::fread(head.data(), 1, n, file.get()) : 0;
+  if (!file || std::ferror(file.get()))
+    throw wan_trt::Error(flag + " " + path + ": cannot be read (" + std::strerror(errno ? errno : EIO) + ")");
+  head.resize(got);
+  return head;
+}
+
+// Whether ``head``, a file's first bytes (kTensorHead of them where it has as many), is that of a tensor file as
+// torch.save writes (a zip whose first entry is its pickle or a storage of it: TOP/data.pkl, TOP/data/N).
+bool tensor_head(const std::string& head) {
+  const std::streamsize got = static_cast<std::streamsize>(head.size());
+  if (got < 30 || std::memcmp(head.data(), "PK\x03\x04", 4) != 0) return false;
   const size_t length = static_cast<unsigned char>(head[26]) | static_cast<unsigned char>(head[27]) << 8;
   if (30 + static_cast<std::streamsize>(length) > got) return false;
-  const std::string name(head + 30, length);
+  const std::string name = head.substr(30, length);
   const size_t top = name.find('/');
   if (top == std::string::npos || top == 0) return false;
   const std::string rest = name.substr(top + 1);
   if (rest == "data.pkl") return true;
   return rest.size() > 5 && rest.compare(0, 5, "data/") == 0 &&
          rest.find_first_not_of("0123456789", 5) == std::string::npos;
+}
+
+// Whether ``path`` holds a tensor file as torch.save writes (:func:`tensor_head`), as an earlier run's outputs
+// are: the only kind of file --overwrite replaces.
+bool tensor_file(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::string head(kTensorHead, '\0');
+  file.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(file.gcount()));
+  return tensor_head(head);
 }
 
 // The stream inputs of an --inputs file: write_stream_inputs's dict.
@@ -116,8 +139,9 @@ StreamInputs read_inputs(const std::string& path, const wan_trt::RuntimeSpec& sp
   wan_trt::check_input_file(path, "--inputs");
   const std::string where = "--inputs " + path + ": ";
   const std::string writer = "wan_trt.engines.runtime.cpp.write_stream_inputs";
+  if (!tensor_head(read_head(path, "--inputs", kTensorHead)))  // judged before the rest is read: GBs, by mistake
+    throw wan_trt::Error(where + "not a file torch.save wrote; write it with " + writer);
   const std::vector<char> bytes = read_file(path, "--inputs");
-  if (!tensor_file(path)) throw wan_trt::Error(where + "not a file torch.save wrote; write it with " + writer);
   c10::IValue value;
   try {
     value = torch::pickle_load(bytes);

@@ -122,6 +122,23 @@ def test_a_large_file_given_as_runtime_file_is_refused_by_its_first_line(aoti, w
 
 # ---- the inputs file -----------------------------------------------------------------------------
 
+def test_a_large_file_given_as_inputs_is_refused_by_its_first_bytes(aoti, wan_stream, tmp_path):
+    """An --inputs file was read whole before its first bytes were looked at: an engine given for it by mistake
+    (GBs) filled memory first. A 2 GiB file (sparse) that is no torch.save file leaves the process far below that."""
+    import os
+    big = tmp_path / "big.pt2"
+    with open(big, "wb") as f:
+        f.truncate(2 << 30)
+    stderr = tmp_path / "stderr.txt"
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen([str(wan_stream), "--engine", str(aoti[1]), "--inputs", str(big), "--out",
+                                 str(tmp_path / "out.pt")], stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)  # the process's own peak memory
+    assert os.waitstatus_to_exitcode(status) == 1, stderr.read_text()
+    assert stderr.read_text().strip().startswith(f"error: --inputs {big}: not a file torch.save wrote")
+    assert usage.ru_maxrss < 1 << 20, f"{usage.ru_maxrss} KiB"
+
+
 @pytest.mark.parametrize("first_block", [2**62, 2**61 + 1, 89478485, -1])
 def test_a_first_block_past_the_streams_reach_is_refused(aoti, wan_stream, tmp_path, first_block):
     """A stream reaches 2**28 latent frames (89478485 blocks of 3): (block + 1) * block_frames overflowed for
