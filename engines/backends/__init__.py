@@ -46,8 +46,10 @@ class Backend:
         compile: run under torch.compile (the PyTorch backends).
         reference_pipeline: the upstream-semantics reference pipeline, run as a whole (no runner).
         builds: ``wan-trt build --backend NAME`` builds its engine.
-        engine_suffixes: how the name of the engine file it builds may end (``wan-trt build --out``; the first:
-            its default name), checked before any export or trace (:func:`check_engine_name`).
+        engine_suffix: how the name of the engine file it builds ends by default (``wan-trt build`` without
+            ``--out``). any_engine_name: ``--out`` may be named otherwise (TensorRT reads a plan of any name; an
+            AOTInductor package must be a .pt2), but never as another backend's engine must be; checked before
+            any export or trace (:func:`check_engine_name`).
         test: the test module that runs it (checked by tests/engines/backends/test_registry.py).
     """
 
@@ -61,7 +63,8 @@ class Backend:
     ops: str = "native"
     cuda_graph: bool = False
     builds: bool = False
-    engine_suffixes: tuple[str, ...] = ()
+    engine_suffix: str | None = None
+    any_engine_name: bool = False
     compile: bool = False
     reference_pipeline: bool = False
 
@@ -79,7 +82,7 @@ BACKENDS: tuple[Backend, ...] = (
             "tests/export/test_transformer.py"),
     Backend("aoti", "aoti", "the AOTInductor package (--aoti-engine)", "tests/engines/backends/test_aoti.py",
             requires=("engine",), engine_flag="--aoti-engine", engine_key="aoti", builds=True,
-            engine_suffixes=(".pt2",)),  # AOTInductor packages only to a .pt2 name
+            engine_suffix=".pt2"),
     Backend("aoti+cudagraph", "aoti", "the AOTInductor package replayed as CUDA graphs",
             "tests/engines/backends/test_aoti.py", requires=("engine", "cuda"), engine_flag="--aoti-engine",
             engine_key="aoti", cuda_graph=True),
@@ -91,7 +94,7 @@ BACKENDS: tuple[Backend, ...] = (
             engine_flag="--aoti-plugins-engine", engine_key="aoti-plugins", ops="plugins", cuda_graph=True),
     Backend("tensorrt", "tensorrt", "the TensorRT engine (--trt-engine)", "tests/engines/backends/test_tensorrt.py",
             requires=("tensorrt", "engine"), engine_flag="--trt-engine", engine_key="tensorrt", builds=True,
-            engine_suffixes=(".plan", ".engine", ".trt")),  # any name serves TensorRT: the usual ones
+            engine_suffix=".plan", any_engine_name=True),
 )
 BY_NAME = {b.name: b for b in BACKENDS}
 ALL_BACKENDS = tuple(BY_NAME)
@@ -110,10 +113,16 @@ def get_backend(name: str, flag: str = "--backend") -> Backend:
 def check_engine_name(backend: Backend, engine: Path) -> None:
     """Refuse an engine path not named as ``backend``'s engine files are (AOTInductor fails on another name only
     after the export and the trace), before any of that work."""
-    suffixes = backend.engine_suffixes
-    if suffixes and engine.suffix not in suffixes:
-        raise WanTrtError(f"--out {engine}: --backend {backend.name} writes a {' or '.join(suffixes)} file; name it "
-                          f"e.g. {engine.with_name(engine.stem + suffixes[0])}")
+    suffix = backend.engine_suffix
+    if suffix is None or engine.suffix == suffix:
+        return
+    if not backend.any_engine_name:
+        raise WanTrtError(f"--out {engine}: --backend {backend.name} writes a {suffix} file; name it e.g. "
+                          f"{engine.with_name(engine.stem + suffix)}")
+    owners = [b.name for b in BACKENDS if b.builds and not b.any_engine_name and b.engine_suffix == engine.suffix]
+    if owners:
+        raise WanTrtError(f"--out {engine}: a {engine.suffix} file is an engine of --backend {owners[0]}; name the "
+                          f"{backend.name} engine otherwise, e.g. {engine.with_name(engine.stem + suffix)}")
 
 
 def parse_backends(names: str | None) -> list[str] | None:

@@ -76,8 +76,9 @@ def test_engine_out_never_replaces_a_file_build_did_not_write(plain_export, tmp_
     for target in (notes, plain_export / "manifest.json"):
         before = target.read_bytes()
         res = _build(str(plain_export), "--fp32", "--backend", backend, "--device", "cpu", "--out", str(target))
-        suffixes = get_backend(backend).engine_suffixes
-        why = f"writes a {' or '.join(suffixes)} file" if target.suffix not in suffixes else "were not written by"
+        entry = get_backend(backend)
+        named = target.suffix == entry.engine_suffix or entry.any_engine_name
+        why = "were not written by" if named else f"writes a {entry.engine_suffix} file"
         assert res.exit_code == 1 and why in res.output, res.output
         assert target.read_bytes() == before
     Manifest.read(plain_export)
