@@ -35,9 +35,13 @@ DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # the devices an engine is built for
 _NONE = type(None)
 
 
-def device_type(device: str) -> str:
-    """'cuda' of 'cuda:1', 'cpu' of 'cpu' (torch.device's type, without importing torch)."""
-    return str(device).split(":", 1)[0]
+def concrete_device(device: str) -> str:
+    """``device`` with the index a runner of it uses: 'cuda' is the current GPU ('cuda:0' unless set); 'cpu'."""
+    kind, _, index = str(device).partition(":")
+    if kind != "cuda" or index:
+        return f"{kind}:{int(index)}" if index else kind
+    import torch
+    return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cuda:0"
 
 
 def default_engine_path(directory: Path, backend: str, device: str) -> Path:
@@ -116,11 +120,13 @@ class EngineMetadata:
         return self.backend if self.backend != "aoti" or self.ops == "native" else f"aoti-{self.ops}"
 
     def check_runs_on(self, device: str, engine: Path, flag: str) -> None:
-        """Refuse running ``engine`` (given as ``flag``) on ``device`` when it was built for another kind of
-        device: its runner would run it where it was built, under the other device's name."""
-        if device_type(self.device) != device_type(device):
-            raise WanTrtError(f"{flag} {engine}: built for {self.device}, but this run is on --device {device}; "
-                              f"run it with --device {self.device}, or build one for {device}")
+        """Refuse running ``engine`` (given as ``flag``) on ``device`` when it was built for another device (a GPU
+        named without an index is the current one): its runner would run it where it was built, under the other
+        device's name."""
+        if concrete_device(self.device) != concrete_device(device):
+            raise WanTrtError(f"{flag} {engine}: built for {self.device} ({concrete_device(self.device)}), but this "
+                              f"run is on --device {device} ({concrete_device(device)}); run it with --device "
+                              f"{self.device}, or build one for {device}")
 
     @staticmethod
     def path_for(engine: Path) -> Path:

@@ -62,7 +62,7 @@ def check_decoder_request(directory: Path, manifests: dict[str, Manifest], engin
         if paired.manifest.sha256 != manifests[call].sha256:
             raise WanTrtError(f"--decoder-engine {engine} was built from another decoder export ({paired.directory}) "
                               f"than --decoder {directory}; give the export it was built from, or build this one")
-        paired.meta.check_runs_on(device, paired.path, "--decoder-engine")
+        paired.meta.check_runs_on(device, engine, "--decoder-engine")  # the path the user gave
 
 
 def time_blocks(decode: Callable[[int, torch.Tensor], Any], latents: torch.Tensor, block_frames: int) -> list[float]:

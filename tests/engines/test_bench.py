@@ -361,7 +361,8 @@ def test_an_engine_built_for_another_device_is_refused_before_any_work(plain_exp
         meta_file.write_text(json.dumps({**meta, "device": "cuda", "export_dir": str((decoder / call).resolve())}))
     res = _bench(base + ["--backends", "torch-eager", "--decoder", str(decoder), "--decoder-engine",
                          str(decoder / "steady" / decoder_aoti.name)])
-    assert res.exit_code == 1 and "--decoder-engine" in res.output and "built for cuda" in res.output, res.output
+    steady = decoder / "steady" / decoder_aoti.name
+    assert res.exit_code == 1 and f"--decoder-engine {steady}: built for cuda" in res.output, res.output
     assert not out.exists()
 
 
@@ -398,3 +399,24 @@ def test_an_end_to_end_rows_rate_counts_the_decoders_arithmetic(plain_export, de
     row = report["end_to_end"]["torch-eager+decoder"]
     flops = report["flops_per_block"] + report["decoder"]["flops_per_block"]["steady"]
     assert row["tflops"] == flops / (row["block_ms"]["p50"] * 1e-3) / 1e12
+
+
+def test_an_engine_of_one_gpu_is_refused_on_another(aoti, monkeypatch):
+    """A package built for 'cuda' runs on the current GPU: benched with --device cuda:1 it ran on cuda:0 under
+    cuda:1's name. A GPU named without an index is the current one."""
+    import pytest
+    import torch
+
+    from wan_trt.engines.artifact import EngineMetadata
+    from wan_trt.errors import WanTrtError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine whose current GPU is 0
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    meta = EngineMetadata.read(aoti[1])
+    built_for_gpu = EngineMetadata(**{**meta.__dict__, "device": "cuda"})
+    for device in ("cuda", "cuda:0"):
+        built_for_gpu.check_runs_on(device, aoti[1], "--aoti-engine")
+    with pytest.raises(WanTrtError, match=r"built for cuda \(cuda:0\), but this run is on --device cuda:1 \(cuda:1\)"):
+        built_for_gpu.check_runs_on("cuda:1", aoti[1], "--aoti-engine")
+    with pytest.raises(WanTrtError, match=r"built for cuda:1 \(cuda:1\), but this run is on --device cuda \(cuda:0\)"):
+        EngineMetadata(**{**meta.__dict__, "device": "cuda:1"}).check_runs_on("cuda", aoti[1], "--aoti-engine")
