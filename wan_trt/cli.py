@@ -339,7 +339,8 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
     unused = [f"--{name}" for name in ("blocks", "seed") if not stream and given(name)]
     if unused:  # they set the stream check only
         raise WanTrtError(f"{' and '.join(unused)} set{'s' if len(unused) == 1 else ''} the stream check, which "
-                          f"--no-stream skips; drop {'it' if len(unused) == 1 else 'them'} or --no-stream")
+                          f"--no-stream skips: drop --no-stream to run it (a decoder's check always does), or drop "
+                          f"{'it' if len(unused) == 1 else 'them'}")
     export = Path(target).is_dir()  # else an engine file
     if provider is not None and not export:
         raise WanTrtError(f"--provider {provider}: {target} is an engine, which runs on the device it was built for "
