@@ -41,8 +41,8 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
-from wan_trt.outputs import (json_values, place_staged, run_results, staged_by_check, staging_file, write_file, writing,
-                             written_by_check)
+from wan_trt.outputs import (CHECK_REPORT_KEYS, json_values, json_with_keys, place_staged, run_results, staged_by_check,
+                             staging_file, write_file, writing, written_by_check)
 from wan_trt.precisions import pytorch_precision
 from wan_trt.spec import GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
@@ -67,6 +67,19 @@ def engine_report_name(engine: Path, directory: Path) -> str:
     if engine.parent == Path(directory).resolve():
         return engine.name
     return f"{engine.name}-{hashlib.sha256(str(engine).encode()).hexdigest()[:8]}"
+
+
+def former_report_name(engine: Path, directory: Path, prefix: str = "") -> str | None:
+    """The name an earlier check of ``engine`` left its report and RunResults under before they kept the engine's
+    suffix (``<prefix><stem>``), if its report there is a check's of this very engine: those files would stay
+    beside the new ones, looking current (:func:`clear_report` removes them). None otherwise."""
+    resolved = Path(engine).resolve()
+    inside = resolved.parent == Path(directory).resolve()
+    name = prefix + (resolved.stem if inside else
+                     f"{resolved.stem}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:8]}")
+    old = report_path(directory, name)
+    report = json_with_keys(old, CHECK_REPORT_KEYS) if old.is_file() and not old.is_symlink() else None
+    return name if report is not None and report.get("target") == str(resolved) else None
 
 
 def results_path(directory: Path, name: str) -> Path:
@@ -436,7 +449,8 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     device = str(backend.device)
     name = engine_report_name(target, directory) if target is not None else backend.name
     path, results = report_path(directory, name), results_path(directory, name)
-    clear_report(path, results)
+    former = former_report_name(target, directory) if target is not None else None
+    clear_report(path, results, *((report_path(directory, former), results_path(directory, former)) if former else ()))
     with stage("rebuild the PyTorch references"):
         low = reference_model(manifest, spec.dtype, device)
         verify_weights(manifest, low)

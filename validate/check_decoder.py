@@ -34,8 +34,8 @@ from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                    check_single_pass, clear_report, engine_report_name, folder_identities,
-                                   identities_of_read, report_path, require_polygraphy, results_path, results_staged,
-                                   write_report)
+                                   former_report_name, identities_of_read, report_path, require_polygraphy,
+                                   results_path, results_staged, write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
@@ -66,7 +66,9 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     name = f"decoder-{runners['steady'].name}"
     file_name = f"decoder-{engine_report_name(pair['steady'].path, dirs['steady'])}" if pair is not None else name
     path, results = report_path(dirs["steady"], file_name), {c: results_path(dirs[c], file_name) for c in CALLS}
-    clear_report(path, *results.values())
+    former = former_report_name(pair["steady"].path, dirs["steady"], prefix="decoder-") if pair is not None else None
+    clear_report(path, *results.values(), *((report_path(dirs["steady"], former),
+                                             *(results_path(dirs[c], former) for c in CALLS)) if former else ()))
     with stage("rebuild the PyTorch decoders"):
         low = reference_model(manifests["steady"], spec.dtype, device)
         verify_weights(manifests["steady"], low)

@@ -376,8 +376,9 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
               help="TensorRT builder optimization level.  [default: 3]")
 @click.option("--weak-typing", is_flag=True, help="TensorRT 10.x only: untyped network + precision builder flag.")
 @click.option("--out", type=PathArg(dir_okay=False), default=None,
-              help="Engine path, named " + ", ".join(f"*{BY_NAME[b].engine_suffix}{' by default' if BY_NAME[b].any_engine_name else ''} ({b})"
-                                           for b in BUILDABLE)
+              help="Engine path: " + ", ".join(
+                  f"{b} *{BY_NAME[b].engine_suffix}" + (" (or any name but another backend's)"
+                                                         if BY_NAME[b].any_engine_name else "") for b in BUILDABLE)
                    + ". Defaults to DIRECTORY/engine_<backend>_<device>.<pt2|plan>.")
 @click.option("--force", is_flag=True, help="Rebuild even if an up-to-date engine exists.")
 @weights_option

@@ -292,3 +292,18 @@ def test_engines_of_one_stem_in_one_export_keep_their_own_reports(two_engines):
     check_engine(twin, CheckOptions(stream=False, save_results=False))
     reports = [json.loads(p.read_text()) for p in sorted((export / "check").glob("report_engine_a*.json"))]
     assert sorted(r["target"] for r in reports) == sorted(str(p.resolve()) for p in (engines[0], twin))
+
+
+def test_a_report_left_under_an_engines_former_name_goes_when_it_is_checked_again(two_engines):
+    """Reports were named by the engine's stem (report_engine_a.json); named by its file name now, a check of the
+    same engine left the earlier pair beside its own, looking current. Another target's report of that name stays."""
+    export, engines = two_engines
+    check_dir = export / "check"
+    check_dir.mkdir(exist_ok=True)
+    earlier = {"command": "wan-trt check", "backend": "aoti", "precision": "fp32", "ok": True}
+    (check_dir / "report_engine_a.json").write_text(json.dumps({**earlier, "target": str(engines[0].resolve())}))
+    (check_dir / "report_engine_b.json").write_text(json.dumps({**earlier, "target": "/elsewhere/engine_b.pt2"}))
+    for engine in engines:
+        check_engine(engine, CheckOptions(stream=False, save_results=False))
+    assert sorted(p.name for p in check_dir.glob("report_*.json")) == [
+        "report_engine_a.pt2.json", "report_engine_b.json", "report_engine_b.pt2.json"]

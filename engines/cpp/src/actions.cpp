@@ -2,9 +2,9 @@
 // with one key per action input ("mouse", "keyboard"), each one action held for the block (D numbers)
 // or one row per video frame (n rows of D). Lines end at '\n' (a '\r' before it dropped); a line of JSON
 // whitespace only is blank and skipped; lines past the blocks asked for are not read. A number, integer or not,
-// is read as the double nearest it (strtod, in the C locale whatever locale the program set), which must lie within +-torch.finfo(dtype).max of the stream's dtype
-// (the engine's: fp16 holds up to 65504; the rule of wan_trt/actions.py), so that no block is refused after the
-// blocks before it ran. A file is refused where the Python reader refuses it, with the same messages but for the
+// is read as the double nearest it (strtod, in the C locale whatever locale the program set), which must lie
+// within +-torch.finfo(dtype).max of the stream's dtype (the engine's: fp16 holds up to 65504; the rule of
+// wan_trt/actions.py), so that no block is refused after the blocks before it ran. A file is refused where the Python reader refuses it, with the same messages but for the
 // parser's own wording of a line that is not JSON.
 #include <locale.h>
 #include <stdlib.h>
@@ -191,6 +191,7 @@ class Parser {
     // the nearest double (inf past its range), read in the C locale: strtod follows the process's, and a
     // program that set a comma-decimal one read 0.3 as 0
     static const locale_t c_locale = newlocale(LC_ALL_MASK, "C", static_cast<locale_t>(0));
+    if (c_locale == static_cast<locale_t>(0)) throw Error("actions file: the C locale could not be made");
     v.number = strtod_l(s_.substr(begin, i_ - begin).c_str(), nullptr, c_locale);
     return v;
   }
