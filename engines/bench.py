@@ -403,7 +403,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         write_chart(report, Path(chart))
     elif chart and Path(chart).exists():  # an earlier run's (checked above): it would pass for this run's
         Path(chart).unlink()
-        logger.warning("no row ran, so no chart: removed the earlier chart %s", chart)
+        logger.warning("no pass row ran, so no chart: removed the earlier chart %s", chart)
     report["complete"] = True
     save()
     if progress is not None and progress != Path(out):
