@@ -27,7 +27,6 @@ difference, half their spread the order's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from wan_trt.engines.artifact import default_engine_path
 from wan_trt.engines.bench import Bench
 from wan_trt.engines.runtime.session import BlockResult, StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError
-from wan_trt.profiling import provenance
+from wan_trt.profiling import provenance, write_result
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 ROUNDS = 5
@@ -135,10 +134,10 @@ def main() -> None:
         print(f"{name} - {p['against']}: median {p['median_diff_ms']:+.2f} ms a block ({order}), faster in "
               f"{p['faster_in']} of {p['pairs']} pairs")
     if args.out:
-        args.out.write_text(json.dumps({**provenance(), "config": config.name, "engines": dict(pairs),
-                                        "mode": f"interleaved, {args.interleave} blocks" if args.interleave else
-                                        f"{ROUNDS} rounds of {ROUND_BLOCKS} blocks, the first a warm-up",
-                                        "ms_per_block": summary, "paired": pairs_report, "samples": kept}, indent=1))
+        write_result(args.out, {**provenance(), "config": config.name, "engines": dict(pairs),
+                                "mode": f"interleaved, {args.interleave} blocks" if args.interleave else
+                                f"{ROUNDS} rounds of {ROUND_BLOCKS} blocks, the first a warm-up",
+                                "ms_per_block": summary, "paired": pairs_report, "samples": kept})
 
 
 if __name__ == "__main__":

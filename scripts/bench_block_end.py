@@ -19,7 +19,7 @@ from wan_trt.engines.backends.aoti import AotiRunner
 from wan_trt.engines.runtime import session as session_module
 from wan_trt.engines.runtime.cuda_graph import CudaGraphRunner
 from wan_trt.export.manifest import Manifest
-from wan_trt.profiling import provenance
+from wan_trt.profiling import provenance, write_result
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 MODES = ("graphed", "op-by-op", "no-check")
@@ -56,8 +56,7 @@ def main() -> None:
     report = {**provenance(), "block_ms_p50": {m: statistics.median(v) for m, v in block_ms.items()},
               "stage_ms_median": stages, "block_ms": block_ms}
     print(json.dumps({k: report[k] for k in ("block_ms_p50", "stage_ms_median")}, indent=1))
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    write_result(args.out, report)
 
 
 if __name__ == "__main__":

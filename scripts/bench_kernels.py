@@ -37,7 +37,7 @@ from wan_trt.plugins.qk_norm_rope import norm_rope, qk_norm_rope, reference_norm
 from wan_trt.plugins.registry import fused_op
 from wan_trt.plugins.window_attention import (autotune_configs, reference_window_attention,
                                               window_attention, window_attention_kernel)
-from wan_trt.profiling import op_class_profile, provenance
+from wan_trt.profiling import op_class_profile, provenance, write_result
 from wan_trt.spec import PassSpec
 from wan_trt.validate.metrics import error_stats
 
@@ -261,7 +261,7 @@ def main() -> None:
 
     def save():
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        write_result(args.out, result, indent=2)
 
     stages = ([] if args.no_attention else [("window_attention", attention_case)]) + [("norms", norm_cases)]
     stages += [("tensorrt_aot_ptx", aot_ptx)] if args.aot else []

@@ -29,7 +29,7 @@ import torch
 from wan_trt.engines.artifact import default_engine_path
 from wan_trt.engines.bench import Bench
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
-from wan_trt.profiling import provenance
+from wan_trt.profiling import provenance, write_result
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 WARM_BLOCKS = 6
@@ -131,7 +131,7 @@ def main() -> None:
               "timeline": timeline(spans, host if args.host else None), "rows": rows}
     print(args.tag, result["kernels_per_block"], result["busy_ms_per_block"], json.dumps(result["timeline"]))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"kernels_{args.tag}.json").write_text(json.dumps(result, indent=0))
+    write_result(args.out / f"kernels_{args.tag}.json", result, indent=0)
 
 
 if __name__ == "__main__":

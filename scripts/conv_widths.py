@@ -15,14 +15,13 @@ as they are).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from wan_trt.profiling import provenance
+from wan_trt.profiling import provenance, write_result
 
 # (name, input channels, output channels, joined frames (2 of history + 12), height, width, calls a block)
 STAGES = [("full_96", 96, 96, 14, 352, 640, 6), ("quarter_192", 192, 192, 14, 176, 320, 6)]
@@ -83,8 +82,7 @@ def main() -> int:
         del x, plain, variants
         torch.cuda.empty_cache()
     result = {**provenance(device="cuda"), "cudnn": torch.backends.cudnn.version(), "dtype": args.dtype, "rows": rows}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_result(args.out, result)
     return 0
 
 

@@ -30,7 +30,7 @@ from wan_trt.engines.runtime.cpp import build_cpp, run_wan_stream, write_stream_
 from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.export.manifest import Manifest
-from wan_trt.profiling import provenance
+from wan_trt.profiling import provenance, write_result
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 WARMUP = 2  # blocks left out of the p50 (CUDA-graph capture, cuDNN's algorithm search)
@@ -105,7 +105,7 @@ def main() -> None:
     report = compare(args.export, args.engine, args.decoder_engine, args.blocks, args.device, args.backend,
                      args.decoder_backend, args.build_dir, args.baseline_source, args.rounds)
     print(json.dumps({k: v for k, v in report.items() if k not in ("block_ms", "stage_ms")}, indent=1))
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    write_result(args.out, report)
 
 
 if __name__ == "__main__":

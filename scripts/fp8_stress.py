@@ -13,12 +13,11 @@ fp8 arithmetic, not a built engine (`wan-trt check` judges engines).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from wan_trt.config_load import load_config
 from wan_trt.log import stage
-from wan_trt.profiling import provenance
+from wan_trt.profiling import provenance, write_result
 from wan_trt.validate.fp8_policy import allowed_rel_l2, fp8_pass_errors, policy_failures
 
 
@@ -50,7 +49,7 @@ def main() -> None:
               f"{len(r['failing'])} of {len(r['outputs'])} outputs refused{': ' + ', '.join(r['failing'][:8]) if r['failing'] else ''}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+        write_result(args.out, report)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from wan_trt.config_load import load_config
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.graphs import graph_kind
-from wan_trt.profiling import provenance
+from wan_trt.profiling import provenance, write_result
 from wan_trt.spec import PassSpec
 
 aten = torch.ops.aten
@@ -107,7 +107,7 @@ def autotuned(fn, args: list[torch.Tensor]) -> float | str:
 
 def write(report: dict, out: str) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(report, indent=1) + "\n")
+    write_result(out, report)
 
 
 def main() -> int:

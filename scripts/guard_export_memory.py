@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wan_trt.profiling import provenance
+from wan_trt.profiling import provenance, write_result
 
 
 def main() -> int:
@@ -43,7 +43,7 @@ def main() -> int:
               "peak_rss_gib": peak_gib, "limit_gib": args.limit_gib, "files_bytes": sizes,
               "stages": [line for line in proc.stderr.splitlines() if line.startswith("[wan-trt]")]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_result(args.out, result, indent=2)
     if args.keep is None:
         shutil.rmtree(target.parent, ignore_errors=True)
     print(json.dumps({k: result[k] for k in ("returncode", "wall_s", "peak_rss_gib", "limit_gib")}))

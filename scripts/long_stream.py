@@ -22,7 +22,7 @@ from wan_trt.engines.backends import RunnerSources, get_backend, make_runner
 from wan_trt.engines.runtime.session import StreamingSession
 from wan_trt.export.manifest import Manifest
 from wan_trt.log import progress
-from wan_trt.profiling import provenance
+from wan_trt.profiling import provenance, write_result
 from wan_trt.stream import NoiseSource, synthetic_stream
 
 CHUNK = 100  # blocks of synthetic input made at a time
@@ -75,7 +75,7 @@ def main() -> None:
         parser.error("--blocks: at least 200 (the first and last 100 blocks are compared)")
     report = long_stream(args.export, args.engine, args.blocks, args.backend)
     print(json.dumps({k: v for k, v in report.items() if k not in ("block_ms", "memory_bytes")}, indent=1))
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    write_result(args.out, report)
 
 
 if __name__ == "__main__":

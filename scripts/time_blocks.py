@@ -64,8 +64,9 @@ def main() -> None:
             print(f"{tag}: {s['p50']:.2f} ms/block p50, mean {s['mean']:.2f} ({s['n']} blocks; runs {s['run_p50s']})")
         # the file's command is this one; the machine is the runs' (each run keeps its own command and code)
         command = " ".join([Path(sys.argv[0]).name] + sys.argv[1:])
-        args.out.write_text(json.dumps({"command": command, "environment": runs[0]["environment"],
-                                        "ms_per_block": summary, "runs": runs}, indent=1))
+        from wan_trt.profiling import write_result
+        write_result(args.out, {"command": command, "environment": runs[0]["environment"], "ms_per_block": summary,
+                                "runs": runs})
         return
     if args.tag is None or args.export is None:
         parser.error("give TAG EXPORT (one run) or --summarize RUNS_JSONL")

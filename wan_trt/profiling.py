@@ -1,6 +1,7 @@
 """Timing and op-class profiles for benchmarks (device-side time, CUDA events / torch.profiler)."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -63,6 +64,13 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
     except ImportError:
         pass
     return env
+
+
+def write_result(path: str | Path, result: dict[str, Any], indent: int = 1) -> None:
+    """A measuring script's result file, written whole or not at all (a staging file renamed over the earlier
+    one: a run that fails half-way leaves that as it was), as strict JSON (non-finite numbers as null)."""
+    from wan_trt.outputs import json_values, write_file
+    write_file(Path(path), (json.dumps(json_values(result), indent=indent, allow_nan=False) + "\n").encode())
 
 
 def provenance(program: str | None = None, device: torch.device | str | None = None) -> dict[str, Any]:

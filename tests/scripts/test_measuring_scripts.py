@@ -84,11 +84,13 @@ def test_interleaved_engines_take_turns_stepping_first():
 
 def test_every_result_writing_script_records_its_command_device_and_code():
     """conv_widths.py and guard_export_memory.py recorded no source commit; fp8_stress.py (--device cpu by
-    default) and cpp_stream.py recorded the current CUDA device whatever --device said. A script that writes a
-    result file starts it with provenance(), given the script's --device where it takes one."""
+    default) and cpp_stream.py recorded the current CUDA device whatever --device said; every script wrote its
+    file in place, so one that failed while writing left half a file where the earlier result was. A script that
+    writes a result file starts it with provenance(), given the script's --device where it takes one, and writes
+    it through write_result."""
     import ast
 
-    missing, deviceless = [], []
+    missing, deviceless, unstaged = [], [], []
     for path in sorted(SCRIPTS.glob("*.py")):
         source = path.read_text()
         if "--out" not in source or "json.dump" not in source:
@@ -97,10 +99,15 @@ def test_every_result_writing_script_records_its_command_device_and_code():
                  and getattr(n.func, "id", getattr(n.func, "attr", None)) == "provenance"]
         if not calls:
             missing.append(path.name)
+        elif any(isinstance(n, ast.Call) and getattr(n.func, "attr", None) in ("write_text", "dump")
+                 for n in ast.walk(ast.parse(source))):
+            unstaged.append(path.name)
         elif 'add_argument("--device"' in source and not all(
                 any(k.arg == "device" for k in c.keywords) or len(c.args) > 1 for c in calls):
             deviceless.append(path.name)
-    assert not missing and not deviceless, f"no provenance(): {missing}; provenance() without --device: {deviceless}"
+    assert not missing and not deviceless and not unstaged, (
+        f"no provenance(): {missing}; provenance() without --device: {deviceless}; written in place (not through "
+        f"write_result, whole or not at all): {unstaged}")
 
 
 def test_a_summary_of_runs_names_the_command_that_made_it(tmp_path):
