@@ -100,24 +100,29 @@ def test_a_runtime_file_without_its_sha256_line_is_refused(aoti, wan_stream, tmp
                                     "anew"), stderr
 
 
-def test_a_large_file_given_as_runtime_file_is_refused_by_its_first_line(aoti, wan_stream, tmp_path):
-    """A file that is no runtime file (the engine itself, given by mistake: GBs) was read whole before its first
-    line was looked at. Its first line is read alone, and refused: a 2 GiB file (sparse) leaves the process far
-    below 2 GiB of memory."""
+def _large_file_run(wan_stream, tmp_path, *args):
+    """Run wan_stream with ``args``, in which BIG stands for a 2 GiB file (sparse) of zeros: (exit status, stderr,
+    the process's own peak memory in KiB, the file)."""
     import os
     big = tmp_path / "big.pt2"
     with open(big, "wb") as f:
         f.truncate(2 << 30)
     stderr = tmp_path / "stderr.txt"
     with open(stderr, "w") as err:
-        proc = subprocess.Popen([str(wan_stream), "--engine", str(aoti[1]), "--runtime", str(big), "--inputs",
-                                 str(_inputs(aoti, tmp_path)), "--out", str(tmp_path / "out.pt")],
+        proc = subprocess.Popen([str(wan_stream), *(str(big) if a == "BIG" else str(a) for a in args)],
                                 stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)  # the process's own peak memory
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 1, (proc.returncode, stderr.read_text())
-    assert stderr.read_text().strip() == f"error: {big} is not a wan-trt runtime file (wan_trt_runtime 5)"
-    assert usage.ru_maxrss < 1 << 20, f"{usage.ru_maxrss} KiB"
+        _, status, usage = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), stderr.read_text().strip(), usage.ru_maxrss, big
+
+
+def test_a_large_file_given_as_runtime_file_is_refused_by_its_first_line(aoti, wan_stream, tmp_path):
+    """A file that is no runtime file (the engine itself, given by mistake: GBs) was read whole before its first
+    line was looked at. Its first line is read alone, and refused: a 2 GiB file (sparse) leaves the process far
+    below 2 GiB of memory."""
+    code, stderr, peak_kib, big = _large_file_run(wan_stream, tmp_path, "--engine", aoti[1], "--runtime", "BIG",
+                                                  "--inputs", _inputs(aoti, tmp_path), "--out", tmp_path / "out.pt")
+    assert code == 1 and stderr == f"error: {big} is not a wan-trt runtime file (wan_trt_runtime 5)", stderr
+    assert peak_kib < 1 << 20, f"{peak_kib} KiB"
 
 
 # ---- the inputs file -----------------------------------------------------------------------------
@@ -125,18 +130,10 @@ def test_a_large_file_given_as_runtime_file_is_refused_by_its_first_line(aoti, w
 def test_a_large_file_given_as_inputs_is_refused_by_its_first_bytes(aoti, wan_stream, tmp_path):
     """An --inputs file was read whole before its first bytes were looked at: an engine given for it by mistake
     (GBs) filled memory first. A 2 GiB file (sparse) that is no torch.save file leaves the process far below that."""
-    import os
-    big = tmp_path / "big.pt2"
-    with open(big, "wb") as f:
-        f.truncate(2 << 30)
-    stderr = tmp_path / "stderr.txt"
-    with open(stderr, "w") as err:
-        proc = subprocess.Popen([str(wan_stream), "--engine", str(aoti[1]), "--inputs", str(big), "--out",
-                                 str(tmp_path / "out.pt")], stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)  # the process's own peak memory
-    assert os.waitstatus_to_exitcode(status) == 1, stderr.read_text()
-    assert stderr.read_text().strip().startswith(f"error: --inputs {big}: not a file torch.save wrote")
-    assert usage.ru_maxrss < 1 << 20, f"{usage.ru_maxrss} KiB"
+    code, stderr, peak_kib, big = _large_file_run(wan_stream, tmp_path, "--engine", aoti[1], "--inputs", "BIG",
+                                                  "--out", tmp_path / "out.pt")
+    assert code == 1 and stderr.startswith(f"error: --inputs {big}: not a file torch.save wrote"), stderr
+    assert peak_kib < 1 << 20, f"{peak_kib} KiB"
 
 
 @pytest.mark.parametrize("first_block", [2**62, 2**61 + 1, 89478485, -1])
