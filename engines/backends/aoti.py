@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_engine_path, engine_key,
-                                     install_engine, staged_file, up_to_date)
+from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, check_unchanged, default_engine_path,
+                                     engine_key, install_engine, staged_file, up_to_date)
 from wan_trt.engines.backends import check_engine_name, get_backend
 from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, channels_last_3d_convolutions,
                                                      make_libstdcxx_global, shared_kernel_inputs)
@@ -143,9 +143,7 @@ class AotiRunner(Runner):
         self.compiled = compiled
 
     def _check_unchanged(self) -> None:
-        if file_identity(self.engine) != self.verified:
-            raise WanTrtError(f"engine {self.engine} was replaced or rewritten since it was verified (a build "
-                              "writing it meanwhile?): what would run is not the file checked; run again")
+        check_unchanged(self.engine, self.verified)
 
     def deactivate(self) -> None:
         self.compiled = None

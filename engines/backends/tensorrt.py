@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
-from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, default_engine_path, engine_key,
-                                     install_engine, staged_file, up_to_date)
+from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, check_unchanged, default_engine_path,
+                                     engine_key, install_engine, staged_file, up_to_date)
 from wan_trt.engines.backends import check_engine_name, get_backend
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.runtime_file import write_runtime_file
+from wan_trt.digest import file_identity
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, owned_export_files
 from wan_trt.log import stage
@@ -167,7 +168,9 @@ class TensorRTRunner(Runner):
 
     def __init__(self, engine: str | Path, manifest: Manifest):
         self.engine_path = Path(engine)
+        self.verified = file_identity(self.engine_path)  # the file whose sha256 check_against verifies
         EngineMetadata.read(self.engine_path).check_against(manifest, self.engine_path)  # export + engine file
+        check_unchanged(self.engine_path, self.verified)
         super().__init__(manifest.spec, "cuda")
         self.ops = manifest.ops
         self.name = "tensorrt"
@@ -179,7 +182,7 @@ class TensorRTRunner(Runner):
         if self.ops == "plugins":
             register_plugins()
         runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        self.engine = runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
+        self.engine = runtime.deserialize_cuda_engine(self.engine_bytes())
         if self.engine is None:
             raise WanTrtError(f"{self.engine_path}: TensorRT cannot deserialize it; rebuild with this TensorRT")
         names = {self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)}
@@ -188,6 +191,14 @@ class TensorRTRunner(Runner):
             raise WanTrtError(f"{self.engine_path} I/O {sorted(names)} differs from the spec {sorted(expected)}")
         self.context = self.engine.create_execution_context()
         self.outputs = self.spec.allocate("outputs", self.device)
+
+    def engine_bytes(self) -> bytes:
+        """The plan's bytes, read from the file verified when the runner was made: refused if it was replaced or
+        rewritten since (before and after the read), as a report would give the verified file's sha256."""
+        check_unchanged(self.engine_path, self.verified)
+        data = self.engine_path.read_bytes()
+        check_unchanged(self.engine_path, self.verified)
+        return data
 
     def deactivate(self) -> None:
         self.context = self.engine = None
@@ -223,13 +234,12 @@ def make_runner(backend, sources) -> Runner:
 def check_runners(engine: Path, manifest: Manifest):
     """``wan-trt check ENGINE``: the stream runner, and Polygraphy's own ``TrtRunner`` for the single pass."""
     # polygraphy's TensorRT backend imports tensorrt: deferred, like every TensorRT import here
-    from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
     backend = TensorRTRunner(engine, manifest)
     if manifest.ops == "plugins":
         register_plugins()
-    return backend, TrtRunner(EngineFromBytes(BytesFromPath(str(engine))), name="tensorrt")
+    return backend, TrtRunner(EngineFromBytes(backend.engine_bytes), name="tensorrt")  # the verified file's bytes
 
 
 def inspect(engine: Path, meta: EngineMetadata) -> dict:

@@ -70,3 +70,31 @@ def test_a_timing_cache_that_is_a_file_of_the_export_or_a_link_is_refused(plain_
     with pytest.raises(WanTrtError, match=r"--timing-cache .*(a file of the export|symbolic link)"):
         build_tensorrt(plain_export, timing_cache=cache)
     assert (plain_export / "manifest.json").read_bytes() == before
+
+
+def test_a_plan_replaced_after_its_verification_is_not_read(aoti, tmp_path, monkeypatch):
+    """The TensorRT runner (and Polygraphy's, in a check) read the plan from disk again when they started, minutes
+    after its sha256 was verified: a build that installed another engine there meanwhile had it run under the
+    verified sha256. Both read it through the runner, which refuses a file replaced since. (The plan here is any
+    file with its metadata: reading it needs neither TensorRT nor, until it runs, a GPU.)"""
+    import json
+    import os
+    import shutil
+
+    from wan_trt.engines.backends.tensorrt import TensorRTRunner
+    from wan_trt.export.manifest import Manifest
+    export_dir, package = aoti
+    plan = tmp_path / "engine.plan"
+    shutil.copy(package, plan)
+    meta = json.loads(package.with_name(package.name + ".json").read_text())
+    plan.with_name(plan.name + ".json").write_text(json.dumps({**meta, "backend": "tensorrt", "device": "cuda"}))
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the runner is made for CUDA; nothing runs here
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    runner = TensorRTRunner(plan, Manifest.read(export_dir))
+    assert runner.engine_bytes() == package.read_bytes()
+    other = tmp_path / "other.plan"
+    shutil.copy(plan, other)
+    os.replace(other, plan)  # what install_engine does: a new file renamed over the old (same bytes here)
+    with pytest.raises(WanTrtError, match="replaced or rewritten since it was verified"):
+        runner.engine_bytes()
