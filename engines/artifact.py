@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from wan_trt.digest import check_digest_record, file_digest, file_identity, verify_file
+from wan_trt.engines.runtime.runner import concrete_device
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, tool_versions
 from wan_trt.export.manifest_schema import OPS
@@ -33,15 +34,6 @@ from wan_trt.outputs import (check_parent_chain, remove_stale_partials, usual_fi
 REBUILD = "rebuild it with `wan-trt build`"
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # the devices an engine is built for
 _NONE = type(None)
-
-
-def concrete_device(device: str) -> str:
-    """``device`` with the index a runner of it uses: 'cuda' is the current GPU ('cuda:0' unless set); 'cpu'."""
-    kind, _, index = str(device).partition(":")
-    if kind != "cuda" or index:
-        return f"{kind}:{int(index)}" if index else kind
-    import torch
-    return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cuda:0"
 
 
 def default_engine_path(directory: Path, backend: str, device: str) -> Path:

@@ -41,6 +41,14 @@ def check_device(device: str) -> torch.device:
     return dev
 
 
+def concrete_device(device: str) -> str:
+    """``device`` with the index a runner of it uses: 'cuda' is the current GPU ('cuda:0' unless set); 'cpu'."""
+    kind, _, index = str(device).partition(":")
+    if kind != "cuda" or index:
+        return f"{kind}:{int(index)}" if index else kind
+    return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cuda:0"
+
+
 class Runner(abc.ABC):
     """Base class: ``activate``/``deactivate`` around ``infer``; usable as a context manager."""
 
@@ -55,8 +63,7 @@ class Runner(abc.ABC):
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise WanTrtError(f"{type(self).__name__} runs on {self.device}, and this machine has no CUDA device "
                               "that PyTorch can use; run on cpu (--device cpu / --provider cpu)")
-        if self.device.type == "cuda" and self.device.index is None:  # "cuda" -> "cuda:N": comparable to tensors'
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = torch.device(concrete_device(str(self.device)))  # "cuda" -> "cuda:N": comparable to tensors'
         self.is_active = False
 
     def __enter__(self) -> "Runner":
