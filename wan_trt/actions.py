@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from wan_trt.config import WanConfig
+from wan_trt.config_json import first_repeated_key
 from wan_trt.errors import WanTrtError
 from wan_trt.outputs import check_input_file
 from wan_trt.stream import raw_frames_in_block
@@ -99,9 +100,7 @@ class _Object(dict):
     @classmethod
     def of(cls, pairs: list[tuple[str, object]]) -> "_Object":
         obj = cls(pairs)
-        if len(obj) < len(pairs):
-            seen: set[str] = set()
-            obj.repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
+        obj.repeated = first_repeated_key(pairs)
         return obj
 
 

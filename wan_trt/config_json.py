@@ -46,14 +46,25 @@ class _RepeatedKey(Exception):
     pass
 
 
+def first_repeated_key(pairs: list[tuple[str, Any]], ignored: str | None = None) -> str | None:
+    """The first key of a JSON object's ``pairs`` given a second time (json keeps the last value without a word),
+    keys starting with ``ignored`` aside; None where every key is given once."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if ignored is not None and key.startswith(ignored):
+            continue
+        if key in seen:
+            return key
+        seen.add(key)
+    return None
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's dict, refusing a key given twice (json keeps the last one without a word); comments
-    (keys starting with '_') may repeat."""
-    data = dict(pairs)
-    keys = [k for k, _ in pairs if not k.startswith("_")]  # '_' keys are comments: read by nothing
-    if len(set(keys)) != len(keys):
-        raise _RepeatedKey(next(k for i, k in enumerate(keys) if k in keys[:i]))
-    return data
+    """A JSON object's dict, refusing a key given twice; comments (keys starting with '_') may repeat."""
+    repeated = first_repeated_key(pairs, ignored="_")  # '_' keys are comments: read by nothing
+    if repeated is not None:
+        raise _RepeatedKey(repeated)
+    return dict(pairs)
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
