@@ -79,10 +79,9 @@ def refuse_repeats(command: click.Command, ctx: click.Context, args: list[str]) 
             option.process = _recording(option, given)
     parser.parse_args(args=list(args))
     for occurrences in given.values():
-        if len({(o.action, o.const if o.action == "store_const" else id(o)) for o, _ in occurrences}) == 1 and \
-                occurrences[0][0].action == "store_const":
-            continue  # one flag, repeated: the same meaning
-        if len(occurrences) > 1:
+        flags = {o.const for o, _ in occurrences if o.action == "store_const"}
+        one_flag = len(flags) == 1 and all(o.action == "store_const" for o, _ in occurrences)  # the same meaning
+        if len(occurrences) > 1 and not one_flag:
             raise click.BadOptionUsage(_name(occurrences[0][0]), _repeated(occurrences), ctx=ctx)
 
 
