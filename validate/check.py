@@ -63,10 +63,15 @@ def engine_report_name(engine: Path, directory: Path) -> str:
     suffix included, where `wan-trt build` puts engines (the export folder), else that name and a hash of
     its path. Two engines of one file name in two folders, or of one stem in one (``e.pt2`` and ``e.plan``),
     kept one report between them, each check replacing the other's."""
+    return _located(engine, directory, Path(engine).resolve().name)
+
+
+def _located(engine: Path, directory: Path, name: str) -> str:
+    """``name`` for ``engine``'s report under ``directory``: as it is for an engine in that folder, else with a hash
+    of the engine's path."""
     engine = Path(engine).resolve()
-    if engine.parent == Path(directory).resolve():
-        return engine.name
-    return f"{engine.name}-{hashlib.sha256(str(engine).encode()).hexdigest()[:8]}"
+    return name if engine.parent == Path(directory).resolve() else \
+        f"{name}-{hashlib.sha256(str(engine).encode()).hexdigest()[:8]}"
 
 
 def former_report_name(engine: Path, directory: Path, prefix: str = "") -> str | None:
@@ -74,9 +79,7 @@ def former_report_name(engine: Path, directory: Path, prefix: str = "") -> str |
     suffix (``<prefix><stem>``), if its report there is a check's of this very engine: those files would stay
     beside the new ones, looking current (:func:`clear_report` removes them). None otherwise."""
     resolved = Path(engine).resolve()
-    inside = resolved.parent == Path(directory).resolve()
-    name = prefix + (resolved.stem if inside else
-                     f"{resolved.stem}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:8]}")
+    name = prefix + _located(resolved, directory, resolved.stem)
     old = report_path(directory, name)
     report = json_with_keys(old, CHECK_REPORT_KEYS) if old.is_file() and not old.is_symlink() else None
     return name if report is not None and report.get("target") == str(resolved) else None
