@@ -10,6 +10,7 @@ whatever its precision: an fp8 engine's fraction of it can pass 1.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -21,8 +22,10 @@ from wan_trt.spec import GraphSpec
 H100_DENSE_BF16_TFLOPS = 989.4  # H100 SXM data sheet, dense (no sparsity)
 
 
+@functools.lru_cache(maxsize=None)
 def graph_flops(spec: GraphSpec) -> float:
-    """FLOPs of one call of the graph ``spec`` describes (its static module as exported)."""
+    """FLOPs of one call of the graph ``spec`` describes (its static module as exported); counted once per spec
+    (a frozen description: bench counts the decoder's for its own rows and for the end-to-end ones)."""
     kind = graph_kind(spec)
     with torch.device("meta"):
         static = kind.static(kind.build(spec.config, spec.dtype, "meta"), spec)
