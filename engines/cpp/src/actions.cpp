@@ -4,8 +4,8 @@
 // whitespace only is blank and skipped; lines past the blocks asked for are not read. A number, integer or not,
 // is read as the double nearest it (strtod, in the C locale whatever locale the program set), which must lie
 // within +-torch.finfo(dtype).max of the stream's dtype (the engine's: fp16 holds up to 65504; the rule of
-// wan_trt/actions.py), so that no block is refused after the blocks before it ran. A file is refused where the Python reader refuses it, with the same messages but for the
-// parser's own wording of a line that is not JSON.
+// wan_trt/actions.py), so that no block is refused after the blocks before it ran. A file is refused where the
+// Python reader refuses it, with the same messages but for the parser's own wording of a line that is not JSON.
 #include <locale.h>
 #include <stdlib.h>
 
