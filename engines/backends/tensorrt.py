@@ -68,9 +68,9 @@ def _check_inputs(manifest: Manifest, directory: Path, opt_level: int, timing_ca
     if timing_cache is not None:  # read as a cache, then replaced by the build's: never a file of anything else's
         if not timing_cache.parent.is_dir():
             raise WanTrtError(f"--timing-cache {timing_cache}: folder {timing_cache.parent} does not exist")
-        if timing_cache.is_symlink() or timing_cache.is_dir():
-            raise WanTrtError(f"--timing-cache {timing_cache} is a symbolic link or a folder; name the cache file "
-                              "itself")
+        if timing_cache.is_symlink() or (timing_cache.exists() and not timing_cache.is_file()):
+            raise WanTrtError(f"--timing-cache {timing_cache} is a symbolic link, a folder or no regular file; name "
+                              "the cache file itself")
         if timing_cache.resolve() in {p.resolve() for p in owned_export_files(directory) or []}:
             raise WanTrtError(f"--timing-cache {timing_cache} is a file of the export (the build would replace it "
                               "with its timing cache); pick a path of its own, e.g. out/timing.cache")
@@ -108,15 +108,14 @@ def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, 
         register_plugins()
     trt_logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(trt_logger)
-    network = _parse(trt, builder, trt_logger, manifest.graph_path(directory), weak_typing)
     config = builder.create_builder_config()
+    config.set_timing_cache(timing_cache(trt, config, cache_path), ignore_mismatch=False)  # judged before the parse
     config.builder_optimization_level = opt_level
     if weak_typing:
         for flag in WEAK_TYPING_FLAGS[manifest.spec.precision]:
             config.set_flag(getattr(trt.BuilderFlag, flag))
         config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
-    cache = config.create_timing_cache(cache_path.read_bytes() if cache_path and cache_path.is_file() else b"")
-    config.set_timing_cache(cache, ignore_mismatch=False)
+    network = _parse(trt, builder, trt_logger, manifest.graph_path(directory), weak_typing)
     with stage(f"TensorRT {trt.__version__} build (opt level {opt_level})"):
         serialized = builder.build_serialized_network(network, config)
     if serialized is None:
@@ -130,6 +129,24 @@ def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, 
         install_engine(partial, engine, meta)
     if cache_path:
         write_file(cache_path, bytes(config.get_timing_cache().serialize()))
+
+
+def timing_cache(trt, config, path: Path | None):
+    """The build's timing cache, started from the file at ``path`` when there is one. The build writes its cache
+    over that file, so the file must hold a timing cache this TensorRT reads: a file of anything else (named by
+    mistake) or a cache of another TensorRT version (whose entries TensorRT skips) is refused, not replaced."""
+    data = path.read_bytes() if path is not None and path.is_file() else b""
+    try:
+        cache = config.create_timing_cache(data)
+        empty = bytes(config.create_timing_cache(b"").serialize())
+        read = cache is not None and (len(cache.queryKeys()) > 0 or data in (b"", empty))
+    except Exception:  # a blob TensorRT rejects outright  # noqa: BLE001
+        read = False
+    if not read:
+        raise WanTrtError(f"--timing-cache {path}: this file is no timing cache TensorRT {trt.__version__} reads "
+                          "(another file, or a cache of another TensorRT version), and the build would replace it "
+                          "with its own; name a new file or remove this one")
+    return cache
 
 
 def _parse(trt, builder, trt_logger, graph: Path, weak_typing: bool):

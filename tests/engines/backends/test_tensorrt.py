@@ -98,3 +98,32 @@ def test_a_plan_replaced_after_its_verification_is_not_read(aoti, tmp_path, monk
     os.replace(other, plan)  # what install_engine does: a new file renamed over the old (same bytes here)
     with pytest.raises(WanTrtError, match="replaced or rewritten since it was verified"):
         runner.engine_bytes()
+
+
+def test_a_timing_cache_that_is_no_regular_file_is_refused(plain_export, tmp_path):
+    """A FIFO (or a device) named as --timing-cache was read as a cache: the build waited on it for ever, and would
+    then have written its cache into it. Refused before TensorRT is needed."""
+    import os
+    from wan_trt.engines.backends.tensorrt import build_tensorrt
+    fifo = tmp_path / "cache.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(WanTrtError, match=r"--timing-cache .*no regular file"):
+        build_tensorrt(plain_export, timing_cache=fifo)
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
+def test_a_timing_cache_file_tensorrt_does_not_read_is_refused_not_replaced(small_export, tmp_path):
+    """The build read --timing-cache as a cache and then wrote its own over it: a file of anything else named there
+    (a checkpoint, notes) was replaced. A file TensorRT does not read as a timing cache is now refused; a cache the
+    build wrote is read and updated."""
+    from wan_trt.engines.backends.tensorrt import build_tensorrt
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a timing cache\n" * 100)
+    with pytest.raises(WanTrtError, match="no timing cache TensorRT .* reads"):
+        build_tensorrt(small_export, out=tmp_path / "a.plan", timing_cache=notes)
+    assert notes.read_text() == "not a timing cache\n" * 100
+    cache = tmp_path / "timing.cache"
+    build_tensorrt(small_export, out=tmp_path / "b.plan", timing_cache=cache)
+    assert cache.stat().st_size > 0
+    build_tensorrt(small_export, out=tmp_path / "c.plan", timing_cache=cache)  # its own cache: read, not refused
