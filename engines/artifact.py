@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from wan_trt.digest import check_digest_record, file_digest, file_identity, verify_file
+from wan_trt.engines.backends import get_backend
 from wan_trt.engines.runtime.runner import concrete_device
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, tool_versions
@@ -36,9 +37,11 @@ DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # the devices an engine is built for
 _NONE = type(None)
 
 
-def default_engine_path(directory: Path, backend: str, device: str) -> Path:
-    """Where `wan-trt build` writes an engine without --out: beside the export."""
-    return directory / f"engine_{backend}_{device}.{'pt2' if backend.startswith('aoti') else 'plan'}"
+def default_engine_path(directory: Path, backend: str, device: str, ops: str = "native") -> Path:
+    """Where `wan-trt build --backend BACKEND` writes an engine without --out: beside the export, named by the
+    backend's registered suffix (``engine_aoti_plugins_cuda.pt2``: backend aoti, ops plugins, device cuda)."""
+    flavour = "" if ops == "native" else f"_{ops}"
+    return directory / f"engine_{backend}{flavour}_{device}{get_backend(backend).engine_suffix}"
 
 
 # The packages and modules whose code decides an engine's graph beyond its export's manifest: the model,

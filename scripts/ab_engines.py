@@ -99,7 +99,7 @@ def main() -> None:
         raise WanTrtError("give two or more engines as NAME=EXPORT with distinct names")
     sessions, runners, config = {}, [], None
     for name, export in pairs:
-        engine = default_engine_path(Path(export), "aoti_plugins", "cuda")  # where `wan-trt build` put it
+        engine = default_engine_path(Path(export), "aoti", "cuda", "plugins")  # where `wan-trt build` put it
         bench = Bench(Path(export), "cuda", {"aoti-plugins": engine})
         if config is not None and bench.spec.config != config:
             raise WanTrtError(f"{name}: {export} is of config '{bench.spec.config.name}', not '{config.name}'")

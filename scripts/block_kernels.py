@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--host", action="store_true", help="also record the host: what it did in the longest gaps")
     args = parser.parse_args()
-    engine = default_engine_path(args.export, "aoti_plugins", "cuda")
+    engine = default_engine_path(args.export, "aoti", "cuda", "plugins")
     bench = Bench(args.export, "cuda", {"aoti-plugins": engine})
     inputs = synthetic_stream(bench.spec.config, WARM_BLOCKS + 1, seed=0)
     with bench.runner("aoti-plugins+cudagraph") as runner:

@@ -29,7 +29,7 @@ def run(tag: str, export: Path) -> dict:
     from wan_trt.profiling import provenance
     from wan_trt.stream import NoiseSource, synthetic_stream
 
-    engine = default_engine_path(export, "aoti_plugins", "cuda")
+    engine = default_engine_path(export, "aoti", "cuda", "plugins")
     bench = Bench(export, "cuda", {"aoti-plugins": engine})
     inputs = synthetic_stream(bench.spec.config, BLOCKS, seed=0)
     with bench.runner("aoti-plugins+cudagraph") as runner:

@@ -59,7 +59,7 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
         raise WanTrtError("--ops plugins: the fused Triton kernels compile for CUDA; build with --device cuda")
     if manifest.spec.precision == "fp8":
         check_fp8_device(device)
-    engine = Path(out) if out else default_engine_path(directory, "aoti" if ops == "native" else f"aoti_{ops}", device)
+    engine = Path(out) if out else default_engine_path(directory, "aoti", device, ops)
     key = engine_key(manifest, "aoti", device, {"ops": ops})
     check_engine_name(get_backend("aoti"), engine)
     check_engine_out(engine)

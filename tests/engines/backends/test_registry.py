@@ -88,6 +88,8 @@ def test_the_engine_names_are_the_default_ones(tmp_path):
     from wan_trt.engines.backends import check_engine_name
     assert [default_engine_path(tmp_path, b, "cpu").suffix for b in BUILDABLE] == \
         [get_backend(b).engine_suffix for b in BUILDABLE]
+    assert default_engine_path(tmp_path, "aoti", "cuda", "plugins").name == "engine_aoti_plugins_cuda.pt2"
+    assert default_engine_path(tmp_path, "tensorrt", "cuda").name == "engine_tensorrt_cuda.plan"
     assert get_backend("aoti").engine_suffix == ".pt2" and get_backend("tensorrt").engine_suffix == ".plan"
     for name in ("model.plan", "model.engine", "model.trt", "model"):  # TensorRT reads any name
         check_engine_name(get_backend("tensorrt"), tmp_path / name)
