@@ -43,10 +43,10 @@ class ErrorStats:
 
 def error_stats(actual, reference) -> ErrorStats:
     """Statistics of ``actual - reference`` (tensors or NumPy arrays) computed in float64 on the CPU."""
-    a = torch.as_tensor(actual).detach().to("cpu", torch.float64).flatten()
-    r = torch.as_tensor(reference).detach().to("cpu", torch.float64).flatten()
-    if a.shape != r.shape:
-        raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(reference.shape)}")
+    a, r = (torch.as_tensor(t).detach().to("cpu", torch.float64) for t in (actual, reference))
+    if a.shape != r.shape:  # the shapes, not the sizes: a transposed output holds as many values
+        raise ValueError(f"shape mismatch: {tuple(a.shape)} vs {tuple(r.shape)}")
+    a, r = a.flatten(), r.flatten()
     non_finite, reference_non_finite = (int((~torch.isfinite(t)).sum()) for t in (a, r))
     if non_finite or reference_non_finite:
         nan = float("nan")

@@ -153,6 +153,18 @@ def test_an_allowance_never_reaches_what_an_all_zero_output_scores():
     assert error_stats(torch.zeros(3), torch.zeros(3)).cosine == 1.0  # two zero tensors agree
 
 
+def test_statistics_refuse_tensors_of_other_shapes_even_of_one_size():
+    """The shapes were compared after flattening: an output transposed ([3, 2] against [2, 3]) was compared value
+    by value against another layout and could pass."""
+    from wan_trt.validate.metrics import error_stats
+    x = torch.arange(6.0).reshape(2, 3)
+    with pytest.raises(ValueError, match=r"shape mismatch: \(3, 2\) vs \(2, 3\)"):
+        error_stats(x.t().contiguous(), x)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        error_stats(x.reshape(6), x)
+    assert error_stats(x, x.clone()).rel_l2 == 0.0
+
+
 def test_a_failure_line_says_which_test_failed(export_dir):
     """A failure from Polygraphy's comparison (e.g. a shape) was printed as 'rel-L2 3.9e-07 > allowed 1.0e-05,
     Polygraphy mean-error check failed': a false inequality and the wrong check."""
