@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
-from wan_trt.actions import read_actions
+from wan_trt.actions import action_magnitudes, read_actions
 from wan_trt.config import WanConfig
 from wan_trt.decoder_spec import CALLS, DecoderSpec
 from wan_trt.engines.backends import RunnerSources, make_runner
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.runtime.decoder import DecoderStream
+from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.digest import file_digest
@@ -135,7 +136,12 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     with stage(f"stream {blocks} blocks{' and decode them' if decoder else ''}"), \
             make_runner(o.backend, sources) as runner, decoder or contextlib.nullcontext():
         session = StreamingSession(runner, noise=NoiseSource(seed), decoder=decoder)
-        results = stream_blocks(session, inputs, blocks, keep_frames_on="cpu")
+        try:
+            results = stream_blocks(session, inputs, blocks, keep_frames_on="cpu")
+        except NonFiniteBlock as exc:
+            if not actions:
+                raise
+            raise WanTrtError(f"{exc}\n--actions {o.actions}: {action_magnitudes(actions, cfg, exc.block)}") from None
     for r in results:
         logger.info("block %d (frame %d): %.1f ms", r.index, r.start_frame, 1e3 * r.seconds)
     report: dict[str, Any] = {"config": cfg.name, "precision": precision, "device": device,

@@ -28,7 +28,7 @@ from wan_trt.config import WanConfig
 from wan_trt.config_json import first_repeated_key
 from wan_trt.errors import WanTrtError
 from wan_trt.outputs import check_input_file
-from wan_trt.stream import raw_frames_in_block
+from wan_trt.stream import first_raw_frame, raw_frames_in_block
 
 
 def action_dims(cfg: WanConfig) -> dict[str, int]:
@@ -124,3 +124,18 @@ def _rows(value, n: int, dim: int, where: str, limit: float) -> torch.Tensor:
 def _number(v, limit: float) -> bool:
     """A JSON number (read as the double nearest it: integers too, by ``parse_int=float``) within +-``limit``."""
     return isinstance(v, float) and math.isfinite(v) and abs(v) <= limit
+
+
+def action_magnitudes(actions: dict[str, torch.Tensor], cfg: WanConfig, block: int) -> str:
+    """What ``block``'s actions reach beside the blocks' before it (which ran), for the error of a block that came
+    out non-finite: an action far beyond the others (a camera delta of 1e30) is the likely cause. A value the
+    stream's dtype holds is not refused up front: how large an action the model's arithmetic survives depends
+    on its weights, not on the file."""
+    start = first_raw_frame(cfg, block)
+    end = start + raw_frames_in_block(cfg, block)
+    parts = []
+    for name, frames in actions.items():
+        here = float(frames[0, start:end].abs().max())
+        before = f"{float(frames[0, :start].abs().max()):.3g}" if start else "none ran"
+        parts.append(f"{name} up to {here:.3g} in magnitude (the blocks before: {before})")
+    return f"block {block}'s actions: " + "; ".join(parts)

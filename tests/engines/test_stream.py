@@ -368,3 +368,19 @@ def test_a_bad_vae_checkpoint_is_refused_before_the_dit_is_built(tmp_path, monke
     res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "1", "--device", "cpu",
                                     "--vae-weights", str(tmp_path / "vae.pth"), "--out", str(tmp_path / "o")])
     assert res.exit_code == 1 and "--vae-weights" in res.output and "decoder.extra.weight" in res.output, res.output
+
+
+def test_a_block_an_absurd_action_made_non_finite_names_its_actions(tmp_path):
+    """A camera delta of 1e30 (which fp32 holds) made block 2 non-finite: the stream stopped naming the block and
+    'the inputs' only. The error now says what the block's actions reach beside the blocks' before it."""
+    from wan_trt.config_load import load_config
+    keys = load_config("universal-small").model.action_config.keyboard_dim_in
+    path = tmp_path / "actions.jsonl"
+    path.write_text("".join(json.dumps({"mouse": [1e30 if b == 2 else 0.1, 0.0], "keyboard": [1] + [0] * (keys - 1)})
+                            + "\n" for b in range(3)))
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "3", "--actions", str(path),
+                                    "--out", str(tmp_path / "s"), "--no-video"])
+    assert res.exit_code == 1 and "block 2 came out non-finite" in res.output, res.output
+    assert "block 2's actions: mouse up to 1e+30 in magnitude (the blocks before: 0.1); keyboard up to 1" in \
+        res.output, res.output
+    assert not (tmp_path / "s").exists()
