@@ -116,7 +116,7 @@ class StreamingSession:
     runs them op by op, as for every other runner.
     """
 
-    def __init__(self, runner: Runner, seed: int = 0, noise: NoiseSource | None = None,
+    def __init__(self, runner: Runner, seed: int | None = None, noise: NoiseSource | None = None,
                  decoder: DecoderStream | None = None):
         prefer_workspace_free_gemms()  # effective where no GEMM ran in this process yet (see its module)
         self.runner = runner
@@ -125,7 +125,10 @@ class StreamingSession:
         self.device = runner.device
         self.dtype = self.spec.dtype
         self.schedule = BlockSchedule.from_config(self.cfg)
-        self.noise = noise or NoiseSource(seed)
+        if noise is not None and seed is not None:  # the seed would be dropped
+            raise WanTrtError(f"seed {seed} and a NoiseSource (seed {noise.seed}) given: the noise source draws the "
+                              "noise; give one of the two")
+        self.noise = noise or NoiseSource(0 if seed is None else seed)
         self.feeds = self.spec.allocate("inputs", self.device)
         rotary = [name for r in self.spec.rotaries for name in (r.cos, r.sin)]
         self.rotary = HostStaging(self.feeds, rotary, self.device) if rotary else None
@@ -187,8 +190,10 @@ class StreamingSession:
         Activates the runner if it is not active yet (the caller still owns deactivating it).
         """
         self._check_start_block(start_block)
-        visual_context = self._checked(VISUAL_CONTEXT, visual_context, self.spec.tensor(VISUAL_CONTEXT).shape)
-        self._check_finite({VISUAL_CONTEXT: visual_context}, "of the stream")
+        given = visual_context
+        visual_context = self._checked(VISUAL_CONTEXT, visual_context, self.spec.tensor(VISUAL_CONTEXT).shape,
+                                       f"the stream starting at block {start_block}")
+        self._check_finite({VISUAL_CONTEXT: visual_context}, "of the stream", {VISUAL_CONTEXT: given})
         self.runner.__enter__()
         if self.decoder is not None:
             self.decoder.__enter__()
@@ -287,22 +292,25 @@ class StreamingSession:
                 raise WanTrtError(f"config '{self.cfg.name}' needs {name} actions for every block")
             dim = self.spec.tensor(ACTION_WINDOWS[name]).shape[-1]
             if isinstance(value, torch.Tensor) and value.ndim == 2:  # one action held over the block: [1, D]
-                if value.shape[0] != 1:
+                if tuple(value.shape) != (1, dim):
                     raise WanTrtError(f"{name}: expected [1, {dim}] (one action held for block {self.block}) or "
                                       f"[1, {n}, {dim}] (one per video frame), got {list(value.shape)}")
                 value = value[:, None, :].expand(-1, n, -1)
             raw[name] = self._checked(name, value, (1, n, dim))
         return raw
 
-    def _checked(self, name: str, value: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        """``value`` as a real tensor of ``shape`` on the session's device and dtype."""
+    def _checked(self, name: str, value: torch.Tensor, shape: tuple[int, ...], what: str | None = None
+                 ) -> torch.Tensor:
+        """``value`` as a real tensor of ``shape`` on the session's device and dtype; ``what`` it is for in
+        messages (default: the block about to run)."""
+        what = what or f"block {self.block}"
         if not isinstance(value, torch.Tensor):
-            raise WanTrtError(f"{name}: expected a torch.Tensor for block {self.block} of '{self.cfg.name}', "
+            raise WanTrtError(f"{name}: expected a torch.Tensor for {what} of '{self.cfg.name}', "
                               f"got {type(value).__name__}")
         if value.is_complex():
-            raise WanTrtError(f"{name}: expected a real tensor for block {self.block}, got {value.dtype}")
+            raise WanTrtError(f"{name}: expected a real tensor for {what}, got {value.dtype}")
         if tuple(value.shape) != tuple(shape):
-            raise WanTrtError(f"{name}: expected shape {list(shape)} for block {self.block} of "
+            raise WanTrtError(f"{name}: expected shape {list(shape)} for {what} of "
                               f"'{self.cfg.name}', got {list(value.shape)}")
         return value.to(self.device, self.dtype)
 

@@ -414,3 +414,37 @@ def test_a_noise_seed_is_an_integer_numpy_ones_included():
     for bad in (1.5, -1, True, 2 ** 64, "7"):
         with pytest.raises(WanTrtError, match="seed: expected an integer"):
             NoiseSource(bad)
+
+
+def test_a_finite_visual_context_beyond_the_sessions_precision_is_named_as_such():
+    """start() judged the image context after its conversion to bf16: a finite 1e39 was refused as NaN or Inf
+    (step() judged its inputs as given). And start's shape error named the block of the stream before."""
+    cfg = load_config("universal-small")
+    session = StreamingSession(TorchRunner(build_model(cfg, torch.bfloat16, seed=1), PassSpec.from_config(cfg, "bf16")))
+    context = synthetic_stream(cfg, 1, seed=0).visual_context.double()
+    context[0, 0, 0] = 1e39
+    with pytest.raises(WanTrtError, match=r"visual_context of the stream holds values beyond torch.bfloat16's "
+                                          r"range \(largest magnitude 1e\+39"):
+        session.start(context)
+    with pytest.raises(WanTrtError, match=r"visual_context: expected shape \[1, 5, 32\] for the stream starting at "
+                                          r"block 500 of 'universal-small', got \[1, 1, 32\]"):
+        session.start(context[:, :1], start_block=500)
+
+
+def test_a_held_action_of_another_width_is_named_as_given():
+    """A held action [1, 3] for a 2-wide mouse was expanded first and reported as [1, 9, 3]."""
+    cfg, session, inputs = _started("universal-small")
+    _, keyboard = inputs.block_actions(cfg, 0)
+    with pytest.raises(WanTrtError, match=r"mouse: expected \[1, 2\] \(one action held for block 0\) or \[1, 9, 2\] "
+                                          r"\(one per video frame\), got \[1, 3\]"):
+        session.step(inputs.block_cond(cfg, 0), torch.tensor([[0.1, 0.0, 0.5]]), keyboard)
+
+
+def test_a_seed_beside_a_noise_source_is_refused():
+    """StreamingSession(runner, seed=7, noise=NoiseSource(0)) drew seed 0's noise: the seed was dropped."""
+    cfg = load_config("universal-small")
+    runner = TorchRunner(build_model(cfg, torch.float32, seed=1), PassSpec.from_config(cfg, "fp32"))
+    with pytest.raises(WanTrtError, match=r"seed 7 and a NoiseSource \(seed 0\) given"):
+        StreamingSession(runner, seed=7, noise=NoiseSource(0))
+    assert StreamingSession(runner, seed=7).noise.seed == 7
+    assert StreamingSession(runner, noise=NoiseSource(5)).noise.seed == 5
