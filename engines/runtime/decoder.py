@@ -21,9 +21,9 @@ import torch
 
 from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata, export_for_engine
-from wan_trt.engines.backends import RunnerSources, backend_module, get_backend
+from wan_trt.engines.backends import BACKENDS, RunnerSources, backend_module, get_backend
 from wan_trt.engines.runtime.finite import NonFiniteFrames, first_non_finite
-from wan_trt.engines.runtime.runner import Runner
+from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import check_pair
 from wan_trt.export.manifest import Manifest
@@ -47,6 +47,7 @@ class DecoderStream:
         self.device = steady.device
         self.feeds = self.spec.allocate("inputs", self.device)
         self.started = False
+        self.active = False  # entered: its runners loaded
         self.owner: weakref.ref | None = None  # the session it is attached to: it carries that stream's histories
         self._benchmark: bool | None = None  # cuDNN's setting before the first __enter__, restored on exit
 
@@ -55,8 +56,17 @@ class DecoderStream:
         """Over the decoder engine pair of ``engine`` (either file), run by registry backend ``backend``
         (e.g. 'aoti', 'aoti+cudagraph'); each engine is verified against the export it was built from."""
         entry = get_backend(backend)
+        if entry.engine_key is None:
+            engine_backends = ", ".join(b.name for b in BACKENDS if b.engine_key)
+            raise WanTrtError(f"decoder backend {backend!r} runs no engine file; a decoder engine pair runs with one "
+                              f"of: {engine_backends}")
+        check_device(device)
         runners = {}
         for call, e in paired_engines(engine).items():
+            if e.meta.backend_name != entry.engine_key:  # its runner would run it as built, under the other name
+                raise WanTrtError(f"decoder engine {e.path}: built as {e.meta.backend_name}, not {entry.engine_key}; "
+                                  f"run it with backend {e.meta.backend_name}")
+            e.meta.check_runs_on(device, e.path, "decoder engine")
             sources = RunnerSources(e.manifest.spec, device, None, e.manifest, e.directory, {entry.engine_key: e.path})
             runners[call] = backend_module(entry).make_runner(entry, sources)
         return cls(runners["first"], runners["steady"])
@@ -74,9 +84,11 @@ class DecoderStream:
         except BaseException as exc:  # nothing stays loaded or switched on by a failed enter
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
+        self.active = True
         return self
 
     def __exit__(self, *exc) -> None:
+        self.active = False
         self.steady.__exit__(*exc)
         self.first.__exit__(*exc)
         if self._benchmark is not None:
@@ -103,6 +115,9 @@ class DecoderStream:
 
     def _decode(self, latents: torch.Tensor, frames_of, checked: bool = False) -> torch.Tensor:
         """Run the call, make its frames, then carry the histories: a failure before that changes nothing."""
+        if not self.active:
+            raise WanTrtError("the decoder is not active: use it in a `with decoder:` block, or attach it to a "
+                              "session, whose start() activates it")
         t = self.spec.tensor(LATENTS)
         if tuple(latents.shape) != t.shape:
             raise WanTrtError(f"decoder latents: expected {list(t.shape)}, got {list(latents.shape)}")

@@ -345,3 +345,26 @@ def test_a_decoder_re_export_interrupted_between_its_two_swaps_is_refused_as_a_m
         read_decoder(export)
     with pytest.raises(WanTrtError, match="re-export both"):
         check_target(export, CheckOptions(blocks=2, save_results=False))
+
+
+def test_a_decoder_engine_runs_only_as_built(decoder_aoti, tmp_path):
+    """DecoderStream.from_engine dropped its device (the engine ran where it was built, whatever was named, a
+    device that does not exist too), ran a native engine under 'aoti-plugins', failed with a TypeError for a
+    backend that runs no engine file, and decode() outside `with` failed with a TypeError."""
+    for backend, device, message in (("aoti", "no-such-device", "is not a torch device"),
+                                     ("aoti", "meta", "wan-trt runs on cpu or cuda"),
+                                     ("aoti-plugins", "cpu", "built as aoti, not aoti-plugins"),
+                                     ("torch-eager", "cpu", "'torch-eager' runs no engine file")):
+        with pytest.raises(WanTrtError, match=message):
+            DecoderStream.from_engine(decoder_aoti, backend, device)
+    if torch.cuda.is_available():
+        with pytest.raises(WanTrtError, match="built for cpu"):
+            DecoderStream.from_engine(decoder_aoti, "aoti", "cuda")
+    stream = DecoderStream.from_engine(decoder_aoti, "aoti", "cpu")
+    latents = stream_latents(DecoderSpec.from_config(load_config(CFG), "fp32"), 1, seed=5)
+    with pytest.raises(WanTrtError, match="the decoder is not active"):
+        stream.decode(latents)
+    with stream:
+        assert stream.decode(latents).shape == (9, 32, 48, 3)
+    with pytest.raises(WanTrtError, match="the decoder is not active"):  # and again once left
+        stream.decode(latents)
