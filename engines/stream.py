@@ -163,7 +163,7 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         summary["video_frames"] = int(frames.shape[0])
     report["summary"] = summary
     if out is not None:
-        report = {**report, "inputs": stream_inputs(o, decoder is not None)}  # hashed only for a report written
+        report = {**report, "inputs": stream_inputs(cfg, o, decoder is not None)}  # hashed only for a report written
         protect = _inputs(o.weights, o.vae_weights, o.actions)
         with staged_dir(out, owned_stream_files, overwrite=o.overwrite, protect=protect, what=OUTPUT) as staging:
             torch.save(torch.cat([r.latents.cpu() for r in results], dim=2), staging / "latents.pt")
@@ -175,13 +175,14 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     return report
 
 
-def stream_inputs(o: StreamOptions, decoded: bool) -> dict[str, Any]:
-    """What the stream was made from, for its report: each checkpoint and actions file (path, size, sha256)
-    or how it was made instead (seeded), so that a stream of random weights is never taken for one of real
-    ones. The conditioning (the first frame's latent, the image context) is always seeded noise."""
+def stream_inputs(cfg: WanConfig, o: StreamOptions, decoded: bool) -> dict[str, Any]:
+    """What the stream was made from, for its report: the config's every field (a config file may share a
+    preset's name), each checkpoint and actions file (path, size, sha256) or how it was made instead (seeded),
+    so that a stream of random weights is never taken for one of real ones. The conditioning (the first frame's
+    latent, the image context) is always seeded noise."""
     def source(path: str | Path | None, otherwise: str) -> dict[str, Any] | str:
         return otherwise if path is None else {"path": str(Path(path).resolve()), **file_digest(path)}
-    return {"weights": source(o.weights, f"random (seed {o.seed})"),
+    return {"config": cfg.to_dict(), "weights": source(o.weights, f"random (seed {o.seed})"),
             "vae_weights": source(o.vae_weights, f"random (seed {o.seed})") if decoded else None,
             "actions": source(o.actions, f"synthetic (seed {o.seed})"),
             "conditioning": f"seeded noise (seed {o.seed})", "seed": o.seed}

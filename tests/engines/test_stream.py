@@ -384,3 +384,21 @@ def test_a_block_an_absurd_action_made_non_finite_names_its_actions(tmp_path):
     assert "block 2's actions: mouse up to 1e+30 in magnitude (the blocks before: 0.1); keyboard up to 1" in \
         res.output, res.output
     assert not (tmp_path / "s").exists()
+
+
+def test_the_report_names_the_configs_every_field(tmp_path):
+    """report.json named the config by name only: a config file of another model (2 layers) under a preset's name
+    gave the same report as the preset."""
+    from wan_trt.config_load import PRESET_DIR, load_config
+    data = json.loads((PRESET_DIR / "universal-small.json").read_text())
+    data["model"]["num_layers"] = 2
+    own = tmp_path / "universal-small.json"
+    own.write_text(json.dumps(data))
+    reports = {}
+    for name, config in (("preset", "universal-small"), ("file", str(own))):
+        res = CliRunner().invoke(main, ["stream", "--config", config, "--blocks", "1", "--no-video",
+                                        "--out", str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+        reports[name] = json.loads((tmp_path / name / "report.json").read_text())["inputs"]["config"]
+    assert reports["preset"] == load_config("universal-small").to_dict()
+    assert reports["file"] == load_config(own).to_dict() != reports["preset"]
