@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator
 import click
 from click.core import ParameterSource
 
-from wan_trt.cli_options import (PathArg, config_option, device_option, pick_device, pick_precision, precision_aliases,
-                                 precision_option, seed_option, weights_option)
+from wan_trt.cli_options import (MAX_SEED, PathArg, config_option, device_option, pick_device, pick_precision,
+                                 precision_aliases, precision_option, seed_option, weights_option)
 from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, BUILDABLE, BY_NAME, DEFAULT_BUILD, ENGINE_FLAGS,
                                       parse_backends)
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
@@ -381,7 +381,7 @@ def check(target, provider, blocks, stream, seed, save_results, as_json) -> None
                    + ". Defaults to DIRECTORY/engine_<backend>_<device>.<pt2|plan>.")
 @click.option("--force", is_flag=True, help="Rebuild even if an up-to-date engine exists.")
 @weights_option
-@click.option("--seed", type=int, default=None,
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None,
               help="Seed of random weights and inputs when exporting with --config (default 0); with an existing "
                    "export it must be the export's.")
 @user_errors

@@ -92,9 +92,16 @@ def test_an_empty_path_is_refused_not_taken_for_none(args, flag):
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2 ** 32), "99999999999999999999"])
-def test_a_seed_out_of_range_is_refused_before_any_work(seed):
-    """A seed past int64 / 1000003 overflowed inside the noise source (a traceback, after the model was built)."""
-    _one_error_line(_run(["stream", "--config", "universal-small", "--blocks", "1", "--seed", seed]), "--seed")
+@pytest.mark.parametrize("command", ["stream", "build"])
+def test_a_seed_out_of_range_is_refused_before_any_work(seed, command, tmp_path, monkeypatch):
+    """A seed past int64 / 1000003 overflowed inside the noise source (a traceback, after the model was built);
+    `build --config --seed -1` exported and built with seed -1, and a seed past int64 ended in a traceback."""
+    monkeypatch.chdir(tmp_path)  # build --config exports into ./out
+    args = {"stream": ["stream", "--config", "universal-small", "--blocks", "1"],
+            "build": ["build", "--config", "universal-small", "--backend", "aoti", "--device", "cpu",
+                      "--precision", "fp32"]}[command]
+    _one_error_line(_run(args + ["--seed", seed]), "--seed")
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_provider_given_with_an_engine_is_refused(aoti):
