@@ -28,7 +28,11 @@ from wan_trt.errors import WanTrtError
 MAX_INT = 1 << 20
 
 # Keys of upstream config.json files that carry no information for wan-trt.
-IGNORED_KEYS = frozenset({"_class_name", "_diffusers_version", "_name_or_path", "inject_sample_info"})
+IGNORED_KEYS = frozenset({"_class_name", "_diffusers_version", "_name_or_path"})
+# Keys of upstream config.json files that select something wan-trt's model does not have: checked (a JSON
+# boolean) and only the value the model is refused otherwise, by reason; not kept in the config.
+FIXED_KEYS = {"inject_sample_info": (False, "true adds an fps embedding (upstream's sample_fps), which this model "
+                                            "and upstream's released checkpoints do not have")}
 # Fields earlier wan-trt versions wrote, and why they are gone.
 REMOVED_KEYS = {"rope_max_frames": "streams have no RoPE table and no length limit any more; remove the field"}
 
@@ -106,6 +110,9 @@ def build(cls: type, data: Any, where: str, path: str, required: Required) -> An
     for key, value in data.items():
         if key in IGNORED_KEYS or key.startswith("_"):
             continue
+        if key in FIXED_KEYS and cls.__name__ == "ModelConfig":
+            _check_fixed(f"{path}{key}", value, where)
+            continue
         if key not in known and key in REMOVED_KEYS:
             raise WanTrtError(f"config field '{path}{key}' (in {where}): {REMOVED_KEYS[key]}")
         if key not in known:
@@ -114,6 +121,15 @@ def build(cls: type, data: Any, where: str, path: str, required: Required) -> An
                 f"known fields: {', '.join(sorted(known))}")
         kwargs[key] = _typed(hints[key], value, f"{path}{key}", where, required)
     return cls(**kwargs)
+
+
+def _check_fixed(name: str, value: Any, where: str) -> None:
+    allowed, why = FIXED_KEYS[name.rsplit(".", 1)[-1]]
+    if not _is(bool, value):
+        raise field_error(name, _NAMES[bool], value, where)
+    if value != allowed:
+        raise WanTrtError(f"config field '{name}': {str(value).lower()} is not supported: {why} (in {where}); "
+                          f"set it to {str(allowed).lower()}")
 
 
 def _typed(kind: Any, value: Any, name: str, where: str, required: Required) -> Any:

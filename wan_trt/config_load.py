@@ -57,16 +57,19 @@ def config_from_dict(data: Mapping[str, Any], name: str, where: str = "<dict>") 
     else:
         model = build(ModelConfig, data, where, "", _required)
         inference = _inference_for(model, where)
-    cfg = WanConfig(name=_checked_name(data.get("name", name), where), model=model, inference=inference)
+    cfg = WanConfig(name=_checked_name(data.get("name", name), where, derived="name" not in data), model=model,
+                    inference=inference)
     validate(cfg, where)
     return cfg
 
 
-def _checked_name(name: Any, where: str) -> str:
-    """The config's name, which names output folders (out/<name>_...): a plain file name."""
+def _checked_name(name: Any, where: str, derived: bool = False) -> str:
+    """The config's name, which names output folders (out/<name>_...): a plain file name. ``derived``: taken
+    from the file's (or, for a config.json, its folder's) name, which is then what to rename."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise WanTrtError(f"{where}: name {name!r}: expected letters, digits, '.', '_' or '-', not starting with '.' "
-                          "(it names the output folders)")
+        origin = " (the config file's name, or its folder's for a config.json: rename it)" if derived else ""
+        raise WanTrtError(f"{where}: name {name!r}{origin}: expected letters, digits, '.', '_' or '-', not starting "
+                          "with '.' (it names the output folders)")
     return name
 
 
@@ -105,5 +108,6 @@ def load_config(name_or_path: str | Path) -> WanConfig:
         kind = ("a folder without a config.json" if path.is_dir() else "not a regular file (a pipe? write it to "
                 "a file first)" if path.exists() else "neither a preset nor a file")
         raise WanTrtError(f"--config '{text}' is {kind}; presets: {', '.join(preset_names())}")
+    path = path.resolve()  # `--config config.json` in its own folder: the folder's name, not ''
     name = path.parent.name if path.name == "config.json" else path.stem
     return config_from_dict(read_json_object(path), name, str(path))

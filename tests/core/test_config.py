@@ -282,3 +282,32 @@ def test_a_comment_key_may_repeat(tmp_path):
     path = tmp_path / "comments.json"
     path.write_text(text.replace('"model": {', '"_note": "a", "_note": "b", "model": {', 1))
     assert load_config(path) == load_config("universal-small")
+
+
+def test_a_config_json_named_from_its_own_folder(tmp_path, monkeypatch):
+    """`--config config.json` (or `.`) in the config's own folder took the name '' from the relative path and was
+    refused; a folder name that cannot name outputs is refused saying where the name came from."""
+    folder = tmp_path / "up"
+    folder.mkdir()
+    path = _upstream(folder, lambda d: None)
+    monkeypatch.chdir(folder)
+    for given in ("config.json", ".", "./config.json"):
+        assert load_config(given).name == "up"
+    odd = tmp_path / "my model"
+    odd.mkdir()
+    (odd / "config.json").write_text(path.read_text())
+    with pytest.raises(WanTrtError, match=r"name 'my model' \(the config file's name, or its folder's for a "
+                                          r"config.json: rename it\)"):
+        load_config(odd / "config.json")
+
+
+@pytest.mark.parametrize("value, message", [("yes", "expected a JSON boolean"), (True, "true is not supported: true "
+                                            "adds an fps embedding")])
+def test_inject_sample_info_is_checked_not_ignored(tmp_path, value, message):
+    """Upstream's inject_sample_info was skipped unread: "yes", or true (an fps embedding this model lacks), loaded
+    as if false."""
+    path = _upstream(tmp_path, lambda d: d.__setitem__("inject_sample_info", value))
+    with pytest.raises(WanTrtError, match=message):
+        load_config(path)
+    path = _upstream(tmp_path, lambda d: d.__setitem__("inject_sample_info", False))
+    assert load_config(path).model == load_config("universal").model

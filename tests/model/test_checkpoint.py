@@ -182,3 +182,55 @@ def test_the_other_models_checkpoint_is_named_with_the_flag_it_belongs_to(tmp_pa
         build_decoder(cfg, weights=dit)
     with pytest.raises(WanTrtError, match="pick the --config the checkpoint was trained with"):  # the usual hint
         build_model(cfg, weights=save_checkpoint(build_model(load_config("templerun-small")), tmp_path / "tr.pt"))
+
+
+@pytest.mark.parametrize("dtype, what", [(torch.float8_e4m3fn, "FP8-quantized values"),
+                                         (torch.complex64, "complex numbers"), (torch.bool, "booleans")])
+def test_fp8_complex_and_bool_tensors_are_named_as_such(tmp_path, dtype, what):
+    """An FP8-quantized checkpoint ended in a NotImplementedError traceback ('isfinite' has no float8 kernel);
+    complex and bool tensors were called integers."""
+    cfg = load_config("universal-small")
+    key = "model.blocks.0.ffn.0.weight"
+    for name in ("w.pt", "w.safetensors"):
+        if dtype is torch.complex64 and name.endswith("safetensors"):
+            continue  # safetensors has no complex dtype
+        path = _saved(tmp_path, cfg, lambda s: s.__setitem__(key, s[key].to(dtype)), name)
+        with pytest.raises(WanTrtError, match=rf"1 tensor\(s\) hold {what} where float weights are expected: "
+                                              rf"{re.escape(key)}"):
+            build_model(cfg, weights=path)
+
+
+def test_an_ema_beside_the_model_is_refused_not_dropped(tmp_path):
+    """{"model": ..., "ema": ...} loaded 'model' without a word ('ema' is not a name wan-trt unwraps)."""
+    state = dict(build_model(load_config("universal-small")).state_dict())
+    torch.save({"model": state, "ema": state, "step": 5, "opt": {"state": {}, "param_groups": [{"lr": 1.0}]}},
+               tmp_path / "train.pt")
+    with pytest.raises(WanTrtError, match=r"several state dicts \(ema, model\)"):
+        read_state_dict(tmp_path / "train.pt")
+    torch.save({"model": state, "step": 5, "opt": {"state": {}, "param_groups": [{"lr": 1.0}]}}, tmp_path / "ok.pt")
+    assert read_state_dict(tmp_path / "ok.pt").keys() == state.keys()
+
+
+def test_a_misnamed_file_is_named_by_its_format(tmp_path):
+    """A safetensors file named .pt got torch.load's advice to turn weights_only off (arbitrary code execution);
+    a torch.save file named .safetensors, 'header too large'."""
+    cfg = load_config("universal-small")
+    st = _saved(tmp_path, cfg, lambda s: None, "w.safetensors")
+    pt = _saved(tmp_path, cfg, lambda s: None, "w.pt")
+    (tmp_path / "st.pt").write_bytes(st.read_bytes())
+    (tmp_path / "pt.safetensors").write_bytes(pt.read_bytes())
+    with pytest.raises(WanTrtError, match=r"a safetensors file named \.pt; rename it to \.safetensors") as err:
+        read_state_dict(tmp_path / "st.pt")
+    assert "weights_only" not in str(err.value)
+    with pytest.raises(WanTrtError, match=r"a torch.save file named \.safetensors; rename it to \.pt"):
+        read_state_dict(tmp_path / "pt.safetensors")
+    assert read_state_dict(st).keys() == read_state_dict(pt).keys()
+
+
+def test_overflow_advice_names_only_precisions_that_hold_the_values(tmp_path):
+    """An fp32 3.4e38 loaded at bf16 was told to pass --precision bf16; a float64 1e300 was told bf16 or fp32."""
+    from wan_trt.model.checkpoint import check_values
+    with pytest.raises(WanTrtError, match=r"overflow bfloat16.*; pass --precision fp32$"):
+        check_values({"w": torch.tensor([3.4e38])}, "f.pt", torch.bfloat16)
+    with pytest.raises(WanTrtError, match="no precision holds them"):
+        check_values({"w": torch.tensor([1e300], dtype=torch.float64)}, "f.pt", torch.float32)

@@ -1,5 +1,7 @@
 """The video decoder against an independent transcription of upstream's frame-by-frame decode
 (list of feature caches, 'Rep' markers), and its parameter names against upstream's."""
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -384,3 +386,12 @@ def test_a_damaged_vae_checkpoint_is_named_by_its_own_flag(tmp_path):
     torch.save(state, tmp_path / "nan.pth")
     with pytest.raises(WanTrtError, match=r"^--vae-weights .*NaN"):
         load_vae_decoder(VideoDecoder(SMALL), tmp_path / "nan.pth")
+
+
+def test_a_vae_of_another_width_says_which_config_fits(tmp_path):
+    """A full-width Wan2.1 VAE given with a -small config (vae_dim 8) was told to 'pass the Wan2.1 VAE'."""
+    wide = VideoDecoder(dataclasses.replace(SMALL, dim=SMALL.dim * 2))
+    _write_vae_file(wide, tmp_path / "wide.pth")
+    with pytest.raises(WanTrtError, match=rf"the file's decoder is {SMALL.dim * 2} wide \(decoder.conv1.bias: "
+                                          rf"{SMALL.dim * 8} channels\), the config's {SMALL.dim}"):
+        load_vae_decoder(VideoDecoder(SMALL), tmp_path / "wide.pth")

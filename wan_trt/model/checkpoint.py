@@ -2,7 +2,8 @@
 
 Upstream files (``base_distill.safetensors`` ...) hold the CausalWanModel state dict
 with keys prefixed ``model.`` (the diffusion wrapper's attribute). Accepted here:
-``.safetensors`` and ``.pt``/``.pth``/``.ckpt``, the state dict alone or wrapped as training
+``.safetensors`` and ``.pt``/``.pth``/``.ckpt``/``.bin`` (a file's format is judged by its first bytes
+too: a misnamed one is refused by name), the state dict alone or wrapped as training
 scripts save it (``{"state_dict": ..., "epoch": 3, "optimizer_states": ...}``; also under
 ``model``/``generator``/``generator_ema``/``module``), with or without the ``model.`` (or
 ``_orig_mod.``) prefix. Loading is strict and checked once, at ``--weights``: missing,
@@ -32,28 +33,49 @@ def read_state_dict(path: str | Path, flag: str = "--weights") -> dict[str, torc
     if not path.is_file():
         raise WanTrtError(f"{flag} {path}: no such file")
     suffix = path.suffix.lower()
+    if suffix not in SAFETENSORS + TORCH_SAVE:
+        raise WanTrtError(f"{flag} {path}: expected a {', '.join(SAFETENSORS + TORCH_SAVE)} file")
+    kind = _format(path)
+    if kind is not None and suffix not in kind:  # misnamed: the other loader's message would mislead
+        raise WanTrtError(f"{flag} {path}: a {'safetensors' if kind is SAFETENSORS else 'torch.save'} file named "
+                          f"{suffix}; rename it to {kind[0]}")
     try:
-        if suffix == ".safetensors":
+        if suffix in SAFETENSORS:
             from safetensors.torch import load_file
             state = load_file(str(path))
-        elif suffix in (".pt", ".pth", ".bin", ".ckpt"):
-            state = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            raise WanTrtError(f"{flag} {path}: expected a .safetensors, .pt or .pth file")
-    except WanTrtError:
-        raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt file: the loader's own message says what broke
         raise WanTrtError(f"{flag} {path}: cannot read it ({type(exc).__name__}: {exc})") from None
     return _unwrap(state, path, flag)
 
 
+SAFETENSORS = (".safetensors",)
+TORCH_SAVE = (".pt", ".pth", ".ckpt", ".bin")
+
+
+def _format(path: Path) -> tuple[str, ...] | None:
+    """The suffixes of the format ``path``'s first bytes say it is in, or None where they say neither: a
+    safetensors file starts with its header's length (8 bytes, little-endian) and the header's '{'; a torch.save
+    file is a zip (or, from before PyTorch 1.6, a pickle: protocol 2 and up start with 0x80)."""
+    with path.open("rb") as f:
+        head = f.read(9)
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        return TORCH_SAVE
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:
+        return SAFETENSORS
+    return None
+
+
 def _unwrap(state: object, path: Path, flag: str) -> dict[str, torch.Tensor]:
     """The state dict itself, or the one a training checkpoint wraps (``{"state_dict": ..., "epoch": 3}``)."""
     if isinstance(state, Mapping) and not _all_tensors(state):
+        dicts = [key for key, value in state.items() if _tensor_dict(value)]  # an EMA beside the model too
         inner = [key for key in _WRAPPERS if isinstance(state.get(key), Mapping)]
-        if len(inner) > 1:
-            raise WanTrtError(f"{flag} {path}: holds several state dicts ({', '.join(inner)}); expected "
-                              f"one: save the one to use on its own (torch.save(ckpt['{inner[0]}'], ...))")
+        several = sorted(set(dicts) | set(inner), key=str)
+        if len(several) > 1:
+            raise WanTrtError(f"{flag} {path}: holds several state dicts ({', '.join(map(str, several))}); expected "
+                              f"one: save the one to use on its own (torch.save(ckpt['{several[0]}'], ...))")
         state = state[inner[0]] if inner else state
     if not isinstance(state, Mapping) or not _all_tensors(state):
         found = ", ".join(f"{k} ({type(v).__name__})" for k, v in list(state.items())[:_SHOW]) \
@@ -69,6 +91,11 @@ def _unwrap(state: object, path: Path, flag: str) -> dict[str, torch.Tensor]:
 
 def _all_tensors(state: Mapping) -> bool:
     return all(isinstance(v, torch.Tensor) for v in state.values())
+
+
+def _tensor_dict(value: object) -> bool:
+    """A mapping of tensors (a state dict; an optimizer's state holds other values beside its tensors)."""
+    return isinstance(value, Mapping) and bool(value) and _all_tensors(value)
 
 
 def strip_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -121,11 +148,14 @@ def _listed(items: list[str]) -> str:
 
 def check_values(state: Mapping[str, torch.Tensor], source: str, dtype: torch.dtype, flag: str = "--weights") -> None:
     """Raise WanTrtError naming (keys as stored) tensors that are not float, hold NaN/Inf, or overflow ``dtype``."""
-    not_float = [f"{k} ({_name(v.dtype)})" for k, v in state.items()
-                 if not v.is_floating_point()]
-    if not_float:
-        raise WanTrtError(f"{flag} {source}: {len(not_float)} tensor(s) hold integers where float weights "
-                          f"are expected: {_listed(not_float)}; pass the float (bf16/fp32) checkpoint")
+    kinds = {"FP8-quantized values": _is_fp8,
+             "complex numbers": torch.Tensor.is_complex, "booleans": lambda v: v.dtype == torch.bool,
+             "integers": lambda v: not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)}
+    for what, holds in kinds.items():
+        found = [f"{k} ({_name(v.dtype)})" for k, v in state.items() if holds(v)]
+        if found:
+            raise WanTrtError(f"{flag} {source}: {len(found)} tensor(s) hold {what} where float weights are "
+                              f"expected: {_listed(found)}; pass the float (bf16/fp32) checkpoint")
     nonfinite = [f"{k} ({counts})" for k, v in state.items() if (counts := _nonfinite(v))]
     limit = torch.finfo(dtype).max
     overflow = [f"{k} (max |w| {peak:.3g})" for k, v in state.items() if (peak := _peak(v, dtype)) > limit]
@@ -134,10 +164,18 @@ def check_values(state: Mapping[str, torch.Tensor], source: str, dtype: torch.dt
         problems.append(f"{len(nonfinite)} tensor(s) hold NaN/Inf: {_listed(nonfinite)}; the file is damaged: "
                         "download or export it again")
     if overflow:
+        peak = max(_peak(v, dtype) for v in state.values())
+        holds = [name for name, d in (("bf16", torch.bfloat16), ("fp32", torch.float32))
+                 if d != dtype and torch.finfo(d).max >= peak]
+        fix = f"pass --precision {' or '.join(holds)}" if holds else "no precision holds them: the file is damaged"
         problems.append(f"{len(overflow)} tensor(s) overflow {_name(dtype)} (max {limit:.5g}): "
-                        f"{_listed(overflow)}; pass --precision bf16 or fp32")
+                        f"{_listed(overflow)}; {fix}")
     if problems:
         raise WanTrtError(f"{flag} {source}: " + "\n  ".join(problems))
+
+
+def _is_fp8(value: torch.Tensor) -> bool:
+    return value.is_floating_point() and value.element_size() == 1
 
 
 def _nonfinite(value: torch.Tensor) -> str:
@@ -186,10 +224,24 @@ def load_vae_decoder(model: nn.Module, path: str | Path, dtype: torch.dtype = to
     """
     raw = read_state_dict(path, "--vae-weights")
     state = {k: v for k, v in raw.items() if not k.startswith(VAE_ENCODER_PREFIXES)}
-    check_keys(model, state, str(path), "--vae-weights", "pass the Wan2.1 VAE (Wan2.1_VAE.pth) or its decoder")
+    check_keys(model, state, str(path), "--vae-weights",
+               _other_width(model, state) or "pass the Wan2.1 VAE (Wan2.1_VAE.pth) or its decoder")
     check_values(state, str(path), dtype, "--vae-weights")
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
     return model
+
+
+def _other_width(model: nn.Module, state: Mapping[str, torch.Tensor]) -> str | None:
+    """The fix where the file is a decoder of another width than the config's (a full-size Wan2.1 VAE given
+    with a -small config): judged by the first convolution's output channels, 4 x the config's vae_dim."""
+    key = "decoder.conv1.bias"
+    ours = model.state_dict().get(key)
+    theirs = state.get(key)
+    if ours is None or theirs is None or theirs.ndim != 1 or theirs.shape == ours.shape:
+        return None
+    return (f"the file's decoder is {theirs.shape[0] // 4} wide ({key}: {theirs.shape[0]} channels), the config's "
+            f"{ours.shape[0] // 4} (inference.vae_dim): pass a config of the file's width (the Wan2.1 VAE's is 96: "
+            "the full-size presets)")
 
 
 def save_checkpoint(model: nn.Module, path: str | Path, prefix: str = UPSTREAM_PREFIX) -> Path:
