@@ -15,12 +15,13 @@
 // --engine) decodes every block; --frames then receives its uint8 frames [9 + 12 (N - 1), 8H, 8W, 3].
 // Output: torch.save-loadable tensor [1, 16, 3*N, H, W] and one line per block on stdout:
 // "block i: <ms> ms (passes <ms>, clean <ms>, checks <ms>[, decode <ms>], commit <ms>)".
-// Refused before any block runs: an unknown flag, --out or --frames that is a folder, lies in no folder, is a
-// file the run reads (or the other output), or exists (--overwrite replaces only a tensor file such as a run
-// writes), more --blocks than the inputs hold, a --seed outside 0..2^32-1, a defect of the --actions file, by
-// line (a value beyond the range of the engine's dtype too: fp16 65504), an --inputs file that is not one (a
-// folder, a pipe, unreadable, no file torch.save wrote or one libtorch cannot load, not a dict, keys missing, a
-// field of another type or of another shape than the engine's) or whose first_block lies beyond a stream's reach.
+// Refused before any block runs: an unknown flag, a value flag given twice (a boolean flag repeated means it once),
+// --out or --frames that is a folder, lies in no folder, is a file the run reads (or the other output), or exists
+// (--overwrite replaces only a tensor file such as a run writes), more --blocks than the inputs hold, a --seed outside
+// 0..2^32-1, a defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504),
+// an --inputs file that is not one (a folder, a pipe, unreadable, no file torch.save wrote or one libtorch cannot load,
+// not a dict, keys missing, a field of another type or of another shape than the engine's) or whose first_block lies
+// beyond a stream's reach.
 // A runtime file that is older, edited or cut (its last line, the sha256 of the lines before it, does not
 // match), or with a field that does not parse, is refused before anything else is read; a file that is no
 // runtime file (the engine given by mistake, GBs) by its first line, without reading the rest.
@@ -54,6 +55,7 @@ namespace fs = std::filesystem;
 
 const std::set<std::string> kValueFlags{"--engine", "--inputs", "--blocks", "--out",     "--runtime",  "--seed",
                                         "--device", "--start-block", "--actions", "--decoder", "--frames"};
+const std::set<std::string> kSwitches{"--cuda-graph", "--tensorrt", "--overwrite"};  // boolean flags
 constexpr int64_t kMaxSeed = 4294967295;  // as `wan-trt --seed`: 32 bits
 
 // The bytes of ``path`` (given as ``flag``); a file that cannot be opened or read is refused naming the error.
@@ -328,19 +330,45 @@ std::unique_ptr<wan_trt::Runner> make_runner(const std::string& engine, const wa
   return std::make_unique<wan_trt::AotiRunner>(engine, io, device, cuda_graph);
 }
 
+// "--out given twice (a.pt, b.pt): give it once", as `wan-trt` says it of an option given twice.
+std::string repeated(const std::string& flag, const std::vector<std::string>& values) {
+  std::string shown;
+  for (const auto& value : values) shown += (shown.empty() ? "" : ", ") + value;
+  const std::string times = values.size() == 2 ? "twice" : std::to_string(values.size()) + " times";
+  return flag + " given " + times + " (" + shown + "): give it once";
+}
+
+// The value flags of ``argv`` over ``defaults``; the boolean flags given go to ``switches``. An unknown flag, a
+// flag without its value, and a value flag given twice (which one was meant?) are refused before any work; a
+// boolean flag repeated means it once.
+std::map<std::string, std::string> parse_flags(int argc, char** argv, std::map<std::string, std::string> defaults,
+                                               std::set<std::string>& switches) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> given;  // value flags in the order first given
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (kSwitches.count(a)) {
+      switches.insert(a);
+      continue;
+    }
+    if (!kValueFlags.count(a)) throw wan_trt::Error("unknown flag " + a);
+    if (i + 1 == argc) throw wan_trt::Error("missing value for " + a);
+    auto it = std::find_if(given.begin(), given.end(), [&](const auto& g) { return g.first == a; });
+    if (it == given.end()) it = given.emplace(given.end(), a, std::vector<std::string>{});
+    it->second.push_back(argv[++i]);
+  }
+  for (const auto& [flag, values] : given) {
+    if (values.size() > 1) throw wan_trt::Error(repeated(flag, values));
+    defaults[flag] = values.front();
+  }
+  return defaults;
+}
+
 int run(int argc, char** argv) {
   wan_trt::prefer_workspace_free_gemms();  // before any GEMM of the process
-  std::map<std::string, std::string> args{{"--blocks", "8"}, {"--seed", "0"}, {"--device", "cpu"}};
-  bool cuda_graph = false, tensorrt = false, overwrite = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--cuda-graph") cuda_graph = true;
-    else if (a == "--tensorrt") tensorrt = true;
-    else if (a == "--overwrite") overwrite = true;
-    else if (!kValueFlags.count(a)) throw wan_trt::Error("unknown flag " + a);
-    else if (i + 1 < argc) args[a] = argv[++i];
-    else throw wan_trt::Error("missing value for " + a);
-  }
+  std::set<std::string> switches;
+  auto args = parse_flags(argc, argv, {{"--blocks", "8"}, {"--seed", "0"}, {"--device", "cpu"}}, switches);
+  const bool cuda_graph = switches.count("--cuda-graph"), tensorrt = switches.count("--tensorrt"),
+             overwrite = switches.count("--overwrite");
   for (const char* required : {"--engine", "--inputs", "--out"})
     if (!args.count(required)) throw wan_trt::Error(std::string("missing ") + required);
   if (args.count("--frames") != args.count("--decoder"))

@@ -245,6 +245,34 @@ def test_cuda_without_a_cuda_libtorch_is_refused_on_one_line(aoti, wan_stream, t
                                     "no GPU); use --device cpu"), stderr
 
 
+@pytest.mark.parametrize("repeated, message", [
+    (["--out", "{tmp}/a.pt", "--out", "{tmp}/b.pt"], "--out given twice ({tmp}/a.pt, {tmp}/b.pt): give it once"),
+    (["--blocks", "1", "--blocks", "3"], "--blocks given twice (1, 3): give it once"),
+    (["--seed", "1", "--seed", "2", "--seed", "1"], "--seed given 3 times (1, 2, 1): give it once"),
+])
+def test_a_value_flag_given_twice_is_refused(aoti, wan_stream, tmp_path, repeated, message):
+    """The last of a repeated value flag was taken without a word: `--out a.pt --out b.pt` wrote b.pt only,
+    `--blocks 1 --blocks 3` ran 3 blocks. Refused before any work, as `wan-trt` refuses an option given twice."""
+    args = [a.format(tmp=tmp_path) for a in repeated]
+    base = {"--blocks": "1", "--out": str(tmp_path / "out.pt")}
+    flags = [x for flag, value in base.items() if flag not in repeated for x in (flag, value)]
+    proc = subprocess.run([str(wan_stream), "--engine", str(aoti[1]), "--inputs", str(_inputs(aoti, tmp_path, 4)),
+                           *flags, *args], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: " + message.format(tmp=tmp_path), proc.stderr
+    assert "block 0" not in proc.stdout and sorted(p.name for p in tmp_path.iterdir()) == ["in.pt"]
+
+
+def test_a_boolean_flag_repeated_means_it_once(aoti, wan_stream, tmp_path):
+    """`--overwrite --overwrite` says the same as `--overwrite` (as `-vv` is taken by `wan-trt`)."""
+    out = tmp_path / "out.pt"
+    torch.save(torch.zeros(1), out)  # an earlier output, replaced
+    proc = subprocess.run([str(wan_stream), "--engine", str(aoti[1]), "--inputs", str(_inputs(aoti, tmp_path)),
+                           "--blocks", "1", "--out", str(out), "--overwrite", "--overwrite"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "block 0" in proc.stdout, proc.stderr
+    assert torch.load(out).shape[2] == 3
+
+
 @pytest.mark.parametrize("out, message", [
     ("/proc/out.pt", "--out /proc/out.pt: cannot be written (No such file or directory); give another path"),
     ("", "--out: an empty path; give a file path"),
