@@ -202,26 +202,6 @@ class Parser {
   int depth_ = 0;
 };
 
-// The largest magnitude `dtype` holds, as torch.finfo(dtype).max: fp16 65504, bf16 3.38953e+38, fp32 3.40282e+38.
-double largest(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kHalf: return static_cast<float>(std::numeric_limits<c10::Half>::max());
-    case at::kBFloat16: return static_cast<float>(std::numeric_limits<c10::BFloat16>::max());
-    case at::kFloat: return std::numeric_limits<float>::max();
-    default:
-      throw Error(std::string("runtime file: latents of dtype ") + c10::toString(dtype) +
-                  "; expected float16, bfloat16 or float32 (rebuild the engine with `wan-trt build`)");
-  }
-}
-
-// A number as Python's f"{x:.6g}" writes it (65504, 3.40282e+38), with a point whatever locale the program set.
-std::string general(double x) {
-  std::ostringstream text;
-  text.imbue(std::locale::classic());
-  text << std::setprecision(6) << x;
-  return text.str();
-}
-
 // A number whose double is finite and within +-limit (the rule at the top of this file).
 bool is_number(const Json& v, double limit) {
   return v.kind == Json::kNumber && std::isfinite(v.number) && std::abs(v.number) <= limit;
@@ -242,7 +222,7 @@ at::Tensor rows(const Json& v, int64_t n, int64_t dim, const std::string& where,
   if (!held && !per_frame)
     throw Error(where + ": expected " + std::to_string(dim) + " finite numbers (held for the block) or " +
                 std::to_string(n) + " rows of " + std::to_string(dim) + " (one per video frame), each within +-" +
-                general(limit) + " (the stream's precision)");
+                number_6g(limit) + " (the stream's precision)");
   at::Tensor out = at::empty({n, dim}, at::kFloat);
   float* p = out.data_ptr<float>();
   for (int64_t r = 0; r < n; ++r)
@@ -252,6 +232,24 @@ at::Tensor rows(const Json& v, int64_t n, int64_t dim, const std::string& where,
 }
 
 }  // namespace
+
+double dtype_max(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf: return static_cast<float>(std::numeric_limits<c10::Half>::max());
+    case at::kBFloat16: return static_cast<float>(std::numeric_limits<c10::BFloat16>::max());
+    case at::kFloat: return std::numeric_limits<float>::max();
+    default:
+      throw Error(std::string("runtime file: latents of dtype ") + c10::toString(dtype) +
+                  "; expected float16, bfloat16 or float32 (rebuild the engine with `wan-trt build`)");
+  }
+}
+
+std::string number_6g(double x) {
+  std::ostringstream text;
+  text.imbue(std::locale::classic());
+  text << std::setprecision(6) << x;
+  return text.str();
+}
 
 void check_input_file(const std::string& path, const std::string& flag) {
   namespace fs = std::filesystem;
@@ -266,7 +264,7 @@ void check_input_file(const std::string& path, const std::string& flag) {
 
 std::map<std::string, at::Tensor> read_actions(const std::string& path, const RuntimeSpec& spec,
                                                int64_t first_block, int64_t blocks) {
-  const double limit = largest(spec.dtype());  // the stream's: the session converts the actions to it
+  const double limit = dtype_max(spec.dtype());  // the stream's: the session converts the actions to it
   std::map<std::string, int64_t> dims;  // the action inputs the config has, by name
   for (const std::string name : {"keyboard", "mouse"})
     if (spec.has_input(name + "_window")) dims[name] = spec.input(name + "_window").shape.back();

@@ -689,6 +689,25 @@ static std::string first_non_finite(const std::vector<std::pair<std::string, at:
   return "";
 }
 
+// The runtime file's name of a stream's dtype: float16, bfloat16, float32.
+static std::string dtype_name(at::ScalarType dtype) {
+  if (dtype == at::kHalf) return "float16";
+  if (dtype == at::kBFloat16) return "bfloat16";
+  return dtype == at::kFloat ? "float32" : c10::toString(dtype);
+}
+
+// Refuse an input (``what``: "cond_concat of block 3") found non-finite once converted to the session's ``dtype``,
+// judging it as ``given``, before that conversion: a finite value beyond the dtype's range (fp16 makes -1e5 -Inf)
+// is named as such, not as NaN or Inf, as in Python. Read on a refused input only: the step's one sync stays one.
+[[noreturn]] static void refuse_input(const std::string& what, const at::Tensor& given, at::ScalarType dtype) {
+  const at::Tensor wide = at::isFloatingType(given.scalar_type()) ? given : given.to(at::kDouble);  // its own dtype
+  const double top = wide.abs().max().item<double>();  // NaN where it holds one, Inf where it holds one
+  if (std::isfinite(top))
+    throw Error(what + " holds values beyond " + dtype_name(dtype) + "'s range (largest magnitude " + number_6g(top) +
+                ", " + dtype_name(dtype) + " holds up to " + number_6g(dtype_max(dtype)) + "); scale them down");
+  throw Error(what + " holds non-finite values (NaN or Inf)");
+}
+
 int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block) {
   return block == 0 ? 0 : 1 + spec.ratio * (block * spec.block_frames - 1);
 }
@@ -701,7 +720,7 @@ void StreamingSession::start(const at::Tensor& visual_context, int64_t start_blo
   if (visual_context.sizes() != slot.sizes()) throw Error("visual_context: wrong shape");
   const at::Tensor visual = real_input("visual_context", visual_context, " of the stream");
   if (!first_non_finite({{"visual_context", visual}}).empty())
-    throw Error("visual_context of the stream holds non-finite values (NaN or Inf)");
+    refuse_input("visual_context of the stream", visual_context, spec_.dtype());
   slot.copy_(visual);
   for (const auto& c : spec_.caches)
     if (spec_.prev_frames > 0) {
@@ -818,17 +837,19 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
   at::Tensor& cond_slot = feeds_.at("cond_concat");
   if (cond.sizes() != cond_slot.sizes()) throw Error("cond_concat: wrong shape for block " + std::to_string(block_));
   const std::string for_block = " for block " + std::to_string(block_);
-  std::vector<std::pair<std::string, at::Tensor>> given{{"cond_concat", real_input("cond_concat", cond, for_block)}};
-  if (check_actions("mouse", mouse)) given.emplace_back("mouse", real_input("mouse", mouse, for_block));
-  if (check_actions("keyboard", keyboard)) given.emplace_back("keyboard", real_input("keyboard", keyboard, for_block));
+  // the inputs on the session's device and dtype, checked with the outputs; a refused one is judged as given
+  std::vector<std::pair<std::string, at::Tensor>> inputs{{"cond_concat", real_input("cond_concat", cond, for_block)}};
+  const std::map<std::string, at::Tensor> as_given{{"cond_concat", cond}, {"mouse", mouse}, {"keyboard", keyboard}};
+  if (check_actions("mouse", mouse)) inputs.emplace_back("mouse", real_input("mouse", mouse, for_block));
+  if (check_actions("keyboard", keyboard)) inputs.emplace_back("keyboard", real_input("keyboard", keyboard, for_block));
   const auto kept_history = history_;  // tensor handles: feed_actions replaces, never writes in place
   const auto kept_base = base_;
   StageClock clock(device_);
   Block result;
   std::map<std::string, at::Tensor> outputs;
   try {  // until the commit, any failure (a bad block, a runner or decoder error) leaves the session as it was
-    for (size_t i = 1; i < given.size(); ++i) feed_actions(given[i].first, given[i].second);
-    cond_slot.copy_(given[0].second);
+    for (size_t i = 1; i < inputs.size(); ++i) feed_actions(inputs[i].first, inputs[i].second);
+    cond_slot.copy_(inputs[0].second);
     load_rotaries(start);
     if (spec_.prev_frames > 0) feeds_.at("valid_frames").fill_(valid_frames_);
 
@@ -852,14 +873,14 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
     clock.mark("clean");
     stage_next_block();  // while the device runs the clean pass
     // the inputs first: NaN in an input makes the block's outputs NaN too
-    std::vector<std::pair<std::string, at::Tensor>> checked(given);
+    std::vector<std::pair<std::string, at::Tensor>> checked(inputs);
     checked.emplace_back("latents", x0);
     if (spec_.prev_frames > 0)
       for (const auto& c : spec_.caches)
         for (const auto& cur : {c.cur_k, c.cur_v}) checked.emplace_back(cur, outputs.at(cur));
     const std::string bad = first_non_finite(checked);
-    const bool bad_input = std::any_of(given.begin(), given.end(), [&](const auto& g) { return g.first == bad; });
-    if (bad_input) throw Error(bad + of_block + " holds non-finite values (NaN or Inf)");
+    const bool bad_input = std::any_of(inputs.begin(), inputs.end(), [&](const auto& g) { return g.first == bad; });
+    if (bad_input) refuse_input(bad + of_block, as_given.at(bad), spec_.dtype());
     if (!bad.empty()) throw Error(bad + of_block + " came out non-finite (NaN or Inf): the block was not committed");
     clock.mark("checks");
     result.latents = x0;

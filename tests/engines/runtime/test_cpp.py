@@ -107,6 +107,31 @@ def test_cpp_runtime_refuses_non_finite_input_and_blocks(aoti, wan_stream, tmp_p
         assert not out.exists()
 
 
+@pytest.mark.parametrize("field, where", [("cond_concat", "of block 1"), ("mouse", "of block 1"),
+                                          ("visual_context", "of the stream")])
+def test_a_finite_input_beyond_the_engines_dtype_is_named_as_python_names_it(aoti_fp16, wan_stream, tmp_path,
+                                                                              field, where):
+    """A finite -1e5 in an fp16 engine's inputs was 'holds non-finite values (NaN or Inf)' from C++: its finiteness
+    was judged after the conversion to fp16, which made it -Inf. Both runtimes judge the values as given and say
+    they lie beyond float16's range, with the largest magnitude and float16's largest."""
+    export_dir, engine = aoti_fp16
+    manifest = Manifest.read(export_dir)
+    cfg = manifest.spec.config
+    inputs = synthetic_stream(cfg, 2, seed=9)
+    at_block_1 = {"cond_concat": (0, 5, cfg.block_frames + 1, 0, 0), "mouse": (0, 10, 0), "visual_context": (0, 0, 0)}
+    getattr(inputs, field)[at_block_1[field]] = -1e5
+    with AotiRunner(engine, manifest) as runner, pytest.raises(WanTrtError) as python:
+        stream_blocks(StreamingSession(runner), inputs, 2)
+    out = tmp_path / "out.pt"
+    with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: ") as cpp:
+        run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 2, out)
+    expected = (f"{field} {where} holds values beyond float16's range (largest magnitude 100000, float16 holds up to "
+                "65504); scale them down")
+    assert str(cpp.value).partition("error: ")[2].strip() == expected
+    assert str(python.value) == expected.replace("float16", "torch.float16")
+    assert not out.exists()
+
+
 def test_cpp_session_refuses_a_block_and_then_streams_it_as_if_never_offered(aoti, wan_stream, tmp_path):
     """The C++ session stages the next block's rotary tables and first noise during a block's clean pass and
     checks the inputs with the outputs: a block refused for a NaN input, then for an output that overflowed,

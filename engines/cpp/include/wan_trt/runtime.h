@@ -227,7 +227,8 @@ class StreamingSession {
   void start(const at::Tensor& visual_context, int64_t start_block = 0);
   // cond: [1, C, F, H, W]; mouse/keyboard: this block's raw frames [1, n, D] (empty if the config has none).
   // Throws Error on a bad input (nothing changed), or on a non-finite input or block (its passes ran, overwriting
-  // only the per-block feeds; nothing committed).
+  // only the per-block feeds; nothing committed). An input is judged as given: a finite value beyond the range of
+  // the engine's dtype is named so, not as NaN or Inf (its conversion made it one).
   Block step(const at::Tensor& cond, const at::Tensor& mouse, const at::Tensor& keyboard);
   int64_t block() const { return block_; }
 
@@ -257,6 +258,12 @@ class StreamingSession {
   int64_t block_ = 0, valid_frames_ = 0;
   bool started_ = false;
 };
+
+// The largest magnitude `dtype` holds, as torch.finfo(dtype).max: fp16 65504, bf16 3.38953e+38, fp32 3.40282e+38.
+double dtype_max(at::ScalarType dtype);
+
+// A number as Python's f"{x:.6g}" writes it (65504, 3.40282e+38), with a point whatever locale the program set.
+std::string number_6g(double x);
 
 // Refuse ``path``, given as ``flag``, unless it is a regular file: a folder, a pipe or a missing file by name.
 void check_input_file(const std::string& path, const std::string& flag);
