@@ -26,9 +26,11 @@ frequencies are written as Python's repr, which reads back as the same double.
 A decoder engine's file (one per graph of the pair; ``history`` lines in call order, for both
 calls, though only the steady one takes them as inputs):
 
-    wan_trt_decoder 3
+    wan_trt_decoder 4
     engine <bytes> <sha256>
     config <name>            precision <bf16|fp16|fp32>      call <first|steady>
+    weights <sha256>         (of the graph's weights, as its export's manifest records them: the C++ runtime pairs
+                              only a first and a steady engine of the same weights, as Python's check_pair does)
     input <name> <dtype> <dims...>
     output <name> <dtype> <dims...>
     history <input> <output>
@@ -40,6 +42,7 @@ it before it parses a field, and refuses a file without it, with another, or wit
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wan_trt.digest import bytes_digest
 from wan_trt.outputs import write_file
@@ -48,17 +51,22 @@ from wan_trt.scheduler import BlockSchedule
 from wan_trt.decoder_spec import DecoderSpec
 from wan_trt.spec import GraphSpec, PassSpec
 
+if TYPE_CHECKING:
+    from wan_trt.export.manifest import Manifest
+
 
 def _io_lines(spec: GraphSpec) -> list[str]:
     return ([f"input {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.inputs]
             + [f"output {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.outputs])
 
 
-def runtime_text(spec: GraphSpec, engine_file: dict) -> str | None:
-    """The runtime file's text for ``spec``'s engine file, whose ``{size, sha256}`` is ``engine_file``; None for
-    graphs the C++ runtime does not run."""
-    text = decoder_text if isinstance(spec, DecoderSpec) else pass_text if isinstance(spec, PassSpec) else None
-    return None if text is None else text(spec, engine_file)
+def runtime_text(manifest: Manifest, engine_file: dict) -> str | None:
+    """The runtime file's text for the engine file of ``manifest``'s graph, whose ``{size, sha256}`` is
+    ``engine_file``; None for graphs the C++ runtime does not run."""
+    spec = manifest.spec
+    if isinstance(spec, DecoderSpec):
+        return decoder_text(spec, engine_file, manifest.weights["sha256"])
+    return pass_text(spec, engine_file) if isinstance(spec, PassSpec) else None
 
 
 def sealed(body: str) -> str:
@@ -70,9 +78,11 @@ def _engine_line(engine_file: dict) -> str:
     return f"engine {engine_file['size']} {engine_file['sha256']}"
 
 
-def decoder_text(spec: DecoderSpec, engine_file: dict) -> str:
-    lines = ["wan_trt_decoder 3", _engine_line(engine_file), f"config {spec.config.name}",
-             f"precision {spec.precision}", f"call {spec.call}"]
+def decoder_text(spec: DecoderSpec, engine_file: dict, weights_sha256: str) -> str:
+    """``weights_sha256``: of the graph's weights (the manifest's), by which the C++ runtime tells a pair of one
+    decoder from a first and a steady graph of two."""
+    lines = ["wan_trt_decoder 4", _engine_line(engine_file), f"config {spec.config.name}",
+             f"precision {spec.precision}", f"call {spec.call}", f"weights {weights_sha256}"]
     lines += _io_lines(spec) + [f"history {i} {o}" for i, o in spec.histories]
     return sealed("\n".join(lines) + "\n")
 
@@ -100,11 +110,11 @@ def runtime_path(engine: Path) -> Path:
     return engine.with_name(engine.name + ".runtime.txt")
 
 
-def write_runtime_file(spec: GraphSpec, engine: Path, engine_file: dict) -> Path | None:
-    """The runtime file of ``engine`` (a DiT pass or a decoder graph), written whole or not at all; None for other
-    graphs. ``engine_file`` is the engine's ``{size, sha256}`` as its build recorded and verified it: the build
-    does not hash a multi-GB file a second time for this."""
-    text = runtime_text(spec, engine_file)
+def write_runtime_file(manifest: Manifest, engine: Path, engine_file: dict) -> Path | None:
+    """The runtime file of ``engine``, built from the export of ``manifest`` (a DiT pass or a decoder graph), written
+    whole or not at all; None for other graphs. ``engine_file`` is the engine's ``{size, sha256}`` as its build
+    recorded and verified it: the build does not hash a multi-GB file a second time for this."""
+    text = runtime_text(manifest, engine_file)
     if text is None:
         return None
     path = runtime_path(Path(engine))

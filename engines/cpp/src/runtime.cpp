@@ -205,6 +205,8 @@ static std::string sealed_text(const std::string& path, const std::string& heade
     throw Error(path + " is from an older wan-trt (no engine hash)" + kRewrite);
   if (first == "wan_trt_runtime 4" || first == "wan_trt_decoder 2")
     throw Error(path + " is from an older wan-trt (no hash of its own)" + kRewrite);
+  if (first == "wan_trt_decoder 3")
+    throw Error(path + " is from an older wan-trt (no weights' sha256)" + kRewrite);
   if (first != header) {
     const bool other = first.rfind("wan_trt_", 0) == 0;
     throw Error(path + (other ? " is the runtime file of another kind of engine (" + first + "), not " + header
@@ -235,15 +237,20 @@ static std::vector<std::string> read_runtime_file(const std::string& path, const
   return lines;
 }
 
+// The line's next value, which must be a SHA-256 in hex (64 lowercase digits).
+static std::string parse_sha256(Line& line) {
+  const auto hex = line.next<std::string>();
+  if (hex.size() != 64 || hex.find_first_not_of("0123456789abcdef") != std::string::npos) line.bad();
+  return hex;
+}
+
 // An `input`, `output` or `engine` line of any runtime file; false for other keys.
 static bool parse_io(GraphIO& io, Line& line) {
   if (line.key() == "input") io.inputs.push_back(parse_tensor(line));
   else if (line.key() == "output") io.outputs.push_back(parse_tensor(line));
   else if (line.key() == "engine") {
     io.engine_bytes = at_least(line, 0);
-    io.engine_sha256 = line.next<std::string>();
-    if (io.engine_sha256.size() != 64 || io.engine_sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
-      line.bad();
+    io.engine_sha256 = parse_sha256(line);
   } else return false;
   line.end();
   return true;
@@ -292,13 +299,14 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
 
 DecoderSpec DecoderSpec::load(const std::string& path) {
   DecoderSpec s;
-  for (const auto& text : read_runtime_file(path, "wan_trt_decoder 3")) {
+  for (const auto& text : read_runtime_file(path, "wan_trt_decoder 4")) {
     Line line(path, text);
     const std::string& key = line.key();
     if (key.empty() || parse_io(s, line)) continue;
     if (key == "config") s.config = line.next<std::string>();
     else if (key == "precision") s.precision = line.next<std::string>();
     else if (key == "call") s.call = line.next<std::string>();
+    else if (key == "weights") s.weights = parse_sha256(line);
     else if (key == "history") {
       std::pair<std::string, std::string> pair;
       pair.first = line.next<std::string>();
@@ -308,7 +316,7 @@ DecoderSpec DecoderSpec::load(const std::string& path) {
     line.end();
   }
   bool complete = (s.call == "first" || s.call == "steady") && s.has_input("latents") && s.has_output("rgb") &&
-                  !s.histories.empty() && has_engine(s);
+                  !s.histories.empty() && has_engine(s) && !s.weights.empty();
   for (const auto& [input, output] : s.histories)
     complete = complete && s.has_output(output) && (s.call == "first" || s.has_input(input));
   if (!complete) throw Error(path + ": incomplete decoder runtime file (rebuild the engine with `wan-trt build`)");
@@ -340,6 +348,11 @@ DecoderEngines DecoderEngines::load(const std::string& engine) {
       a.histories != b.histories || names(a.outputs) != names(b.outputs))
     throw Error("decoder engine " + engine + ": " + d.first + " and " + d.steady +
                 " are not the first and steady graphs of one decoder (config, precision or histories differ)");
+  if (a.weights != b.weights)  // two exports' graphs, as an export stopped between its two swaps leaves them
+    throw Error("decoder engine " + engine + ": first/ and steady/ were exported from different weights (sha256 " +
+                a.weights.substr(0, 12) + "... and " + b.weights.substr(0, 12) + "...); re-export both with " +
+                "`wan-trt export --graph decoder --overwrite` and build them with `wan-trt build " + root.string() +
+                "`");
   return d;
 }
 

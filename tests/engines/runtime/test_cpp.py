@@ -257,7 +257,49 @@ def test_cpp_runtime_refuses_a_decoder_that_is_not_the_streams(aoti, decoder_aot
         for f in (engine, engine.with_name(engine.name + ".runtime.txt")):
             shutil.copy(f, tmp_path / "dit" / call / f.name)
     dit = tmp_path / "dit" / "steady" / engine.name
-    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 5\\), not wan_trt_decoder 3")
+    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 5\\), not wan_trt_decoder 4")
+
+
+def test_cpp_runtime_refuses_a_decoder_pair_of_two_weights_as_python_does(aoti, decoder_aoti, wan_stream, tmp_path):
+    """first/ of one decoder export beside steady/ of another, exported from other weights (a copy, or a re-export
+    with another checkpoint stopped between its two graphs): Python refused the pair, the C++ runtime streamed it
+    (the runtime files recorded no weights). Both refuse it before any block runs, and nothing is written."""
+    import shutil
+
+    from wan_trt.engines.build import BuildOptions, build_engine
+    from wan_trt.engines.runtime.decoder import DecoderStream
+    from wan_trt.export.decoder import export_decoder
+    export_dir, engine = aoti
+    cfg = Manifest.read(export_dir).spec.config
+    export_decoder(cfg, tmp_path / "other", "fp32", seed=5, onnx=False)
+    other = build_engine(str(tmp_path / "other"), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))
+    mixed = _copy_pair(decoder_aoti, tmp_path / "mixed")
+    for f in other.parent.glob(other.name + "*"):  # steady/'s engine, metadata and runtime file: the other weights'
+        shutil.copy(f, mixed.parent / f.name)
+    with pytest.raises(WanTrtError, match="first/ and steady/ were exported from different configs, precisions or "
+                                          "weights"):
+        DecoderStream.from_engine(mixed, "aoti", "cpu")
+    out = tmp_path / "out.pt"
+    inputs = write_stream_inputs(synthetic_stream(cfg, 1, seed=9), tmp_path / "in.pt")
+    with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: decoder engine .*first/ and steady/ were "
+                                          r"exported from different weights \(sha256 \w{12}\.\.\. and \w{12}\.\.\.\); "
+                                          r"re-export both with `wan-trt export --graph decoder --overwrite`"):
+        run_wan_stream(wan_stream, engine, inputs, 1, out, decoder=mixed)
+    assert not out.exists()
+
+
+def test_cpp_runtime_refuses_a_decoder_runtime_file_without_the_weights(decoder_aoti, aoti, wan_stream, tmp_path):
+    """A decoder runtime file of version 3 records no weights, so its pair cannot be judged: rebuild (it rewrites
+    the file), as for the DiT's older runtime files."""
+    export_dir, engine = aoti
+    steady = _copy_pair(decoder_aoti, tmp_path / "old")
+    runtime = steady.with_name(steady.name + ".runtime.txt")
+    assert runtime.read_text().startswith("wan_trt_decoder 4\n")
+    runtime.write_text(runtime.read_text().replace("wan_trt_decoder 4", "wan_trt_decoder 3"))
+    inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
+    with pytest.raises(WanTrtError, match=f"error: {re.escape(str(runtime))} is from an older wan-trt \\(no weights' "
+                                          "sha256\\): rebuild with `wan-trt build`, which keeps an up-to-date engine"):
+        run_wan_stream(wan_stream, engine, inputs, 1, tmp_path / "out.pt", decoder=steady)
 
 
 def resealed(text):

@@ -7,17 +7,26 @@ import pytest
 
 from wan_trt.config_load import load_config
 from wan_trt.digest import file_digest
+from wan_trt.decoder_spec import DecoderSpec
 from wan_trt.engines.runtime.runtime_file import runtime_path, write_runtime_file
 from wan_trt.errors import WanTrtError
+from wan_trt.export.manifest import Manifest
 from wan_trt.spec import PassSpec
+
+WEIGHTS = "5e" * 32  # a weights sha256, as a manifest records it
+
+
+def _manifest(spec):
+    """The manifest of an export of ``spec`` from seeded weights whose sha256 is WEIGHTS (no files of its own)."""
+    return Manifest(spec, "native", 23, {"source": "random", "seed": 4, "sha256": WEIGHTS})
 
 
 def test_a_write_that_fails_leaves_the_earlier_runtime_file_whole(tmp_path, monkeypatch):
     """It was written in place: a full disk left a truncated file, which the C++ runtime then read."""
-    spec = PassSpec.from_config(load_config("universal-small"), "fp32")
+    manifest = _manifest(PassSpec.from_config(load_config("universal-small"), "fp32"))
     engine = tmp_path / "engine.pt2"
     engine.write_bytes(b"an engine")
-    earlier = write_runtime_file(spec, engine, file_digest(engine)).read_text()
+    earlier = write_runtime_file(manifest, engine, file_digest(engine)).read_text()
 
     def half_then_full(self, data, *args, **kwargs):  # writes half of what it was given, then the disk is full
         with open(self, "wb" if isinstance(data, bytes) else "w") as f:
@@ -26,17 +35,29 @@ def test_a_write_that_fails_leaves_the_earlier_runtime_file_whole(tmp_path, monk
     monkeypatch.setattr(Path, "write_text", half_then_full)
     monkeypatch.setattr(Path, "write_bytes", half_then_full)
     with pytest.raises((OSError, WanTrtError)):
-        write_runtime_file(spec, engine, file_digest(engine))
+        write_runtime_file(manifest, engine, file_digest(engine))
     assert runtime_path(engine).read_text() == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == [engine.name, runtime_path(engine).name]  # no staging left
 
 
 def test_the_runtime_file_ends_with_the_sha256_of_its_other_lines(tmp_path):
     """The C++ runtime refuses a runtime file whose last line is not the sha256 of the bytes before it."""
-    spec = PassSpec.from_config(load_config("universal-small"), "fp32")
+    manifest = _manifest(PassSpec.from_config(load_config("universal-small"), "fp32"))
     engine = tmp_path / "engine.pt2"
     engine.write_bytes(b"an engine")
-    data = write_runtime_file(spec, engine, file_digest(engine)).read_bytes()
+    data = write_runtime_file(manifest, engine, file_digest(engine)).read_bytes()
     body, _, last = data[:-1].rpartition(b"\n")
     assert data.startswith(b"wan_trt_runtime 5\n") and data.endswith(b"\n")
     assert last.decode() == "sha256 " + hashlib.sha256(body + b"\n").hexdigest()
+
+
+@pytest.mark.parametrize("call", ["first", "steady"])
+def test_a_decoder_runtime_file_records_the_weights_of_its_export(tmp_path, call):
+    """The C++ runtime pairs a first and a steady decoder engine by their runtime files, which named config and
+    precision but not the weights: a pair from two exports of other weights streamed. Each file now records its
+    export's weights sha256 (version 4), which Python's pair check compares too."""
+    manifest = _manifest(DecoderSpec.from_config(load_config("universal-small"), "fp32", call))
+    engine = tmp_path / "engine.pt2"
+    engine.write_bytes(b"an engine")
+    lines = write_runtime_file(manifest, engine, file_digest(engine)).read_text().splitlines()
+    assert lines[0] == "wan_trt_decoder 4" and f"weights {WEIGHTS}" in lines and f"call {call}" in lines

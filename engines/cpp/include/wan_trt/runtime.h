@@ -79,16 +79,18 @@ struct RuntimeSpec : GraphIO {
 };
 
 // One graph of the video decoder ("first": a stream's first block, no history inputs; "steady": every
-// later block), read from its engine's `.runtime.txt`. histories: (input, output) pairs in call order.
+// later block), read from its engine's `.runtime.txt`. histories: (input, output) pairs in call order; weights:
+// the sha256 of its weights, as its export's manifest records them.
 struct DecoderSpec : GraphIO {
-  std::string config, precision, call;
+  std::string config, precision, call, weights;
   std::vector<std::pair<std::string, std::string>> histories;
 
   static DecoderSpec load(const std::string& path);
 };
 
 // A decoder engine pair: one engine file per graph, the same name in the decoder export's first/ and
-// steady/ folders, each with its runtime file. load() takes either file and checks they are one decoder's.
+// steady/ folders, each with its runtime file. load() takes either file and checks they are one decoder's (its
+// config, precision and weights).
 struct DecoderEngines {
   std::string first, steady;
   DecoderSpec first_spec, steady_spec;
