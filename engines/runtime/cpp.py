@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,18 +20,36 @@ def build_cpp(build_dir: str | Path, tensorrt: bool = False, jobs: int | None = 
               source: str | Path = SOURCE, tests: bool = False) -> Path:
     """Configure and build engines/cpp (or ``source``: the same folder of another version) into
     ``build_dir``; returns the ``wan_stream`` executable. ``tests``: the C++ test drivers too (beside it;
-    from a checkout, whose engines/cpp/tests an installed package does not hold)."""
+    from a checkout, whose engines/cpp/tests an installed package does not hold). ``tensorrt``: the TensorRT runner
+    too; where TensorRT is not found the build stops. Raises WanTrtError without cmake on PATH, or with the reason
+    a step failed."""
     import torch.utils
 
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise WanTrtError("building the C++ runtime needs cmake (3.18 or later), which is not on PATH; install it "
+                          "(`pip install cmake`, or the system's package) or put it on PATH")
     build_dir = Path(build_dir)
-    configure = ["cmake", "-S", str(source), "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+    configure = [cmake, "-S", str(source), "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
                  f"-DWAN_TRT_WITH_TENSORRT={'ON' if tensorrt else 'OFF'}", f"-DWAN_TRT_BUILD_TESTS={'ON' if tests else 'OFF'}"]
+    build = [cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)]
     with stage(f"cmake configure + build ({source})"):
-        for cmd in (configure, ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)]):
+        for step, cmd in (("cmake configure", configure), ("cmake --build", build)):
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise WanTrtError(f"{' '.join(cmd[:2])} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+                raise _failure(step, proc)
     return build_dir / "wan_stream"
+
+
+def _failure(step: str, proc: subprocess.CompletedProcess) -> WanTrtError:
+    """A failed cmake step as one error: CMake's own message where it stopped with one (a missing TensorRT says what
+    is missing and what to install), else the ends of its output (a compiler's errors)."""
+    _, error, rest = proc.stderr.partition("CMake Error")
+    if error:  # "CMake Error at FILE:LINE (message):" over the message, indented, to a blank line; or "CMake Error: ..."
+        head, _, body = rest.partition("\n")
+        message = body.split("\n\n")[0] if head.rstrip().endswith(":") else head.lstrip(": ")
+        return WanTrtError(f"{step} failed: {' '.join(message.split())}")
+    return WanTrtError(f"{step} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
 def write_stream_inputs(inputs: StreamInputs, path: str | Path) -> Path:

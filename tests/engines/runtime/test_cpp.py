@@ -35,6 +35,28 @@ def aoti_fp16(tmp_path_factory):
     return root / "export", build_aoti(root / "export", device="cpu")
 
 
+def test_build_cpp_with_tensorrt_stops_where_tensorrt_is_missing(tmp_path):
+    """-DWAN_TRT_WITH_TENSORRT=ON without TensorRT printed a CMake warning, which build_cpp dropped, and built a
+    runtime without the TensorRT runner: build_cpp(tensorrt=True) returned as if it held one. CMake stops now, and
+    build_cpp says why in one error."""
+    import ctypes.util
+    import importlib.util
+    if importlib.util.find_spec("tensorrt") is not None or ctypes.util.find_library("nvinfer") is not None:
+        pytest.skip("TensorRT is installed here")
+    with pytest.raises(WanTrtError, match=r"^cmake configure failed: wan-trt: -DWAN_TRT_WITH_TENSORRT=ON, but "
+                                          r"TensorRT's headers \(NvInfer\.h\) are not found.*install TensorRT"):
+        build_cpp(tmp_path / "build", tensorrt=True)
+    assert not (tmp_path / "build" / "wan_stream").exists()
+
+
+def test_build_cpp_without_cmake_says_it_needs_cmake(tmp_path, monkeypatch):
+    """Without cmake on PATH build_cpp ended in a raw FileNotFoundError."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # a folder without cmake
+    with pytest.raises(WanTrtError, match=r"^building the C\+\+ runtime needs cmake \(3\.18 or later\), which is not "
+                                          r"on PATH; install it"):
+        build_cpp(tmp_path / "build")
+
+
 def test_python_and_cpp_runtimes_agree_and_match_the_reference(aoti, wan_stream, tmp_path):
     export_dir, engine = aoti
     manifest = Manifest.read(export_dir)
