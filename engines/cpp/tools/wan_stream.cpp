@@ -20,8 +20,9 @@
 // (--overwrite replaces only a tensor file such as a run writes), more --blocks than the inputs hold, a --seed outside
 // 0..2^32-1, a defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504),
 // an --inputs file that is not one (a folder, a pipe, unreadable, no file torch.save wrote or one libtorch cannot load,
-// not a dict, keys missing, a field of another type or of another shape than the engine's) or whose first_block lies
-// beyond a stream's reach.
+// not a dict, keys missing or unknown, actions the engine takes missing (unless --actions gives them) or ones it does
+// not take, a field of another type or of another shape than the engine's) or whose first_block lies beyond a stream's
+// reach.
 // A runtime file that is older, edited or cut (its last line, the sha256 of the lines before it, does not
 // match), or with a field that does not parse, is refused before anything else is read; a file that is no
 // runtime file (the engine given by mistake, GBs) by its first line, without reading the rest.
@@ -134,15 +135,60 @@ std::string shape_text(c10::IntArrayRef shape) {
   return text + "]";
 }
 
+const std::string kWriter = "wan_trt.engines.runtime.cpp.write_stream_inputs";  // of --inputs files
+const std::vector<std::string> kInputsKeys{"visual_context", "cond_concat", "mouse", "keyboard", "first_block"};
+
+// "a, b": the names, ", " between them.
+std::string listed(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+// The keys of an --inputs dict (``where``: "--inputs PATH: "): the two every stream needs, and no key the writer's
+// dict lacks (a misspelt one would go unread).
+void check_keys(const c10::Dict<c10::IValue, c10::IValue>& dict, const std::string& where) {
+  const std::string saves = "the dict " + kWriter + " saves holds " + listed(kInputsKeys);
+  std::vector<std::string> missing, unknown;
+  for (const std::string key : {"visual_context", "cond_concat"})
+    if (dict.find(key) == dict.end()) missing.push_back(key);
+  if (!missing.empty()) throw wan_trt::Error(where + "no " + listed(missing) + " (" + saves + ")");
+  for (const auto& entry : dict) {
+    std::ostringstream key;  // a key that is no string is written as Python would show it
+    if (entry.key().isString()) key << entry.key().toStringRef();
+    else key << entry.key();
+    if (std::find(kInputsKeys.begin(), kInputsKeys.end(), key.str()) == kInputsKeys.end()) unknown.push_back(key.str());
+  }
+  if (!unknown.empty())
+    throw wan_trt::Error(where + "unknown key" + (unknown.size() > 1 ? "s " : " ") + listed(unknown) + " (" + saves +
+                         ")");
+}
+
+// The actions of an --inputs dict: those this engine takes (unless --actions gives them: ``actions``), and none it
+// does not take (inputs of another config, whose actions would go unread where --actions replaces them).
+void check_action_keys(const c10::Dict<c10::IValue, c10::IValue>& dict, const wan_trt::RuntimeSpec& spec,
+                       const std::string& where, bool actions) {
+  for (const std::string name : {"mouse", "keyboard"}) {
+    const auto it = dict.find(name);
+    const bool given = it != dict.end() && !it->value().isNone(), takes = spec.has_input(name + "_window");
+    if (takes && !given && !actions)
+      throw wan_trt::Error(where + "no " + name + " (this engine, " + spec.config + ", takes " + name +
+                           " actions); save them in the file, or give --actions FILE");
+    if (!takes && given)
+      throw wan_trt::Error(where + name + ": this engine (" + spec.config + ") takes no " + name +
+                           " actions; give inputs of " + spec.config + " (their " + name + " is None)");
+  }
+}
+
 // The inputs of ``path`` (--inputs), every defect refused on one line naming the file and what is wrong: not a
-// file or not readable, not a file torch.save wrote or one libtorch cannot load, not a dict, keys missing, a field
-// of another type or shape than this engine's. Only a file in another format is pointed to the writer.
-StreamInputs read_inputs(const std::string& path, const wan_trt::RuntimeSpec& spec) {
+// file or not readable, not a file torch.save wrote or one libtorch cannot load, not a dict, keys missing or unknown,
+// actions this engine takes missing (unless --actions gives them: ``actions``) or ones it does not take, a field of
+// another type or shape than this engine's. Only a file in another format is pointed to the writer.
+StreamInputs read_inputs(const std::string& path, const wan_trt::RuntimeSpec& spec, bool actions) {
   wan_trt::check_input_file(path, "--inputs");
   const std::string where = "--inputs " + path + ": ";
-  const std::string writer = "wan_trt.engines.runtime.cpp.write_stream_inputs";
   if (!tensor_head(read_head(path, "--inputs", kTensorHead)))  // judged before the rest is read: GBs, by mistake
-    throw wan_trt::Error(where + "not a file torch.save wrote; write it with " + writer);
+    throw wan_trt::Error(where + "not a file torch.save wrote; write it with " + kWriter);
   const std::vector<char> bytes = read_file(path, "--inputs");
   c10::IValue value;
   try {
@@ -153,17 +199,14 @@ StreamInputs read_inputs(const std::string& path, const wan_trt::RuntimeSpec& sp
     throw wan_trt::Error(where + "a torch.save file libtorch cannot load (" +
                          why.substr(0, std::min(why.find(". "), why.find('\n'))) +
                          "): cut short, or holding objects other than tensors, numbers, strings, lists and dicts; "
-                         "write it with " + writer);
+                         "write it with " + kWriter);
   }
   if (!value.isGenericDict())
-    throw wan_trt::Error(where + "holds a " + value.tagKind() + ", not the dict of stream inputs " + writer + " saves");
+    throw wan_trt::Error(where + "holds a " + value.tagKind() + ", not the dict of stream inputs " + kWriter +
+                         " saves");
   const auto dict = value.toGenericDict();
-  std::string missing;
-  for (const char* key : {"visual_context", "cond_concat"})
-    if (dict.find(std::string(key)) == dict.end()) missing += (missing.empty() ? "" : ", ") + std::string(key);
-  if (!missing.empty())
-    throw wan_trt::Error(where + "no " + missing + " (the dict " + writer + " saves holds visual_context, " +
-                         "cond_concat, mouse, keyboard, first_block)");
+  check_keys(dict, where);
+  check_action_keys(dict, spec, where, actions);
   auto tensor = [&](const std::string& key, bool required) {
     auto it = dict.find(key);
     if (it == dict.end() || (it->value().isNone() && !required)) return at::Tensor();
@@ -395,7 +438,7 @@ int run(int argc, char** argv) {
     check_output("--frames", args["--frames"], read, overwrite);
   }
 
-  const StreamInputs inputs = read_inputs(args["--inputs"], spec);
+  const StreamInputs inputs = read_inputs(args["--inputs"], spec, args.count("--actions") > 0);
   const at::Tensor &visual = inputs.visual, &cond = inputs.cond;
   at::Tensor mouse = inputs.mouse, keyboard = inputs.keyboard;
   const int64_t first = inputs.first;

@@ -233,6 +233,78 @@ def test_an_inputs_file_missing_keys_names_them(aoti, wan_stream, tmp_path):
                                     "cond_concat, mouse, keyboard, first_block)"), stderr
 
 
+def _edited_inputs(aoti, tmp_path, edit):
+    """The stream inputs file of one block, its dict gone through ``edit``."""
+    path = _inputs(aoti, tmp_path)
+    torch.save(edit(torch.load(path)), path)
+    return path
+
+
+def _without(key, renamed=None):
+    return lambda d: {(renamed if k == key else k): v for k, v in d.items() if renamed or k != key}
+
+
+NO_KEYBOARD = ("no keyboard (this engine, universal-small, takes keyboard actions); save them in the file, or give "
+               "--actions FILE")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_without("keyboard"), NO_KEYBOARD),
+    (lambda d: {**d, "keyboard": None}, NO_KEYBOARD),
+    (_without("keyboard", renamed="keyboards"),
+     f"unknown key keyboards (the dict {WRITER} saves holds visual_context, cond_concat, mouse, keyboard, first_block)"),
+])
+def test_an_inputs_file_without_the_engines_actions_is_refused_naming_them(aoti, wan_stream, tmp_path, edit, message):
+    """A missing or misspelt action key was 'keyboard: expected shape [1, 9, 4] for block 0' from the session,
+    naming neither the file nor the key."""
+    inputs = _edited_inputs(aoti, tmp_path, edit)
+    code, stderr = _refused(wan_stream, aoti[1], inputs, tmp_path)
+    assert code == 1 and stderr == f"error: --inputs {inputs}: {message}", stderr
+
+
+def test_the_actions_of_an_actions_file_need_none_in_the_inputs_file(aoti, wan_stream, tmp_path):
+    """--actions replaces the inputs file's actions: the file may hold none."""
+    import json
+    keys = Manifest.read(aoti[0]).spec.config.model.action_config.keyboard_dim_in
+    actions = tmp_path / "actions.jsonl"
+    actions.write_text(json.dumps({"mouse": [0.1, 0.2], "keyboard": [1] + [0] * (keys - 1)}) + "\n")
+    inputs = _edited_inputs(aoti, tmp_path, lambda d: {k: v for k, v in d.items() if k not in ("mouse", "keyboard")})
+    (tmp_path / "full").mkdir()
+    full = _inputs(aoti, tmp_path / "full")  # with the actions the file's replace
+    runs = []
+    for path in (inputs, full):
+        out = path.with_name("out.pt")
+        proc = subprocess.run([str(wan_stream), "--engine", str(aoti[1]), "--inputs", str(path), "--blocks", "1",
+                               "--out", str(out), "--actions", str(actions)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(torch.load(out))
+    assert torch.equal(*runs)
+
+
+def test_an_inputs_file_with_actions_the_engine_does_not_take_is_refused(wan_stream, tmp_path):
+    """templerun takes no mouse: a mouse in the inputs file was dropped where --actions replaced the actions and
+    refused by the session's step otherwise, naming no file. It is refused as the file's, before any engine loads
+    (here a stand-in engine file, which nothing loads)."""
+    from wan_trt.config_load import load_config
+    from wan_trt.digest import file_digest
+    from wan_trt.engines.runtime.runtime_file import write_runtime_file
+    from wan_trt.spec import PassSpec
+    cfg = load_config("templerun-small")
+    assert not cfg.has_mouse
+    engine = tmp_path / "engine.pt2"
+    engine.write_bytes(b"a stand-in for an engine")
+    manifest = Manifest(PassSpec.from_config(cfg, "fp32"), "native", 23, {"source": "random", "seed": 2,
+                                                                           "sha256": "0" * 64})
+    write_runtime_file(manifest, engine, file_digest(engine))
+    stream = synthetic_stream(cfg, 1, seed=9)
+    assert stream.mouse is None
+    inputs = write_stream_inputs(stream, tmp_path / "in.pt")
+    torch.save({**torch.load(inputs), "mouse": torch.zeros(1, 9, 2)}, inputs)
+    code, stderr = _refused(wan_stream, engine, inputs, tmp_path)
+    assert code == 1 and stderr == (f"error: --inputs {inputs}: mouse: this engine (templerun-small) takes no mouse "
+                                    "actions; give inputs of templerun-small (their mouse is None)"), stderr
+
+
 # ---- the flags -------------------------------------------------------------------------------------
 
 def test_cuda_without_a_cuda_libtorch_is_refused_on_one_line(aoti, wan_stream, tmp_path):
