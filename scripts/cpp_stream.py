@@ -6,7 +6,7 @@
 Builds engines/cpp (``wan_stream``) and streams ``--blocks`` blocks of the same synthetic inputs
 (seed 0) through the DiT engine ``ENGINE`` (built from ``EXPORT``) and the decoder engine pair of
 ``DECODER_ENGINE``, once from Python (``--backend``, default aoti-plugins+cudagraph; the decoder
-with ``--decoder-backend``, default aoti+cudagraph) and once from C++ (``wan_stream``, with
+with ``--decoder-backend``, default the engine's own as CUDA graphs) and once from C++ (``wan_stream``, with
 ``--cuda-graph`` on a GPU). Records whether the uint8 frames are identical, the largest latent
 difference, and per runtime the block milliseconds (p50 over the blocks after the first two) and
 the stage milliseconds of every block. ``--baseline-source``: the engines/cpp folder of another version
@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from wan_trt.engines.backends import RunnerSources, get_backend, make_runner
+from wan_trt.engines.bench_decoder import engine_variants
 from wan_trt.engines.runtime.cpp import build_cpp, run_wan_stream, write_stream_inputs
 from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
@@ -92,7 +93,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--backend", default="aoti-plugins+cudagraph")
-    parser.add_argument("--decoder-backend", default="aoti+cudagraph")
+    parser.add_argument("--decoder-backend", help="default: the decoder engine's own backend, as CUDA graphs on a GPU")
     parser.add_argument("--build-dir", help="build engines/cpp here (kept; default: a temporary folder)")
     parser.add_argument("--baseline-source", help="engines/cpp of another version of the C++ runtime, run beside")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each C++ runtime, alternating")
@@ -102,8 +103,9 @@ def main() -> None:
         parser.error("--rounds: at least 1")
     if args.blocks <= WARMUP:
         parser.error(f"--blocks: more than {WARMUP} (the first {WARMUP} are left out of the p50)")
+    decoder_backend = args.decoder_backend or engine_variants(Path(args.decoder_engine), args.device)[-1]
     report = compare(args.export, args.engine, args.decoder_engine, args.blocks, args.device, args.backend,
-                     args.decoder_backend, args.build_dir, args.baseline_source, args.rounds)
+                     decoder_backend, args.build_dir, args.baseline_source, args.rounds)
     print(json.dumps({k: v for k, v in report.items() if k not in ("block_ms", "stage_ms")}, indent=1))
     write_result(args.out, report)
 

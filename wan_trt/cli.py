@@ -409,7 +409,7 @@ def build(directory, config_name, backend, precision, precision_alias, ops, devi
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @user_errors
 def inspect(engine, as_json) -> None:
-    """List an engine's layers and plugin layers (TensorRT) or kernels and custom ops (AOTInductor)."""
+    """List an engine's layers and plugin layers (TensorRT) or kernels and fused kernels (AOTInductor)."""
     from wan_trt.engines.build import inspect_engine
 
     info = inspect_engine(engine)

@@ -7,6 +7,7 @@ export directory's manifest), loads in Python (:class:`AotiRunner`) and in C++
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import zipfile
 from pathlib import Path
@@ -28,6 +29,7 @@ from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import stage
 from wan_trt.graphs import graph_kind
 from wan_trt.outputs import output_lock
+from wan_trt.plugins.registry import FUSED_OPS
 
 FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada and Hopper onwards
 
@@ -173,13 +175,16 @@ def check_runners(engine: Path, manifest: Manifest) -> tuple[Runner, None]:
 
 
 def inspect(engine: Path, meta: EngineMetadata) -> dict:
-    """Files, generated kernels and wan-trt custom kernels inside an AOTInductor package."""
+    """Files and generated kernels inside an AOTInductor package, and the fused ops it runs: per registered fused op,
+    how many compiled variants of its Triton kernel the package's code names (Inductor names a user Triton kernel
+    ``_<op>_kernel`` with a number per variant), so a --ops plugins package shows which fused kernels it holds."""
     with zipfile.ZipFile(engine) as pkg:
         names = pkg.namelist()
-        sources = [n for n in names if n.endswith((".cpp", ".py", ".wrapper.cpp"))]
+        sources = [n for n in names if n.endswith((".cpp", ".py"))]
         text = "\n".join(pkg.read(n).decode(errors="ignore") for n in sources)
     kernels = sorted({n.rsplit("/", 1)[-1].split(".")[0] for n in names if n.endswith((".cubin", ".ptx", ".hsaco"))})
-    custom = sorted({line.split("(")[0].strip() for line in text.splitlines() if "wan_trt" in line and "(" in line})
+    fused = {op.name: len(found) for op in FUSED_OPS
+             if (found := set(re.findall(rf"\b{op.kernel_name}(?:_\d+)?\b", text)))}
     summary = {"backend": "aoti", "device": meta.device, "config": meta.config, "precision": meta.precision,
-               "files": len(names), "gpu_kernels": len(kernels), "wan_trt_custom_op_lines": len(custom)}
-    return {"summary": summary, "files": names, "kernels": kernels, "custom_ops": custom[:200]}
+               "ops": meta.ops, "files": len(names), "gpu_kernels": len(kernels), "fused_kernels": sum(fused.values())}
+    return {"summary": summary, "files": names, "kernels": kernels, "fused_kernels": fused}

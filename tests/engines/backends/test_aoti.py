@@ -91,7 +91,9 @@ def test_engine_without_metadata_is_refused(aoti, tmp_path):
 def test_inspect_and_bench_on_cpu(aoti, tmp_path):
     export_dir, engine = aoti
     res = CliRunner().invoke(main, ["inspect", str(engine), "--json"])
-    assert res.exit_code == 0 and json.loads(res.output)["summary"]["backend"] == "aoti"
+    info = json.loads(res.output)
+    assert res.exit_code == 0 and info["summary"]["backend"] == "aoti"
+    assert info["summary"]["fused_kernels"] == 0 and info["fused_kernels"] == {}  # native ops: none
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(main, ["bench", str(export_dir), "--device", "cpu", "--blocks", "3", "--aoti-engine",
                                     str(engine), "--backends", "reference-eager,torch-eager,aoti", "--out", str(out)])
@@ -198,6 +200,14 @@ def test_cuda_packages_and_their_cuda_graphs_bench(aoti, tmp_path):
     assert res.exit_code == 0, res.output
     assert set(json.loads(out.read_text())["backends"]) == {"aoti", "aoti+cudagraph", "aoti-plugins",
                                                              "aoti-plugins+cudagraph"}
+    # inspect counts the fused kernels a package holds (it counted source lines naming 'wan_trt': 0 for both)
+    found = {}
+    for name, engine in (("native", native), ("plugins", plugins)):
+        res = CliRunner().invoke(main, ["inspect", str(engine), "--json"])
+        assert res.exit_code == 0, res.output
+        found[name] = json.loads(res.output)["fused_kernels"]
+    assert found["native"] == {}
+    assert {"window_attention", "qk_norm_rope", "adaln", "add_adaln"} <= set(found["plugins"]), found
 
 
 class _StridedOutputs(AotiRunner):

@@ -1,6 +1,7 @@
 """The C++ runtime (engines/cpp, driven by engines/runtime/cpp.py) over the CPU AOTInductor package:
 the same latents as the Python session, and the same refusals."""
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -712,3 +713,22 @@ def test_the_runtime_reads_its_files_alike_whatever_locale_the_program_set(aoti,
     run = subprocess.run([str(wan_stream.parent / "locale_reads"), name, str(engine), str(path), "1", str(out)],
                          capture_output=True, text=True, env={**os.environ, "LOCPATH": str(locpath)})
     assert run.returncode == 1 and "3.40282e+38" in str(refused.value) and "3.40282e+38" in run.stderr, run.stderr
+
+
+def test_cpp_stream_script_runs_a_decoder_engine_by_its_own_backend(aoti, decoder_aoti, wan_stream, tmp_path):
+    """scripts/cpp_stream.py ran the decoder under aoti+cudagraph whatever the engine was: a --ops plugins engine
+    (refused now under another backend's name) and any engine on the CPU failed. By default it now runs the
+    engine's own backend (CUDA graphs of it on a GPU)."""
+    import json
+    import subprocess
+    import sys
+    export_dir, engine = aoti
+    out = tmp_path / "cpp.json"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "cpp_stream.py"
+    run = subprocess.run([sys.executable, str(script), str(export_dir), str(engine), str(decoder_aoti), "--blocks", "3",
+                          "--device", "cpu", "--backend", "aoti", "--build-dir", str(wan_stream.parent),
+                          "--out", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["python_decoder_backend"] == "aoti" and report["latents_max_abs_diff"] == 0.0
+    assert report["video_frames"] == 9 + 12 * 2
