@@ -16,6 +16,7 @@
 // Output: torch.save-loadable tensor [1, 16, 3*N, H, W] and one line per block on stdout:
 // "block i: <ms> ms (passes <ms>, clean <ms>, checks <ms>[, decode <ms>], commit <ms>)".
 // Refused before any block runs: an unknown flag, a value flag given twice (a boolean flag repeated means it once),
+// --cuda-graph on the CPU,
 // --out or --frames that is a folder, lies in no folder, is a file the run reads (or the other output), or exists
 // (--overwrite replaces only a tensor file such as a run writes), more --blocks than the inputs hold, a --seed outside
 // 0..2^32-1, a defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504),
@@ -340,9 +341,20 @@ void check_output(const std::string& flag, const std::string& path,
   std::remove(probe.c_str());
 }
 
-at::Device parse_device(const std::string& text) {
+// The --device text, which must name cpu, cuda or cuda:N (judged before any file is read).
+void check_device_text(const std::string& text) {
   if (!std::regex_match(text, std::regex("cpu|cuda(:[0-9]+)?")))
     throw wan_trt::Error("--device " + text + ": expected cpu, cuda or cuda:N");
+}
+
+// The switches against --device ``text``, before any work: a CUDA graph captures CUDA work only.
+void check_switches(const std::string& text, bool cuda_graph) {
+  if (cuda_graph && text == "cpu")
+    throw wan_trt::Error("--cuda-graph: CUDA graphs need --device cuda (or cuda:N), not cpu");
+}
+
+at::Device parse_device(const std::string& text) {
+  check_device_text(text);
   const at::Device device(text);
   if (device.is_cuda() && !at::hasCUDA())  // else libtorch's "Could not run ... from the 'CUDA' backend", a page long
     throw wan_trt::Error("--device " + text + ": this libtorch has no CUDA device (a CPU-only build, or no GPU); use "
@@ -414,6 +426,8 @@ int run(int argc, char** argv) {
              overwrite = switches.count("--overwrite");
   for (const char* required : {"--engine", "--inputs", "--out"})
     if (!args.count(required)) throw wan_trt::Error(std::string("missing ") + required);
+  check_device_text(args["--device"]);
+  check_switches(args["--device"], cuda_graph);
   if (args.count("--frames") != args.count("--decoder"))
     throw wan_trt::Error("--decoder and --frames go together: the frames of the decoder are written to --frames");
   const std::string engine = args["--engine"];

@@ -317,6 +317,15 @@ def test_cuda_without_a_cuda_libtorch_is_refused_on_one_line(aoti, wan_stream, t
                                     "no GPU); use --device cpu"), stderr
 
 
+@pytest.mark.parametrize("device", [[], ["--device", "cpu"]])  # cpu is the default
+def test_cuda_graphs_on_the_cpu_are_refused_before_any_work(wan_stream, tmp_path, device):
+    """--cuda-graph --device cpu got as far as making the runner, which refused it only on a CPU-only libtorch
+    (a CUDA one would capture CPU work). Refused before any file is read (here none exists)."""
+    code, stderr = _refused(wan_stream, tmp_path / "engine.pt2", tmp_path / "in.pt", tmp_path, "--cuda-graph",
+                            *device)
+    assert code == 1 and stderr == "error: --cuda-graph: CUDA graphs need --device cuda (or cuda:N), not cpu", stderr
+
+
 @pytest.mark.parametrize("repeated, message", [
     (["--out", "{tmp}/a.pt", "--out", "{tmp}/b.pt"], "--out given twice ({tmp}/a.pt, {tmp}/b.pt): give it once"),
     (["--blocks", "1", "--blocks", "3"], "--blocks given twice (1, 3): give it once"),
