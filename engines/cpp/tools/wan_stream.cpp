@@ -16,7 +16,8 @@
 // Output: torch.save-loadable tensor [1, 16, 3*N, H, W] and one line per block on stdout:
 // "block i: <ms> ms (passes <ms>, clean <ms>, checks <ms>[, decode <ms>], commit <ms>)".
 // Refused before any block runs: an unknown flag, a value flag given twice (a boolean flag repeated means it once),
-// --cuda-graph on the CPU,
+// --cuda-graph on the CPU, --tensorrt with a flag its runner does not honour (--cuda-graph, a --device other than
+// the current CUDA device),
 // --out or --frames that is a folder, lies in no folder, is a file the run reads (or the other output), or exists
 // (--overwrite replaces only a tensor file such as a run writes), more --blocks than the inputs hold, a --seed outside
 // 0..2^32-1, a defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504),
@@ -347,10 +348,19 @@ void check_device_text(const std::string& text) {
     throw wan_trt::Error("--device " + text + ": expected cpu, cuda or cuda:N");
 }
 
-// The switches against --device ``text``, before any work: a CUDA graph captures CUDA work only.
-void check_switches(const std::string& text, bool cuda_graph) {
+// The switches against --device ``text``, before any work: a CUDA graph captures CUDA work only, and the TensorRT
+// runner runs on the current CUDA device (cuda:0: wan_stream selects none) without CUDA graphs, so a flag it would
+// drop is refused rather than ignored.
+void check_switches(const std::string& text, bool cuda_graph, bool tensorrt) {
   if (cuda_graph && text == "cpu")
     throw wan_trt::Error("--cuda-graph: CUDA graphs need --device cuda (or cuda:N), not cpu");
+  if (!tensorrt) return;
+  if (cuda_graph) throw wan_trt::Error("--tensorrt: the TensorRT runner captures no CUDA graphs; leave out --cuda-graph");
+  if (text == "cpu")
+    throw wan_trt::Error("--tensorrt: a TensorRT engine runs on a CUDA device; give --device cuda, not cpu");
+  if (text != "cuda" && text != "cuda:0")
+    throw wan_trt::Error("--tensorrt: the TensorRT runner runs on the current CUDA device (cuda:0); give --device "
+                         "cuda, and pick the GPU with CUDA_VISIBLE_DEVICES, not --device " + text);
 }
 
 at::Device parse_device(const std::string& text) {
@@ -427,7 +437,7 @@ int run(int argc, char** argv) {
   for (const char* required : {"--engine", "--inputs", "--out"})
     if (!args.count(required)) throw wan_trt::Error(std::string("missing ") + required);
   check_device_text(args["--device"]);
-  check_switches(args["--device"], cuda_graph);
+  check_switches(args["--device"], cuda_graph, tensorrt);
   if (args.count("--frames") != args.count("--decoder"))
     throw wan_trt::Error("--decoder and --frames go together: the frames of the decoder are written to --frames");
   const std::string engine = args["--engine"];

@@ -326,6 +326,23 @@ def test_cuda_graphs_on_the_cpu_are_refused_before_any_work(wan_stream, tmp_path
     assert code == 1 and stderr == "error: --cuda-graph: CUDA graphs need --device cuda (or cuda:N), not cpu", stderr
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--device", "cuda", "--cuda-graph"],
+     "--tensorrt: the TensorRT runner captures no CUDA graphs; leave out --cuda-graph"),  # ran without them
+    ([], "--tensorrt: a TensorRT engine runs on a CUDA device; give --device cuda, not cpu"),  # ran on cuda:0
+    (["--device", "cpu"], "--tensorrt: a TensorRT engine runs on a CUDA device; give --device cuda, not cpu"),
+    (["--device", "cuda:1"], "--tensorrt: the TensorRT runner runs on the current CUDA device (cuda:0); give "
+                             "--device cuda, and pick the GPU with CUDA_VISIBLE_DEVICES, not --device cuda:1"),
+])
+def test_tensorrt_flags_its_runner_does_not_honour_are_refused_before_any_work(wan_stream, tmp_path, flags, message):
+    """The TensorRT runner runs on the current CUDA device without CUDA graphs: --cuda-graph, --device cpu and
+    --device cuda:N were dropped without a word. Refused before any file is read (here none exists), and before
+    the refusal of a build without the TensorRT runner, which does not say what the flags could not do."""
+    code, stderr = _refused(wan_stream, tmp_path / "engine.plan", tmp_path / "in.pt", tmp_path, "--tensorrt",
+                            *flags)
+    assert code == 1 and stderr == "error: " + message, stderr
+
+
 @pytest.mark.parametrize("repeated, message", [
     (["--out", "{tmp}/a.pt", "--out", "{tmp}/b.pt"], "--out given twice ({tmp}/a.pt, {tmp}/b.pt): give it once"),
     (["--blocks", "1", "--blocks", "3"], "--blocks given twice (1, 3): give it once"),
