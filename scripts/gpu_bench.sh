@@ -27,7 +27,7 @@
 #                                            decoder engines: identical frames?, ms per block (scripts/cpp_stream.py;
 #                                            needs `build` and `decoder` first); with REV set, REV's C++ runtime
 #                                            too, ROUNDS (2) runs of each alternating (REV must read this
-#                                            checkout's runtime files: version 5, with its own hash)
+#                                            checkout's runtime files: version 6, with the engine's device)
 #   scripts/gpu_bench.sh precisions RESULTS  one wan-trt bench of the PRECISION (bf16) engine beside the fp16 and fp8
 #                                            engines (--also-engine; built here if missing), torch.compile and
 #                                            eager, with the profile of each engine (needs `build` first)

@@ -69,7 +69,8 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     with output_lock(engine, "build"):
         if force or not up_to_date(engine, key, manifest):
             _compile(manifest, directory, engine, key, device, ops)
-        write_runtime_file(manifest, engine, EngineMetadata.read(engine).engine_file)  # verified or just made
+        meta = EngineMetadata.read(engine)  # verified or just made
+        write_runtime_file(manifest, engine, meta.engine_file, meta.device)
     return engine
 
 

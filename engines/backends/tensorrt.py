@@ -96,7 +96,8 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
         if force or not up_to_date(engine, key, manifest):
             _build(trt, manifest, directory, engine, key, opt_level=opt_level, cache_path=cache_path,
                    weak_typing=weak_typing)
-        write_runtime_file(manifest, engine, EngineMetadata.read(engine).engine_file)  # verified or just made
+        meta = EngineMetadata.read(engine)  # verified or just made
+        write_runtime_file(manifest, engine, meta.engine_file, meta.device)
     return engine
 
 

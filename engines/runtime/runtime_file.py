@@ -4,8 +4,9 @@ Written next to every engine (``<engine>.runtime.txt``) from the same spec (and
 :class:`BlockSchedule`) the Python session uses, so the two runtimes cannot disagree. A DiT
 pass engine's file:
 
-    wan_trt_runtime 5
+    wan_trt_runtime 6
     engine <bytes> <sha256>  (of the engine file: the C++ runtime loads only the engine it was written for)
+    device <cpu|cuda>        (the kind of device the engine was built for: the C++ runtime refuses a run on the other)
     config <name>            precision <bf16|fp16|fp32|fp8>
     block_frames 3           prev_frames 3          tokens_per_frame 880
     window_frames 12         ratio 4                max_stream_frames 268435456
@@ -26,8 +27,9 @@ frequencies are written as Python's repr, which reads back as the same double.
 A decoder engine's file (one per graph of the pair; ``history`` lines in call order, for both
 calls, though only the steady one takes them as inputs):
 
-    wan_trt_decoder 4
+    wan_trt_decoder 5
     engine <bytes> <sha256>
+    device <cpu|cuda>
     config <name>            precision <bf16|fp16|fp32>      call <first|steady>
     weights <sha256>         (of the graph's weights, as its export's manifest records them: the C++ runtime pairs
                               only a first and a steady engine of the same weights, as Python's check_pair does)
@@ -60,13 +62,13 @@ def _io_lines(spec: GraphSpec) -> list[str]:
             + [f"output {t.name} {t.dtype} " + " ".join(map(str, t.shape)) for t in spec.outputs])
 
 
-def runtime_text(manifest: Manifest, engine_file: dict) -> str | None:
+def runtime_text(manifest: Manifest, engine_file: dict, device: str) -> str | None:
     """The runtime file's text for the engine file of ``manifest``'s graph, whose ``{size, sha256}`` is
-    ``engine_file``; None for graphs the C++ runtime does not run."""
+    ``engine_file``, built for ``device`` (cpu, cuda or cuda:N); None for graphs the C++ runtime does not run."""
     spec = manifest.spec
     if isinstance(spec, DecoderSpec):
-        return decoder_text(spec, engine_file, manifest.weights["sha256"])
-    return pass_text(spec, engine_file) if isinstance(spec, PassSpec) else None
+        return decoder_text(spec, engine_file, device, manifest.weights["sha256"])
+    return pass_text(spec, engine_file, device) if isinstance(spec, PassSpec) else None
 
 
 def sealed(body: str) -> str:
@@ -74,23 +76,26 @@ def sealed(body: str) -> str:
     return body + f"sha256 {bytes_digest(body.encode())}\n"
 
 
-def _engine_line(engine_file: dict) -> str:
-    return f"engine {engine_file['size']} {engine_file['sha256']}"
+def _engine_lines(engine_file: dict, device: str) -> list[str]:
+    """The ``engine`` line and the ``device`` line: the kind of ``device`` only, which the C++ runtime holds
+    against its --device (cuda: any of cuda, cuda:N)."""
+    return [f"engine {engine_file['size']} {engine_file['sha256']}", f"device {device.partition(':')[0]}"]
 
 
-def decoder_text(spec: DecoderSpec, engine_file: dict, weights_sha256: str) -> str:
+def decoder_text(spec: DecoderSpec, engine_file: dict, device: str, weights_sha256: str) -> str:
     """``weights_sha256``: of the graph's weights (the manifest's), by which the C++ runtime tells a pair of one
     decoder from a first and a steady graph of two."""
-    lines = ["wan_trt_decoder 4", _engine_line(engine_file), f"config {spec.config.name}",
+    lines = ["wan_trt_decoder 5", *_engine_lines(engine_file, device), f"config {spec.config.name}",
              f"precision {spec.precision}", f"call {spec.call}", f"weights {weights_sha256}"]
     lines += _io_lines(spec) + [f"history {i} {o}" for i, o in spec.histories]
     return sealed("\n".join(lines) + "\n")
 
 
-def pass_text(spec: PassSpec, engine_file: dict) -> str:
+def pass_text(spec: PassSpec, engine_file: dict, device: str) -> str:
     cfg, a = spec.config, spec.config.model.action_config
     sched = BlockSchedule.from_config(cfg)
-    lines = ["wan_trt_runtime 5", _engine_line(engine_file), f"config {cfg.name}", f"precision {spec.precision}",
+    lines = ["wan_trt_runtime 6", *_engine_lines(engine_file, device), f"config {cfg.name}",
+             f"precision {spec.precision}",
              f"block_frames {cfg.block_frames}", f"prev_frames {cfg.prev_frames}",
              f"tokens_per_frame {cfg.tokens_per_frame}", f"window_frames {a.window_frames}",
              f"ratio {a.vae_time_compression_ratio}", f"max_stream_frames {MAX_STREAM_FRAMES}",
@@ -110,11 +115,12 @@ def runtime_path(engine: Path) -> Path:
     return engine.with_name(engine.name + ".runtime.txt")
 
 
-def write_runtime_file(manifest: Manifest, engine: Path, engine_file: dict) -> Path | None:
-    """The runtime file of ``engine``, built from the export of ``manifest`` (a DiT pass or a decoder graph), written
-    whole or not at all; None for other graphs. ``engine_file`` is the engine's ``{size, sha256}`` as its build
-    recorded and verified it: the build does not hash a multi-GB file a second time for this."""
-    text = runtime_text(manifest, engine_file)
+def write_runtime_file(manifest: Manifest, engine: Path, engine_file: dict, device: str) -> Path | None:
+    """The runtime file of ``engine``, built from the export of ``manifest`` (a DiT pass or a decoder graph) for
+    ``device`` (its metadata's), written whole or not at all; None for other graphs. ``engine_file`` is the engine's
+    ``{size, sha256}`` as its build recorded and verified it: the build does not hash a multi-GB file a second time
+    for this."""
+    text = runtime_text(manifest, engine_file, device)
     if text is None:
         return None
     path = runtime_path(Path(engine))

@@ -188,7 +188,7 @@ static std::string sealed_text(const std::string& path, const std::string& heade
   if (!fs::is_regular_file(path, error))
     throw Error("cannot open runtime file " + path + " (written by `wan-trt build` beside the engine)");
   std::ifstream file(path, std::ios::binary);
-  constexpr size_t kHeaderBytes = 64;  // more than any header line ("wan_trt_runtime 5") and its '\n'
+  constexpr size_t kHeaderBytes = 64;  // more than any header line ("wan_trt_runtime 6") and its '\n'
   std::string text(kHeaderBytes, '\0');
   file.read(&text[0], static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(file.gcount()));
@@ -207,6 +207,8 @@ static std::string sealed_text(const std::string& path, const std::string& heade
     throw Error(path + " is from an older wan-trt (no hash of its own)" + kRewrite);
   if (first == "wan_trt_decoder 3")
     throw Error(path + " is from an older wan-trt (no weights' sha256)" + kRewrite);
+  if (first == "wan_trt_runtime 5" || first == "wan_trt_decoder 4")
+    throw Error(path + " is from an older wan-trt (no device)" + kRewrite);
   if (first != header) {
     const bool other = first.rfind("wan_trt_", 0) == 0;
     throw Error(path + (other ? " is the runtime file of another kind of engine (" + first + "), not " + header
@@ -244,23 +246,28 @@ static std::string parse_sha256(Line& line) {
   return hex;
 }
 
-// An `input`, `output` or `engine` line of any runtime file; false for other keys.
+// An `input`, `output`, `engine` or `device` line of any runtime file; false for other keys.
 static bool parse_io(GraphIO& io, Line& line) {
   if (line.key() == "input") io.inputs.push_back(parse_tensor(line));
   else if (line.key() == "output") io.outputs.push_back(parse_tensor(line));
   else if (line.key() == "engine") {
     io.engine_bytes = at_least(line, 0);
     io.engine_sha256 = parse_sha256(line);
+  } else if (line.key() == "device") {
+    io.device = line.next<std::string>();
+    if (io.device != "cpu" && io.device != "cuda") line.bad();
   } else return false;
   line.end();
   return true;
 }
 
-static bool has_engine(const GraphIO& io) { return io.engine_bytes >= 0 && io.engine_sha256.size() == 64; }
+static bool has_engine(const GraphIO& io) {
+  return io.engine_bytes >= 0 && io.engine_sha256.size() == 64 && !io.device.empty();
+}
 
 RuntimeSpec RuntimeSpec::load(const std::string& path) {
   RuntimeSpec s;
-  for (const auto& text : read_runtime_file(path, "wan_trt_runtime 5")) {
+  for (const auto& text : read_runtime_file(path, "wan_trt_runtime 6")) {
     Line line(path, text);
     const std::string& key = line.key();
     if (key.empty() || parse_io(s, line)) continue;
@@ -299,7 +306,7 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
 
 DecoderSpec DecoderSpec::load(const std::string& path) {
   DecoderSpec s;
-  for (const auto& text : read_runtime_file(path, "wan_trt_decoder 4")) {
+  for (const auto& text : read_runtime_file(path, "wan_trt_decoder 5")) {
     Line line(path, text);
     const std::string& key = line.key();
     if (key.empty() || parse_io(s, line)) continue;

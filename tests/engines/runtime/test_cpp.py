@@ -175,7 +175,8 @@ def test_cpp_session_refuses_a_block_and_then_streams_it_as_if_never_offered(aot
     (1, "a RoPE table with a frame offset input", "re-export and rebuild"),
     (2, "one stacked tensor per cache", "re-export and rebuild"),
     (3, "no engine hash", "rebuild with `wan-trt build`, which keeps an up-to-date engine"),
-    (4, "no hash of its own", "rebuild with `wan-trt build`, which keeps an up-to-date engine")])
+    (4, "no hash of its own", "rebuild with `wan-trt build`, which keeps an up-to-date engine"),
+    (5, "no device", "rebuild with `wan-trt build`, which keeps an up-to-date engine")])
 def test_cpp_runtime_refuses_a_runtime_file_of_an_older_contract(aoti, wan_stream, tmp_path, version, contract, fix):
     """Engines built before the rotary inputs (an int32 rope_offset) or before one cache tensor per
     layer: re-export and rebuild; runtime files without the engine's hash or their own: rebuild (it rewrites them)."""
@@ -184,8 +185,8 @@ def test_cpp_runtime_refuses_a_runtime_file_of_an_older_contract(aoti, wan_strea
     old = tmp_path / engine.name
     shutil.copy(engine, old)
     text = (engine.parent / (engine.name + ".runtime.txt")).read_text()
-    assert text.startswith("wan_trt_runtime 5\n")
-    (tmp_path / (engine.name + ".runtime.txt")).write_text(text.replace("wan_trt_runtime 5", f"wan_trt_runtime {version}"))
+    assert text.startswith("wan_trt_runtime 6\n")
+    (tmp_path / (engine.name + ".runtime.txt")).write_text(text.replace("wan_trt_runtime 6", f"wan_trt_runtime {version}"))
     inputs = synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9)
     with pytest.raises(WanTrtError, match=f"older wan-trt \\({contract}\\): {re.escape(fix)}"):
         run_wan_stream(wan_stream, old, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt")
@@ -280,7 +281,7 @@ def test_cpp_runtime_refuses_a_decoder_that_is_not_the_streams(aoti, decoder_aot
         for f in (engine, engine.with_name(engine.name + ".runtime.txt")):
             shutil.copy(f, tmp_path / "dit" / call / f.name)
     dit = tmp_path / "dit" / "steady" / engine.name
-    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 5\\), not wan_trt_decoder 4")
+    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 6\\), not wan_trt_decoder 5")
 
 
 def test_cpp_runtime_refuses_a_decoder_pair_of_two_weights_as_python_does(aoti, decoder_aoti, wan_stream, tmp_path):
@@ -311,18 +312,39 @@ def test_cpp_runtime_refuses_a_decoder_pair_of_two_weights_as_python_does(aoti, 
     assert not out.exists()
 
 
-def test_cpp_runtime_refuses_a_decoder_runtime_file_without_the_weights(decoder_aoti, aoti, wan_stream, tmp_path):
-    """A decoder runtime file of version 3 records no weights, so its pair cannot be judged: rebuild (it rewrites
-    the file), as for the DiT's older runtime files."""
+@pytest.mark.parametrize("version, contract", [(3, "no weights' sha256"), (4, "no device")])
+def test_cpp_runtime_refuses_a_decoder_runtime_file_of_an_older_contract(decoder_aoti, aoti, wan_stream, tmp_path,
+                                                                         version, contract):
+    """A decoder runtime file of version 3 records no weights, so its pair cannot be judged, and one of version 4
+    no device, so a run on another kind cannot be refused: rebuild (it rewrites the file), as for the DiT's older
+    runtime files."""
     export_dir, engine = aoti
     steady = _copy_pair(decoder_aoti, tmp_path / "old")
     runtime = steady.with_name(steady.name + ".runtime.txt")
-    assert runtime.read_text().startswith("wan_trt_decoder 4\n")
-    runtime.write_text(runtime.read_text().replace("wan_trt_decoder 4", "wan_trt_decoder 3"))
+    assert runtime.read_text().startswith("wan_trt_decoder 5\n")
+    runtime.write_text(runtime.read_text().replace("wan_trt_decoder 5", f"wan_trt_decoder {version}"))
     inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
-    with pytest.raises(WanTrtError, match=f"error: {re.escape(str(runtime))} is from an older wan-trt \\(no weights' "
-                                          "sha256\\): rebuild with `wan-trt build`, which keeps an up-to-date engine"):
+    with pytest.raises(WanTrtError, match=f"error: {re.escape(str(runtime))} is from an older wan-trt "
+                                          f"\\({contract}\\): rebuild with `wan-trt build`, which keeps an up-to-date "
+                                          "engine"):
         run_wan_stream(wan_stream, engine, inputs, 1, tmp_path / "out.pt", decoder=steady)
+
+
+def test_cpp_runtime_refuses_a_decoder_built_for_another_kind_of_device(decoder_aoti, aoti, wan_stream, tmp_path):
+    """A decoder package built for CUDA run with --device cpu was not refused as Python refuses it: its runtime
+    file named no device. Refused naming the decoder and the device it was built for (here a CPU pair whose files
+    say cuda, resealed: nothing loads it)."""
+    export_dir, engine = aoti
+    steady = _copy_pair(decoder_aoti, tmp_path / "pair")
+    for call in ("first", "steady"):
+        runtime = tmp_path / "pair" / call / (steady.name + ".runtime.txt")
+        assert "\ndevice cpu\n" in runtime.read_text()
+        runtime.write_text(resealed(runtime.read_text().replace("\ndevice cpu\n", "\ndevice cuda\n")))
+    inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
+    with pytest.raises(WanTrtError, match=re.escape(f"error: --decoder {steady}: built for cuda, but this run is on "
+                                                    "--device cpu; run it with --device cuda, or build one for cpu")):
+        run_wan_stream(wan_stream, engine, inputs, 1, tmp_path / "out.pt", decoder=steady)
+    assert not (tmp_path / "out.pt").exists()
 
 
 def resealed(text):

@@ -121,7 +121,7 @@ def test_a_large_file_given_as_runtime_file_is_refused_by_its_first_line(aoti, w
     below 2 GiB of memory."""
     code, stderr, peak_kib, big = _large_file_run(wan_stream, tmp_path, "--engine", aoti[1], "--runtime", "BIG",
                                                   "--inputs", _inputs(aoti, tmp_path), "--out", tmp_path / "out.pt")
-    assert code == 1 and stderr == f"error: {big} is not a wan-trt runtime file (wan_trt_runtime 5)", stderr
+    assert code == 1 and stderr == f"error: {big} is not a wan-trt runtime file (wan_trt_runtime 6)", stderr
     assert peak_kib < 1 << 20, f"{peak_kib} KiB"
 
 
@@ -295,7 +295,7 @@ def test_an_inputs_file_with_actions_the_engine_does_not_take_is_refused(wan_str
     engine.write_bytes(b"a stand-in for an engine")
     manifest = Manifest(PassSpec.from_config(cfg, "fp32"), "native", 23, {"source": "random", "seed": 2,
                                                                            "sha256": "0" * 64})
-    write_runtime_file(manifest, engine, file_digest(engine))
+    write_runtime_file(manifest, engine, file_digest(engine), "cpu")
     stream = synthetic_stream(cfg, 1, seed=9)
     assert stream.mouse is None
     inputs = write_stream_inputs(stream, tmp_path / "in.pt")
@@ -308,13 +308,25 @@ def test_an_inputs_file_with_actions_the_engine_does_not_take_is_refused(wan_str
 # ---- the flags -------------------------------------------------------------------------------------
 
 def test_cuda_without_a_cuda_libtorch_is_refused_on_one_line(aoti, wan_stream, tmp_path):
-    """A multi-line internal error (exit 2) where --cuda-graph already said it in one line."""
+    """A multi-line internal error (exit 2) where --cuda-graph already said it in one line. (The engine's runtime
+    file says it was built for CUDA: a CPU engine is refused first, as one run on another kind of device.)"""
     import torch
     if torch.cuda.is_available():
         pytest.skip("this libtorch has a GPU")
-    code, stderr = _refused(wan_stream, aoti[1], _inputs(aoti, tmp_path), tmp_path, "--device", "cuda")
+    engine, _ = _engine_with_runtime(aoti, tmp_path, _replace("device", "cuda"), reseal=True)
+    code, stderr = _refused(wan_stream, engine, _inputs(aoti, tmp_path), tmp_path, "--device", "cuda")
     assert code == 1 and stderr == ("error: --device cuda: this libtorch has no CUDA device (a CPU-only build, or "
                                     "no GPU); use --device cpu"), stderr
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_an_engine_run_on_another_kind_of_device_is_refused_naming_its_device(aoti, wan_stream, tmp_path, device):
+    """A CPU package run with --device cuda (or a CUDA one with --device cpu) was not refused as Python refuses
+    it: the runtime file named no device. It does now, and wan_stream refuses it before the libtorch's devices
+    are judged (a CPU-only libtorch has no CUDA device either: that is not what is wrong)."""
+    code, stderr = _refused(wan_stream, aoti[1], _inputs(aoti, tmp_path), tmp_path, "--device", device)
+    assert code == 1 and stderr == (f"error: --engine {aoti[1]}: built for cpu, but this run is on --device {device}; "
+                                    f"run it with --device cpu, or build one for {device}"), stderr
 
 
 @pytest.mark.parametrize("device", [[], ["--device", "cpu"]])  # cpu is the default

@@ -26,7 +26,7 @@ def test_a_write_that_fails_leaves_the_earlier_runtime_file_whole(tmp_path, monk
     manifest = _manifest(PassSpec.from_config(load_config("universal-small"), "fp32"))
     engine = tmp_path / "engine.pt2"
     engine.write_bytes(b"an engine")
-    earlier = write_runtime_file(manifest, engine, file_digest(engine)).read_text()
+    earlier = write_runtime_file(manifest, engine, file_digest(engine), "cpu").read_text()
 
     def half_then_full(self, data, *args, **kwargs):  # writes half of what it was given, then the disk is full
         with open(self, "wb" if isinstance(data, bytes) else "w") as f:
@@ -35,7 +35,7 @@ def test_a_write_that_fails_leaves_the_earlier_runtime_file_whole(tmp_path, monk
     monkeypatch.setattr(Path, "write_text", half_then_full)
     monkeypatch.setattr(Path, "write_bytes", half_then_full)
     with pytest.raises((OSError, WanTrtError)):
-        write_runtime_file(manifest, engine, file_digest(engine))
+        write_runtime_file(manifest, engine, file_digest(engine), "cpu")
     assert runtime_path(engine).read_text() == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == [engine.name, runtime_path(engine).name]  # no staging left
 
@@ -45,9 +45,9 @@ def test_the_runtime_file_ends_with_the_sha256_of_its_other_lines(tmp_path):
     manifest = _manifest(PassSpec.from_config(load_config("universal-small"), "fp32"))
     engine = tmp_path / "engine.pt2"
     engine.write_bytes(b"an engine")
-    data = write_runtime_file(manifest, engine, file_digest(engine)).read_bytes()
+    data = write_runtime_file(manifest, engine, file_digest(engine), "cpu").read_bytes()
     body, _, last = data[:-1].rpartition(b"\n")
-    assert data.startswith(b"wan_trt_runtime 5\n") and data.endswith(b"\n")
+    assert data.startswith(b"wan_trt_runtime 6\n") and data.endswith(b"\n")
     assert last.decode() == "sha256 " + hashlib.sha256(body + b"\n").hexdigest()
 
 
@@ -59,5 +59,20 @@ def test_a_decoder_runtime_file_records_the_weights_of_its_export(tmp_path, call
     manifest = _manifest(DecoderSpec.from_config(load_config("universal-small"), "fp32", call))
     engine = tmp_path / "engine.pt2"
     engine.write_bytes(b"an engine")
-    lines = write_runtime_file(manifest, engine, file_digest(engine)).read_text().splitlines()
-    assert lines[0] == "wan_trt_decoder 4" and f"weights {WEIGHTS}" in lines and f"call {call}" in lines
+    lines = write_runtime_file(manifest, engine, file_digest(engine), "cpu").read_text().splitlines()
+    assert lines[0] == "wan_trt_decoder 5" and f"weights {WEIGHTS}" in lines and f"call {call}" in lines
+
+
+@pytest.mark.parametrize("graph", ["pass", "decoder"])
+@pytest.mark.parametrize("device, kind", [("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda")])
+def test_a_runtime_file_records_the_kind_of_device_its_engine_was_built_for(tmp_path, graph, device, kind):
+    """The C++ runtime could not refuse a CUDA package run with --device cpu (or a CPU one with --device cuda), as
+    Python's EngineMetadata.check_runs_on does: the file named no device. It records the engine's kind of device
+    now (DiT version 6, decoder 5)."""
+    cfg = load_config("universal-small")
+    spec = PassSpec.from_config(cfg, "fp32") if graph == "pass" else DecoderSpec.from_config(cfg, "fp32", "steady")
+    engine = tmp_path / "engine.pt2"
+    engine.write_bytes(b"an engine")
+    lines = write_runtime_file(_manifest(spec), engine, file_digest(engine), device).read_text().splitlines()
+    assert lines[0] == ("wan_trt_runtime 6" if graph == "pass" else "wan_trt_decoder 5")
+    assert [line for line in lines if line.startswith("device")] == [f"device {kind}"]

@@ -53,6 +53,7 @@ struct GraphIO {
   std::vector<TensorSpec> inputs, outputs;
   int64_t engine_bytes = -1;
   std::string engine_sha256;  // hex
+  std::string device;         // the kind of device the engine was built for: "cpu" or "cuda"
   const TensorSpec& input(const std::string& name) const;
   bool has_input(const std::string& name) const;
   bool has_output(const std::string& name) const;
