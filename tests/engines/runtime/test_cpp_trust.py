@@ -100,19 +100,28 @@ def test_a_runtime_file_without_its_sha256_line_is_refused(aoti, wan_stream, tmp
                                     "anew"), stderr
 
 
+# Started from a small process of its own: a child's peak memory (ru_maxrss) counts what it held before its exec,
+# a fork of the test process (over 1 GiB late in a full test run), not wan_stream's own alone.
+_PEAK_OF = ("import os, subprocess, sys\n"
+            "with open(sys.argv[1], 'w') as err:\n"
+            "    proc = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=err)\n"
+            "    _, status, usage = os.wait4(proc.pid, 0)\n"
+            "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)")
+
+
 def _large_file_run(wan_stream, tmp_path, *args):
     """Run wan_stream with ``args``, in which BIG stands for a 2 GiB file (sparse) of zeros: (exit status, stderr,
     the process's own peak memory in KiB, the file)."""
-    import os
+    import sys
     big = tmp_path / "big.pt2"
     with open(big, "wb") as f:
         f.truncate(2 << 30)
     stderr = tmp_path / "stderr.txt"
-    with open(stderr, "w") as err:
-        proc = subprocess.Popen([str(wan_stream), *(str(big) if a == "BIG" else str(a) for a in args)],
-                                stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-    return os.waitstatus_to_exitcode(status), stderr.read_text().strip(), usage.ru_maxrss, big
+    run = subprocess.run([sys.executable, "-c", _PEAK_OF, str(stderr), str(wan_stream),
+                          *(str(big) if a == "BIG" else str(a) for a in args)], capture_output=True, text=True,
+                         check=True)
+    code, peak_kib = map(int, run.stdout.split())
+    return code, stderr.read_text().strip(), peak_kib, big
 
 
 def test_a_large_file_given_as_runtime_file_is_refused_by_its_first_line(aoti, wan_stream, tmp_path):
