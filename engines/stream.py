@@ -22,7 +22,7 @@ from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
-from wan_trt.digest import file_digest
+from wan_trt.digest import file_digest, file_identity
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
 from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_values, json_with_keys, staged_dir
@@ -126,6 +126,8 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     if o.vae_weights is not None and (out is None or not o.video):  # the decoder would never be built
         raise WanTrtError(f"--vae-weights {o.vae_weights}: the video decoder runs only when the stream writes its "
                           "video (--out, without --no-video); write the video or drop --vae-weights")
+    read = {flag: (Path(path), file_identity(path)) for flag, path in  # before any is read: see _check_unchanged
+            (("--weights", o.weights), ("--vae-weights", o.vae_weights), ("--actions", o.actions)) if path is not None}
     actions = {} if o.actions is None else read_actions(o.actions, cfg, blocks, precision_dtype(precision))  # first
     decoder = stream_decoder(cfg, o) if out is not None and o.video else None  # its checkpoint before the DiT's
     with stage(f"build {cfg.name} ({precision}, {device})"):
@@ -163,6 +165,7 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         summary["video_frames"] = int(frames.shape[0])
     report["summary"] = summary
     if out is not None:
+        _check_unchanged(read)
         report = {**report, "inputs": stream_inputs(cfg, o, decoder is not None)}  # hashed only for a report written
         protect = _inputs(o.weights, o.vae_weights, o.actions)
         with staged_dir(out, owned_stream_files, overwrite=o.overwrite, protect=protect, what=OUTPUT) as staging:
@@ -173,6 +176,15 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         if frames is not None:
             logger.info("wrote %s: %d frames at %d fps", out / "video.mp4", frames.shape[0], FPS)
     return report
+
+
+def _check_unchanged(read: dict[str, tuple[Path, tuple]]) -> None:
+    """Refuse to write a report whose input files changed since the stream read them: their hashes, taken for the
+    report after the stream, would name other files than the ones it ran on."""
+    for flag, (path, identity) in read.items():
+        if file_identity(path) != identity:
+            raise WanTrtError(f"{flag} {path} was replaced or rewritten while the stream ran: its report would name "
+                              "another file than the one read; nothing was written, run again")
 
 
 def stream_inputs(cfg: WanConfig, o: StreamOptions, decoded: bool) -> dict[str, Any]:

@@ -402,3 +402,26 @@ def test_the_report_names_the_configs_every_field(tmp_path):
         reports[name] = json.loads((tmp_path / name / "report.json").read_text())["inputs"]["config"]
     assert reports["preset"] == load_config("universal-small").to_dict()
     assert reports["file"] == load_config(own).to_dict() != reports["preset"]
+
+
+def test_an_input_file_rewritten_while_the_stream_ran_is_not_reported_as_read(tmp_path, monkeypatch):
+    """The report hashed --weights, --vae-weights and --actions after the stream: a file rewritten meanwhile was
+    recorded by its new sha256, another file than the one the stream ran on."""
+    import wan_trt.engines.stream as stream_module
+    from wan_trt.config_load import load_config
+    keys = load_config("universal-small").model.action_config.keyboard_dim_in
+    path = tmp_path / "actions.jsonl"
+    path.write_text("".join(json.dumps({"mouse": [0.1, 0.0], "keyboard": [1] + [0] * (keys - 1)}) + "\n"
+                            for _ in range(2)))
+    real = stream_module.stream_blocks
+
+    def rewritten_meanwhile(*args, **kwargs):  # the stream runs for real; the file changes while it does
+        results = real(*args, **kwargs)
+        path.write_text(path.read_text().replace("0.1", "0.2"))
+        return results
+    monkeypatch.setattr(stream_module, "stream_blocks", rewritten_meanwhile)
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "2", "--actions", str(path),
+                                    "--no-video", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 1 and "--actions" in res.output and "rewritten while the stream ran" in res.output, \
+        res.output
+    assert not (tmp_path / "s").exists()
