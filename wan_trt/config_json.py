@@ -111,7 +111,7 @@ def build(cls: type, data: Any, where: str, path: str, required: Required) -> An
         if key in IGNORED_KEYS or key.startswith("_"):
             continue
         if key in FIXED_KEYS and cls.__name__ == "ModelConfig":
-            _check_fixed(f"{path}{key}", value, where)
+            _check_fixed(key, f"{path}{key}", value, where)
             continue
         if key not in known and key in REMOVED_KEYS:
             raise WanTrtError(f"config field '{path}{key}' (in {where}): {REMOVED_KEYS[key]}")
@@ -123,8 +123,9 @@ def build(cls: type, data: Any, where: str, path: str, required: Required) -> An
     return cls(**kwargs)
 
 
-def _check_fixed(name: str, value: Any, where: str) -> None:
-    allowed, why = FIXED_KEYS[name.rsplit(".", 1)[-1]]
+def _check_fixed(key: str, name: str, value: Any, where: str) -> None:
+    """``value`` of the FIXED_KEYS entry ``key`` (``name``: its path in the file) is a boolean, and the allowed one."""
+    allowed, why = FIXED_KEYS[key]
     if not _is(bool, value):
         raise field_error(name, _NAMES[bool], value, where)
     if value != allowed:

@@ -158,15 +158,15 @@ def check_values(state: Mapping[str, torch.Tensor], source: str, dtype: torch.dt
                               f"expected: {_listed(found)}; pass the float (bf16/fp32) checkpoint")
     nonfinite = [f"{k} ({counts})" for k, v in state.items() if (counts := _nonfinite(v))]
     limit = torch.finfo(dtype).max
-    overflow = [f"{k} (max |w| {peak:.3g})" for k, v in state.items() if (peak := _peak(v, dtype)) > limit]
+    peaks = {k: _peak(v, dtype) for k, v in state.items()}  # each tensor read once: a checkpoint may be GBs
+    overflow = [f"{k} (max |w| {peak:.3g})" for k, peak in peaks.items() if peak > limit]
     problems = []
     if nonfinite:
         problems.append(f"{len(nonfinite)} tensor(s) hold NaN/Inf: {_listed(nonfinite)}; the file is damaged: "
                         "download or export it again")
     if overflow:
-        peak = max(_peak(v, dtype) for v in state.values())
         holds = [name for name, d in (("bf16", torch.bfloat16), ("fp32", torch.float32))
-                 if d != dtype and torch.finfo(d).max >= peak]
+                 if d != dtype and torch.finfo(d).max >= max(peaks.values())]
         fix = f"pass --precision {' or '.join(holds)}" if holds else "no precision holds them: the file is damaged"
         problems.append(f"{len(overflow)} tensor(s) overflow {_name(dtype)} (max {limit:.5g}): "
                         f"{_listed(overflow)}; {fix}")

@@ -153,14 +153,23 @@ class Line {
 
 }  // namespace
 
+// The dtypes a runtime file names, by the names it writes them with (those of Python's spec).
+static const std::vector<std::pair<std::string, at::ScalarType>> kDtypes{
+    {"bfloat16", at::kBFloat16}, {"float16", at::kHalf}, {"float32", at::kFloat}, {"int32", at::kInt},
+    {"int64", at::kLong}};
+
 static at::ScalarType parse_dtype(Line& line) {
   const auto name = line.next<std::string>();
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  if (name == "float32") return at::kFloat;
-  if (name == "int32") return at::kInt;
-  if (name == "int64") return at::kLong;
+  for (const auto& [known, dtype] : kDtypes)
+    if (name == known) return dtype;
   line.bad();
+}
+
+// The runtime file's name of ``dtype`` (float16, bfloat16, float32, ...).
+static std::string dtype_name(at::ScalarType dtype) {
+  for (const auto& [name, known] : kDtypes)
+    if (dtype == known) return name;
+  return c10::toString(dtype);
 }
 
 static TensorSpec parse_tensor(Line& line) {
@@ -707,13 +716,6 @@ static std::string first_non_finite(const std::vector<std::pair<std::string, at:
   for (size_t i = 0; i < names.size(); ++i)
     if (!finite[static_cast<int64_t>(i)].item<bool>()) return names[i];
   return "";
-}
-
-// The runtime file's name of a stream's dtype: float16, bfloat16, float32.
-static std::string dtype_name(at::ScalarType dtype) {
-  if (dtype == at::kHalf) return "float16";
-  if (dtype == at::kBFloat16) return "bfloat16";
-  return dtype == at::kFloat ? "float32" : c10::toString(dtype);
 }
 
 // Refuse an input (``what``: "cond_concat of block 3") found non-finite once converted to the session's ``dtype``,

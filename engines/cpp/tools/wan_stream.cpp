@@ -406,10 +406,8 @@ std::unique_ptr<wan_trt::Runner> make_runner(const std::string& engine, const wa
 
 // "--out given twice (a.pt, b.pt): give it once", as `wan-trt` says it of an option given twice.
 std::string repeated(const std::string& flag, const std::vector<std::string>& values) {
-  std::string shown;
-  for (const auto& value : values) shown += (shown.empty() ? "" : ", ") + value;
   const std::string times = values.size() == 2 ? "twice" : std::to_string(values.size()) + " times";
-  return flag + " given " + times + " (" + shown + "): give it once";
+  return flag + " given " + times + " (" + listed(values) + "): give it once";
 }
 
 // The value flags of ``argv`` over ``defaults``; the boolean flags given go to ``switches``. An unknown flag, a
