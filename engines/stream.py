@@ -64,12 +64,12 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
     if precision not in PIPELINE_TOLERANCE:
         raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PIPELINE_TOLERANCE)}")
     check_device(device)
-    for flag, path in (("--weights", weights), ("--vae-weights", vae_weights)):
-        if path is not None:
-            check_input_file(path, flag)
+    files = input_files(weights, vae_weights, actions)
+    for flag in ("--weights", "--vae-weights"):  # the actions file is judged as it is read
+        if flag in files:
+            check_input_file(files[flag], flag)
     if out is not None:
-        check_out_dir(out, owned_stream_files, overwrite=overwrite, protect=_inputs(weights, vae_weights, actions),
-                      what=OUTPUT)
+        check_out_dir(out, owned_stream_files, overwrite=overwrite, protect=list(files.values()), what=OUTPUT)
 
 
 def bytes_per_block(cfg: WanConfig) -> int:
@@ -126,8 +126,8 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     if o.vae_weights is not None and (out is None or not o.video):  # the decoder would never be built
         raise WanTrtError(f"--vae-weights {o.vae_weights}: the video decoder runs only when the stream writes its "
                           "video (--out, without --no-video); write the video or drop --vae-weights")
-    read = {flag: (Path(path), file_identity(path)) for flag, path in  # before any is read: see _check_unchanged
-            (("--weights", o.weights), ("--vae-weights", o.vae_weights), ("--actions", o.actions)) if path is not None}
+    files = input_files(o.weights, o.vae_weights, o.actions)
+    read = {flag: (path, file_identity(path)) for flag, path in files.items()}  # before any is read: _check_unchanged
     actions = {} if o.actions is None else read_actions(o.actions, cfg, blocks, precision_dtype(precision))  # first
     decoder = stream_decoder(cfg, o) if out is not None and o.video else None  # its checkpoint before the DiT's
     with stage(f"build {cfg.name} ({precision}, {device})"):
@@ -167,8 +167,8 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     if out is not None:
         _check_unchanged(read)
         report = {**report, "inputs": stream_inputs(cfg, o, decoder is not None)}  # hashed only for a report written
-        protect = _inputs(o.weights, o.vae_weights, o.actions)
-        with staged_dir(out, owned_stream_files, overwrite=o.overwrite, protect=protect, what=OUTPUT) as staging:
+        with staged_dir(out, owned_stream_files, overwrite=o.overwrite, protect=list(files.values()),
+                        what=OUTPUT) as staging:
             torch.save(torch.cat([r.latents.cpu() for r in results], dim=2), staging / "latents.pt")
             if frames is not None:
                 write_mp4(frames, staging / "video.mp4")
@@ -200,9 +200,12 @@ def stream_inputs(cfg: WanConfig, o: StreamOptions, decoded: bool) -> dict[str, 
             "conditioning": f"seeded noise (seed {o.seed})", "seed": o.seed}
 
 
-def _inputs(*paths: str | Path | None) -> list[Path]:
-    """The files a stream reads, which its --out may never hold."""
-    return [Path(p) for p in paths if p is not None]
+def input_files(weights: str | Path | None, vae_weights: str | Path | None,
+                actions: str | Path | None) -> dict[str, Path]:
+    """The files a stream reads, by flag: hashed for its report, checked unchanged before it is written, and never
+    held by its --out."""
+    given = {"--weights": weights, "--vae-weights": vae_weights, "--actions": actions}
+    return {flag: Path(path) for flag, path in given.items() if path is not None}
 
 
 def owned_stream_files(directory: Path) -> list[Path] | None:
