@@ -9,9 +9,9 @@ failure (the command exits non-zero; the others' results are still written). A b
 raises is a failure with its traceback in the report.
 
 Per backend: ms per pass, ms per block (steady state: blocks after the first), P50/P95,
-video frames per second (12 per steady block), TFLOP/s and the fraction of the dense bf16 peak
-(:mod:`wan_trt.engines.flops`; from the P50 block), and peak device memory (with what the process
-already held when the row began: ``start_torch_mem_gib``).
+video frames per second (a steady block's frames: 12 for 3 latent frames), TFLOP/s and the fraction
+of the dense bf16 peak (:mod:`wan_trt.engines.flops`; from the P50 block), and peak device memory
+(with what the process already held when the row began: ``start_torch_mem_gib``).
 
 Engines of other exports of the same config (``also_engines``: e.g. the fp16 and fp8 builds beside
 the bf16 export's rows) run in the same process, each on its own export's inputs, their rows named
@@ -51,6 +51,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_decoder, read_transformer
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
+from wan_trt.model import decoder_config
 from wan_trt.pipeline import ReferencePipeline
 from wan_trt.profiling import (allocated_memory_gib, op_class_profile, peak_memory_gib, provenance,
                                reset_peak_memory, summarize_ms, synchronize)
@@ -70,18 +71,24 @@ def warmup_blocks(decoded: bool) -> int:
 CHART_SOFTWARE = "wan-trt bench"  # the charts' PNG tEXt Software
 
 
-def block_stats(block_seconds: list[float], pass_seconds: list[float], passes: int, warmup: int = 1
+def block_stats(block_seconds: list[float], pass_seconds: list[float], cfg: WanConfig, warmup: int = 1
                 ) -> dict[str, Any]:
     """Stats of the steady blocks: those after the first ``warmup`` (there must be some: a run too short
     for them is refused up front, :func:`run_bench`). ``ms_per_pass`` only where passes were timed one
-    by one (``None`` otherwise: a block's time over its passes would count the work between them)."""
+    by one (``None`` otherwise: a block's time over its passes would count the work between them);
+    ``video_fps``: the video frames a steady block of ``cfg`` decodes to, over the mean block time."""
     steady = [1e3 * s for s in block_seconds[warmup:]]
     if not steady:
         raise WanTrtError(f"{len(block_seconds)} block(s) timed, none after the {warmup} warm-up block(s)")
     block = summarize_ms(steady)
     return {"block_ms": block, "block_ms_all": [1e3 * s for s in block_seconds],
             "ms_per_pass": summarize_ms([1e3 * s for s in pass_seconds]) if pass_seconds else None,
-            "video_fps": 12 / (block["mean"] / 1e3)}
+            "video_fps": steady_video_frames(cfg) / (block["mean"] / 1e3)}
+
+
+def steady_video_frames(cfg: WanConfig) -> int:
+    """Video frames a block after the first decodes to (12 for 3 latent frames)."""
+    return decoder_config(cfg).video_frames(cfg.block_frames, first=False)
 
 
 def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
@@ -99,7 +106,7 @@ def bench_session(runner: Runner, inputs, blocks: int, timed_blocks: int = 3,
         timed = stream_blocks(session, inputs, min(blocks, timed_blocks + 1), time_passes=True)
     passes = [s for r in timed[1:] for s in r.pass_seconds]
     warmup = warmup_blocks(decoder is not None)
-    stats = block_stats([r.seconds for r in results], passes, runner.spec.config.passes_per_block, warmup)
+    stats = block_stats([r.seconds for r in results], passes, runner.spec.config, warmup)
     steady = results[warmup:]
     stats["stage_ms"] = {k: statistics.median(r.stage_ms[k] for r in steady) for k in steady[0].stage_ms}
     return stats
@@ -118,7 +125,7 @@ def bench_upstream(model, inputs, blocks: int, device: str) -> dict[str, Any]:
             raise NonFiniteBlock(f"{LATENTS} of block {block} came out non-finite (NaN or Inf)", block=block,
                                  tensor=LATENTS)
         last = time.perf_counter()
-    return block_stats(times, [], model.cfg.passes_per_block)
+    return block_stats(times, [], model.cfg)
 
 
 class Bench:

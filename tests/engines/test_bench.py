@@ -1,6 +1,7 @@
 """``wan-trt bench``: names checked before any work, named backends must run, failures are failures."""
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from wan_trt.cli import main
@@ -420,3 +421,22 @@ def test_an_engine_of_one_gpu_is_refused_on_another(aoti, monkeypatch):
         built_for_gpu.check_runs_on("cuda:1", aoti[1], "--aoti-engine")
     with pytest.raises(WanTrtError, match=r"built for cuda:1 \(cuda:1\), but this run is on --device cuda \(cuda:0\)"):
         EngineMetadata(**{**meta.__dict__, "device": "cuda:1"}).check_runs_on("cuda", aoti[1], "--aoti-engine")
+
+
+def test_video_fps_counts_the_frames_a_block_of_the_config_makes(tmp_path):
+    """Every row's fps was 12 frames over its block time, whatever the config: a config of 2 latent frames a
+    block (8 video frames a steady block) was reported 1.5x as fast as it ran."""
+    from wan_trt.config_load import load_config
+    from wan_trt.export.transformer import export_transformer
+
+    export = tmp_path / "export"
+    export_transformer(load_config("universal-small").replace(num_frame_per_block=2), export, "fp32", seed=2,
+                       onnx=False)
+    out = tmp_path / "bench.json"
+    res = _bench([str(export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager,reference-eager",
+                  "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["backends"]
+    for row in rows.values():
+        steady = row["block_ms_all"][1:]
+        assert row["video_fps"] == pytest.approx(8 / (sum(steady) / len(steady) / 1e3), rel=1e-12), row
