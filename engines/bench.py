@@ -6,7 +6,7 @@ Without ``backends`` every backend runs, and those this machine cannot run (no C
 no TensorRT, no engine file given, ...) are skipped with the reason. Backends named explicitly
 must run: an unknown name is refused before any work, and a named backend that cannot run is a
 failure (the command exits non-zero; the others' results are still written). A backend that
-raises is a failure with its traceback in the report.
+raises is a failure with its traceback in the report, and so is a decoder row (``decoder <row>``).
 
 Per backend: ms per pass, ms per block (steady state: blocks after the first), P50/P95,
 video frames per second (a steady block's frames: 12 for 3 latent frames), TFLOP/s and the fraction
@@ -26,7 +26,6 @@ import json
 import statistics
 import struct
 import time
-import traceback
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -40,7 +39,7 @@ from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, ENGINE_FLAGS, Runn
                                      make_runner, parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
 from wan_trt.engines.bench_decoder import (DECODER_PROFILE, DECODER_WARMUP_BLOCKS, bench_decoder, check_decoder_request,
-                                           engine_variants)
+                                           engine_variants, failure)
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable
@@ -391,6 +390,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         with stage("bench the video decoder"):
             report["decoder"] = bench_decoder(Path(o.decoder), o.decoder_engine, o.device, blocks,
                                               profile=DECODER_PROFILE in o.profile)
+        report["failed"].update({f"decoder {name}": why for name, why in report["decoder"]["failed"].items()})
         save("decoder")
     for backend in o.end_to_end:
         graphed = engine_variants(o.decoder_engine, o.device)[-1]
@@ -440,10 +440,10 @@ def _bench_one(report: dict[str, Any], section: str, backend: str, named: bool, 
             report["skipped"][backend] = str(exc)
             logger.info("%s skipped: %s", backend, exc)
     except WanTrtError as exc:  # e.g. an engine built for another export
-        report["failed"][backend] = str(exc)
+        report["failed"][backend] = failure(exc)
         logger.error("%s failed: %s", backend, exc)
     except Exception as exc:  # a backend that breaks is a failure with its traceback; the others still run
-        report["failed"][backend] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"[-8000:]
+        report["failed"][backend] = failure(exc)
         logger.exception("%s failed", backend)
 
 

@@ -15,10 +15,13 @@ algorithm search or a recompile; with 2 blocks, the second):
     <backend>+cudagraph      the same replayed as CUDA graphs (CUDA only)
 
 Each row also gets achieved TFLOP/s from the decoder's FLOPs per block (:mod:`wan_trt.engines.flops`).
+A row that raises is a failure (``failed``: why, with the traceback of anything but a user error); the
+rows after it still run.
 """
 from __future__ import annotations
 
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -63,6 +66,14 @@ def check_decoder_request(directory: Path, manifests: dict[str, Manifest], engin
             raise WanTrtError(f"--decoder-engine {engine} was built from another decoder export ({paired.directory}) "
                               f"than --decoder {directory}; give the export it was built from, or build this one")
         paired.meta.check_runs_on(device, engine, "--decoder-engine")  # the path the user gave
+
+
+def failure(exc: BaseException) -> str:
+    """What a report keeps of a row that raised: a user error's message; anything else (a backend that broke)
+    with its traceback."""
+    if isinstance(exc, WanTrtError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}"[-8000:]
 
 
 def time_blocks(decode: Callable[[int, torch.Tensor], Any], latents: torch.Tensor, block_frames: int) -> list[float]:
@@ -110,6 +121,17 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
     latents = stream_latents(spec, blocks, seed=0).to(device)
     rows: dict[str, Any] = {}
     skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
+
+    def run_row(name: str, work: Callable[[], Any], what: str) -> Any:
+        """``work()``'s value; None, with why in ``failed[name]``, if it raised (the rows after it still run)."""
+        try:
+            with stage(what):
+                return work()
+        except Exception as exc:
+            failed[name] = failure(exc)
+            logger.error("decoder %s failed: %s", name, failed[name].splitlines()[0])
+            return None
 
     def record(name: str, seconds: list[float]) -> None:
         steady = summarize_ms([1e3 * s for s in seconds[DECODER_WARMUP_BLOCKS:]])  # run_bench refuses fewer blocks
@@ -119,16 +141,24 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
                       "peak_torch_mem_gib": peak_memory_gib(device)}
         logger.info("decoder %s: %.1f ms/block p50", name, steady["p50"])
 
+    def bench_reference(name: str, compile: bool) -> None:
+        reset_peak_memory(device)
+        module = reference_model(manifests["steady"], torch.float16, device)
+        record(name, time_blocks(reference_decode(module, compile), latents.half(), cfg.block_frames))
+
+    def bench_engine(name: str) -> None:
+        with DecoderStream.from_engine(engine, name, device) as stream:
+            reset_peak_memory(device)
+            record(name, time_blocks(lambda b, z: stream.decode(z), latents.to(spec.dtype), cfg.block_frames))
+
     if device.startswith("cuda"):
         before = torch.backends.cudnn.benchmark  # process-wide: restored for the rows after these
-        for name, (compile, benchmark) in REFERENCE_ROWS.items():
-            with stage(f"bench decoder {name}"):
+        try:
+            for name, (compile, benchmark) in REFERENCE_ROWS.items():
                 torch.backends.cudnn.benchmark = benchmark
-                reset_peak_memory(device)
-                module = reference_model(manifests["steady"], torch.float16, device)
-                record(name, time_blocks(reference_decode(module, compile), latents.half(), cfg.block_frames))
-                del module
-        torch.backends.cudnn.benchmark = before
+                run_row(name, lambda: bench_reference(name, compile), f"bench decoder {name}")
+        finally:
+            torch.backends.cudnn.benchmark = before
     else:
         cuda_only = f"PyTorch's fp16 decoder runs on CUDA only (--device {device})"
         skipped.update({name: cuda_only for name in REFERENCE_ROWS})
@@ -137,14 +167,13 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
         skipped.update({f"{variants[0]}+cudagraph": f"CUDA graphs need CUDA (--device {device})"}
                        if len(variants) == 1 and f"{variants[0]}+cudagraph" in BY_NAME else {})
         for name in variants:
-            with stage(f"bench decoder {name}"), DecoderStream.from_engine(engine, name, device) as stream:
-                reset_peak_memory(device)
-                record(name, time_blocks(lambda b, z: stream.decode(z), latents.to(spec.dtype), cfg.block_frames))
+            run_row(name, lambda: bench_engine(name), f"bench decoder {name}")
     report = {"export": str(directory), "precision": spec.precision, "flops_per_block": flops,
-              "roofline_ms_dense_bf16_h100": roofline_ms(flops["steady"]), "rows": rows, "skipped": skipped}
-    if profile:
-        with stage("profile the decoder engine"):
-            report["profile"] = profile_decode(engine, device, spec)
+              "roofline_ms_dense_bf16_h100": roofline_ms(flops["steady"]), "rows": rows, "skipped": skipped,
+              "failed": failed}
+    if profile and (done := run_row("profile", lambda: profile_decode(engine, device, spec),
+                                    "profile the decoder engine")) is not None:
+        report["profile"] = done
     return report
 
 

@@ -440,3 +440,25 @@ def test_video_fps_counts_the_frames_a_block_of_the_config_makes(tmp_path):
     for row in rows.values():
         steady = row["block_ms_all"][1:]
         assert row["video_fps"] == pytest.approx(8 / (sum(steady) / len(steady) / 1e3), rel=1e-12), row
+
+
+def test_a_decoder_row_that_raises_is_a_failure_and_the_run_goes_on(plain_export, decoder_export, decoder_aoti,
+                                                                    tmp_path, monkeypatch):
+    """A decoder engine that raised ended the whole run with a traceback: the report kept no failure (failed {},
+    the decoder pending), the end-to-end rows never ran, and no line said which row failed."""
+    from wan_trt.engines.runtime.decoder import DecoderStream
+
+    def broken_decode(self, latents):
+        raise RuntimeError("kernel exploded")
+    monkeypatch.setattr(DecoderStream, "decode", broken_decode)
+    out = tmp_path / "bench.json"
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "3", "--backends", "torch-eager",
+                  "--decoder", str(decoder_export), "--decoder-engine", str(decoder_aoti),
+                  "--end-to-end", "torch-eager", "--out", str(out)])
+    assert res.exit_code == 1 and res.output.splitlines()[-1].startswith("error: 2 row(s) failed: "), res.output
+    assert "decoder aoti" in res.output.splitlines()[-1] and "torch-eager+decoder" in res.output.splitlines()[-1]
+    report = json.loads(out.read_text())
+    assert report["complete"] and report["pending"] == [] and set(report["backends"]) == {"torch-eager"}
+    assert report["decoder"]["rows"] == {} and "aoti" in report["decoder"]["failed"]
+    for row in ("decoder aoti", "torch-eager+decoder"):
+        assert "RuntimeError: kernel exploded" in report["failed"][row] and "Traceback" in report["failed"][row]
