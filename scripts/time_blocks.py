@@ -8,7 +8,9 @@ EXPORT holds the AOTInductor engine with the fused kernels, where `wan-trt build
 BLOCKS blocks and keeps those after the first SKIP. Only APIs every version of the runtime has are used,
 so the same script times another commit's runtime (``PYTHONPATH`` pointing at its installed copy) on
 the same engine: runs of two runtimes in turn, alternating, compare them (``scripts/gpu_bench.sh
-ab-runtime``); the summary gives each tag's median over all its runs and each run's median.
+ab-runtime``); the summary gives each tag's median over all its runs and each run's median, with the
+tag's source and environment (one per tag: runs of one tag from other code or settings are refused), and
+the environment every run shared.
 """
 from __future__ import annotations
 
@@ -39,15 +41,27 @@ def run(tag: str, export: Path) -> dict:
 
 
 def summarize(runs: list[dict]) -> dict:
+    """Each tag's times over all its runs, with the source and environment they share (ValueError: a tag's runs
+    differ in one, so their times are not of one setting)."""
     tags = list(dict.fromkeys(r["tag"] for r in runs))
     out = {}
     for tag in tags:
         mine = [r for r in runs if r["tag"] == tag]
+        for key in ("source", "environment"):
+            seen = sorted({json.dumps(r[key], sort_keys=True) for r in mine})
+            if len(seen) > 1:
+                raise ValueError(f"the runs of tag {tag!r} differ in their {key} ({'; '.join(seen)}): give runs of "
+                                 "other code or settings their own tag")
         every = [m for r in mine for m in r["ms"]]
         out[tag] = {"p50": statistics.median(every), "mean": statistics.mean(every), "n": len(every),
                     "run_p50s": [round(statistics.median(r["ms"]), 3) for r in mine],
-                    "source": mine[0]["source"]}
+                    "source": mine[0]["source"], "environment": mine[0]["environment"]}
     return out
+
+
+def shared(values: list[dict]) -> dict:
+    """The fields every one of ``values`` holds with the same value."""
+    return {k: v for k, v in values[0].items() if all(k in d and d[k] == v for d in values[1:])}
 
 
 def main() -> None:
@@ -59,14 +73,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.summarize:
         runs = [json.loads(line) for line in args.summarize.read_text().splitlines() if line.strip()]
-        summary = summarize(runs)
+        try:
+            summary = summarize(runs)
+        except ValueError as exc:
+            parser.error(f"--summarize {args.summarize}: {exc}")
         for tag, s in summary.items():
             print(f"{tag}: {s['p50']:.2f} ms/block p50, mean {s['mean']:.2f} ({s['n']} blocks; runs {s['run_p50s']})")
-        # the file's command is this one; the machine is the runs' (each run keeps its own command and code)
+        # the file's command is this one; the environment what every run shared (each tag's is in its summary,
+        # each run keeps its own command and code)
         command = " ".join([Path(sys.argv[0]).name] + sys.argv[1:])
         from wan_trt.profiling import write_result
-        write_result(args.out, {"command": command, "environment": runs[0]["environment"], "ms_per_block": summary,
-                                "runs": runs})
+        write_result(args.out, {"command": command, "environment": shared([r["environment"] for r in runs]),
+                                "ms_per_block": summary, "runs": runs})
         return
     if args.tag is None or args.export is None:
         parser.error("give TAG EXPORT (one run) or --summarize RUNS_JSONL")

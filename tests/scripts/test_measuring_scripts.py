@@ -145,3 +145,39 @@ def test_a_check_that_writes_nothing_leaves_the_earlier_result_whole(tmp_path):
     assert run.returncode != 0 and "does not exist" in run.stdout + run.stderr, run.stdout + run.stderr
     assert earlier.read_text() == '{"ok": true}' and sorted(p.name for p in results.iterdir()) == [
         "check.log", earlier.name]
+
+
+def _summarize(tmp_path, runs: list[dict]):
+    """time_blocks.py --summarize over ``runs``: (the finished process, the summary file)."""
+    import json
+    import subprocess
+    import sys
+
+    lines = tmp_path / "runs.jsonl"
+    lines.write_text("".join(json.dumps({"command": "time_blocks.py", **run}) + "\n" for run in runs))
+    out = tmp_path / "summary.json"
+    done = subprocess.run([sys.executable, str(SCRIPTS / "time_blocks.py"), "--summarize", str(lines), "--out",
+                           str(out)], capture_output=True, text=True)
+    return done, out
+
+
+def test_a_summary_names_each_settings_environment_and_refuses_a_tag_run_from_two_sources(tmp_path):
+    """The summary's environment was its first run's: an A/B of CUBLASLT_WORKSPACE_SIZE=0 against 1024 said 0 for
+    the whole file. A tag's source was its first run's: a tag whose later runs came from changed (dirty) code was
+    pooled into one p50 under the first run's clean commit."""
+    import json
+
+    clean = {"commit": "c0ffee", "dirty": False, "tree": "t1"}
+    def run(tag, value, source=clean):
+        return {"tag": tag, "ms": [80.0, 81.0], "source": source,
+                "environment": {"device": "GPU", "variables": {"CUBLASLT_WORKSPACE_SIZE": value}}}
+    done, out = _summarize(tmp_path, [run("ws0", "0"), run("ws1024", "1024"), run("ws0", "0")])
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())
+    assert summary["environment"] == {"device": "GPU"}  # what every run shared
+    assert [summary["ms_per_block"][tag]["environment"]["variables"] for tag in ("ws0", "ws1024")] == [
+        {"CUBLASLT_WORKSPACE_SIZE": "0"}, {"CUBLASLT_WORKSPACE_SIZE": "1024"}]
+    out.unlink()
+    done, out = _summarize(tmp_path, [run("ws0", "0"), run("ws0", "0", {**clean, "dirty": True, "tree": "t2"})])
+    assert done.returncode != 0 and "ws0" in done.stderr and "source" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
