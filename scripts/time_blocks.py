@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 BLOCKS = 66  # a run's time is mostly the engine's load and capture (about a minute): 64 kept blocks cost 5 s
@@ -81,9 +80,8 @@ def main() -> None:
             print(f"{tag}: {s['p50']:.2f} ms/block p50, mean {s['mean']:.2f} ({s['n']} blocks; runs {s['run_p50s']})")
         # the file's command is this one; the environment what every run shared (each tag's is in its summary,
         # each run keeps its own command and code)
-        command = " ".join([Path(sys.argv[0]).name] + sys.argv[1:])
-        from wan_trt.profiling import write_result
-        write_result(args.out, {"command": command, "environment": shared([r["environment"] for r in runs]),
+        from wan_trt.profiling import command_line, write_result
+        write_result(args.out, {"command": command_line(), "environment": shared([r["environment"] for r in runs]),
                                 "ms_per_block": summary, "runs": runs})
         return
     if args.tag is None or args.export is None:

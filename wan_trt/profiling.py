@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -73,13 +74,16 @@ def write_result(path: str | Path, result: dict[str, Any], indent: int = 1) -> N
     write_file(Path(path), (json.dumps(json_values(result), indent=indent, allow_nan=False) + "\n").encode())
 
 
+def command_line(program: str | None = None) -> str:
+    """This process's command: ``program`` (default this script's name) and its arguments, quoted for a shell
+    where they need it (a path with a space runs again as one argument)."""
+    return shlex.join([program or Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
 def provenance(program: str | None = None, device: torch.device | str | None = None) -> dict[str, Any]:
-    """The ``command`` (``program``, default this script's name, and its arguments), ``environment`` (of
-    ``device``, see :func:`environment`) and ``source`` (:func:`source_revision`) fields every result file
-    starts with."""
-    program = program or Path(sys.argv[0]).name
-    return {"command": " ".join([program] + sys.argv[1:]), "environment": environment(device),
-            "source": source_revision()}
+    """The ``command`` (:func:`command_line`), ``environment`` (of ``device``, see :func:`environment`) and
+    ``source`` (:func:`source_revision`) fields every result file starts with."""
+    return {"command": command_line(program), "environment": environment(device), "source": source_revision()}
 
 
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout wan-trt runs from (editable install)

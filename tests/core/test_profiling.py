@@ -94,3 +94,16 @@ def test_memory_and_sync_helpers_act_on_the_runs_device(monkeypatch):
     profiling.reset_peak_memory("cpu")
     assert profiling.peak_memory_gib("cpu") is None and profiling.allocated_memory_gib("cpu") is None
     assert calls == []
+
+
+def test_the_recorded_command_runs_as_it_was_given(monkeypatch):
+    """Arguments were joined with spaces: a path with a space (or a shell character) came back as other
+    arguments than the ones given, so the recorded command did not run again as it had."""
+    import shlex
+    import sys
+
+    argv = ["bench", "out/my export", "--out", "runs;old.json", "--backends", "torch-eager"]
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/wan-trt", *argv])
+    assert shlex.split(provenance("wan-trt")["command"]) == ["wan-trt", *argv]
+    monkeypatch.setattr(sys, "argv", ["scripts/time_blocks.py", "current", "out/uni"])
+    assert provenance()["command"] == "time_blocks.py current out/uni"  # plain arguments stay as they were
