@@ -114,6 +114,12 @@ class EngineMetadata:
         'tensorrt', 'aoti', or 'aoti-<ops>' for a package built with fused ops."""
         return self.backend if self.backend != "aoti" or self.ops == "native" else f"aoti-{self.ops}"
 
+    def check_runs_as(self, backend: str, engine: Path, flag: str, remedy: str) -> None:
+        """Refuse running ``engine`` (given as ``flag``) as registry backend ``backend`` when it was built for
+        another: its runner would run it as built, under the other's name. ``remedy`` says what to do instead."""
+        if self.backend_name != backend:
+            raise WanTrtError(f"{flag} {engine}: built as {self.backend_name}, not {backend}; {remedy}")
+
     def check_runs_on(self, device: str, engine: Path, flag: str) -> None:
         """Refuse running ``engine`` (given as ``flag``) on ``device`` when it was built for another device (a GPU
         named without an index is the current one): its runner would run it where it was built, under the other

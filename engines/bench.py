@@ -138,10 +138,8 @@ class Bench:
         for key, engine in engines.items():  # an engine under another backend's flag would be run and named as that
             if engine is not None:
                 meta = EngineMetadata.read(engine)
-                built = meta.backend_name
-                if built != key:
-                    raise WanTrtError(f"{ENGINE_FLAGS[key]} {engine}: a {built} engine; give it with "
-                                      f"{ENGINE_FLAGS.get(built, 'its own flag')}")
+                meta.check_runs_as(key, engine, ENGINE_FLAGS[key],
+                                   f"give it with {ENGINE_FLAGS.get(meta.backend_name, 'its own flag')}")
                 meta.check_runs_on(device, engine, ENGINE_FLAGS[key])
         self.sources = RunnerSources(self.spec, device, self.model, self.manifest, directory, engines)
         self._models: dict[str, Any] = {}

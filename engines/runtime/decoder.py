@@ -63,9 +63,7 @@ class DecoderStream:
         check_device(device)
         runners = {}
         for call, e in paired_engines(engine).items():
-            if e.meta.backend_name != entry.engine_key:  # its runner would run it as built, under the other name
-                raise WanTrtError(f"decoder engine {e.path}: built as {e.meta.backend_name}, not {entry.engine_key}; "
-                                  f"run it with backend {e.meta.backend_name}")
+            e.meta.check_runs_as(entry.engine_key, e.path, "decoder engine", f"run it with backend {e.meta.backend_name}")
             e.meta.check_runs_on(device, e.path, "decoder engine")
             sources = RunnerSources(e.manifest.spec, device, None, e.manifest, e.directory, {entry.engine_key: e.path})
             runners[call] = backend_module(entry).make_runner(entry, sources)
