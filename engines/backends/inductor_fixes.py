@@ -10,7 +10,7 @@ address that other, short-lived bound methods reuse:
 a declaration written into one code buffer (e.g. the discarded first memory-planning pass) can
 be handed out for another, and the C++ compile fails with "'int_array_300' was not declared in
 this scope; did you mean 'int_array_400'" (seen on the H100 building the full universal package
-with the fused kernels, bench/results/aoti_plugins_build_universal_h100.log). The fix keys the
+with the fused kernels; its build log is in git history). The fix keys the
 cache on the buffer the method is bound to, and keeps every such buffer alive for the wrapper's
 lifetime so that no two buffers ever share an id (the graph is keyed by id only, as upstream
 does: holding it would tie the weights it owns into a reference cycle).
@@ -169,11 +169,11 @@ LIBSTDCXX = "libstdc++.so.6"
 def make_libstdcxx_global() -> bool:
     """Make libstdc++ part of the process's global symbol scope (once), before loading a package.
 
-    Observed on the GPU machine (torch 2.11, Ubuntu g++ 13.3): the package's shared library had no
+    Observed on an H100 machine (torch 2.11, Ubuntu g++ 13.3): the package's shared library had no
     NEEDED entry for libstdc++, and loading it in a Python process crashed (SIGSEGV in std::regex
     inside AOTInductorModel's constructor) for CPU and CUDA packages alike; with the system
-    libstdc++ loaded RTLD_GLOBAL first they load and run (bench/results/aoti_diagnosis*_h100.json,
-    scripts/diagnose_aoti.py). Opened by its soname, so the copy torch already loaded is the one
+    libstdc++ loaded RTLD_GLOBAL first they load and run (the diagnosis's files and script are in git
+    history). Opened by its soname, so the copy torch already loaded is the one
     promoted (no second copy). C++ executables (wan_stream) link libstdc++ themselves.
     """
     try:
