@@ -41,8 +41,8 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
-from wan_trt.outputs import (CHECK_REPORT_KEYS, json_values, json_with_keys, place_staged, run_results, staged_by_check,
-                             staging_file, write_file, writing, written_by_check)
+from wan_trt.outputs import (CHECK_REPORT_KEYS, json_values, json_with_keys, output_lock, place_staged, run_results,
+                             staged_by_check, staging_file, write_file, writing, written_by_check)
 from wan_trt.precisions import pytorch_precision
 from wan_trt.spec import GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
@@ -109,6 +109,17 @@ def clear_report(*paths: Path) -> None:
             if staged_by_check(staging):
                 staging.unlink(missing_ok=True)
                 logger.info("%s: removed, left by a check of the same target that was killed", staging)
+
+
+@contextlib.contextmanager
+def report_locked(path: Path) -> Iterator[None]:
+    """Hold the lock of the report ``path`` for a whole check: one check of a target at a time. A second, started
+    while the first ran, removed the first's staged RunResults as a killed check's (the first then failed at its
+    end, its report lost) and wrote its own report in its place."""
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(path, "check", "wait for it to finish: one check of a target runs at a time"):
+        yield
 
 
 def report_json(report: "CheckReport") -> str:
@@ -453,26 +464,28 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     name = engine_report_name(target, directory) if target is not None else backend.name
     path, results = report_path(directory, name), results_path(directory, name)
     former = former_report_name(target, directory) if target is not None else None
-    clear_report(path, results, *((report_path(directory, former), results_path(directory, former)) if former else ()))
-    with stage("rebuild the PyTorch references"):
-        low = reference_model(manifest, spec.dtype, device)
-        verify_weights(manifest, low)
-        fp32 = low if spec.precision == "fp32" else reference_model(manifest, torch.float32, device)
-    report = CheckReport(backend.name, spec.precision, target=str(Path(target or directory).resolve()),
-                         engine_sha256=engine_sha256, device=device, options=dataclasses.asdict(o))
-    reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))
-    reference.name = "torch-fp32"
-    yardstick = TorchRunner(low, spec)
-    yardstick.name = f"torch-{pytorch_precision(spec.precision)}"
-    with results_staged({name: results} if o.save_results else {}, identity, "it") as staging:
-        with stage("single pass (Polygraphy Comparator)"):
-            report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
-                                               _sample_feeds(directory, manifest), spec, staging.get(name))
-        if o.stream:
-            with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
-                report.stream = check_stream(backend, fp32, low, o.blocks, o.seed)
-    write_report(path, report)
-    logger.info("check %s: %s (report: %s)", backend.name, "passed" if report.ok else "FAILED", path)
+    with report_locked(path):
+        clear_report(path, results, *((report_path(directory, former), results_path(directory, former)) if former
+                                      else ()))
+        with stage("rebuild the PyTorch references"):
+            low = reference_model(manifest, spec.dtype, device)
+            verify_weights(manifest, low)
+            fp32 = low if spec.precision == "fp32" else reference_model(manifest, torch.float32, device)
+        report = CheckReport(backend.name, spec.precision, target=str(Path(target or directory).resolve()),
+                             engine_sha256=engine_sha256, device=device, options=dataclasses.asdict(o))
+        reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))
+        reference.name = "torch-fp32"
+        yardstick = TorchRunner(low, spec)
+        yardstick.name = f"torch-{pytorch_precision(spec.precision)}"
+        with results_staged({name: results} if o.save_results else {}, identity, "it") as staging:
+            with stage("single pass (Polygraphy Comparator)"):
+                report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
+                                                   _sample_feeds(directory, manifest), spec, staging.get(name))
+            if o.stream:
+                with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
+                    report.stream = check_stream(backend, fp32, low, o.blocks, o.seed)
+        write_report(path, report)
+        logger.info("check %s: %s (report: %s)", backend.name, "passed" if report.ok else "FAILED", path)
     return report
 
 

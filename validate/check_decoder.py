@@ -34,8 +34,8 @@ from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                    check_single_pass, clear_report, engine_report_name, folder_identities,
-                                   former_report_name, identities_of_read, report_path, require_polygraphy,
-                                   results_path, results_staged, write_report)
+                                   former_report_name, identities_of_read, report_locked, report_path,
+                                   require_polygraphy, results_path, results_staged, write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
@@ -67,39 +67,41 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     file_name = f"decoder-{engine_report_name(pair['steady'].path, dirs['steady'])}" if pair is not None else name
     path, results = report_path(dirs["steady"], file_name), {c: results_path(dirs[c], file_name) for c in CALLS}
     former = former_report_name(pair["steady"].path, dirs["steady"], prefix="decoder-") if pair is not None else None
-    clear_report(path, *results.values(), *((report_path(dirs["steady"], former),
-                                             *(results_path(dirs[c], former) for c in CALLS)) if former else ()))
-    with stage("rebuild the PyTorch decoders"):
-        low = reference_model(manifests["steady"], spec.dtype, device)
-        verify_weights(manifests["steady"], low)
-        fp32 = low if spec.precision == "fp32" else reference_model(manifests["steady"], torch.float32, device)
-    engines = {c: {"path": str(e.path.resolve()), "sha256": e.meta.engine_file.get("sha256")}
-               for c, e in (pair or {}).items()}
-    target = Path(named if named is not None else pair["steady"].path if pair is not None else dirs["steady"].parent)
-    ran = [c for c, e in engines.items() if e["path"] == str(target.resolve())]
-    if pair is not None and not ran:
-        raise WanTrtError(f"{target}: not an engine of the decoder pair checked ({', '.join(engines)})")
-    report = CheckReport(name, spec.precision, target=str(target.resolve()), device=device,
-                         engine_sha256=engines[ran[0]]["sha256"] if ran else None, options=dataclasses.asdict(options),
-                         engines=engines)
-    with results_staged(results if options.save_results else {}, identity, "the decoder") as staging:
-        for call in CALLS:
-            call_spec = manifests[call].spec
-            reference = TorchRunner(fp32, DecoderSpec.from_config(spec.config, "fp32", call))
-            reference.name = "torch-fp32"
-            yardstick = TorchRunner(low, call_spec)
-            yardstick.name = f"torch-{spec.precision}"
-            feeds = load_file(str(dirs[call] / manifests[call].sample_inputs))
-            with stage(f"{call} call (Polygraphy Comparator)"):
-                outputs = check_single_pass(runners[call], reference, yardstick, feeds, call_spec, staging.get(call),
-                                            judged=[RGB])
-            report.outputs += [OutputCheck(f"{call}:{o.name}", o.stats, o.yardstick, o.allowed_rel_l2,
-                                           o.polygraphy_ok) for o in outputs]
-        if options.stream:
-            with stage(f"stream of {options.blocks} blocks vs the whole clip decoded at once"):
-                report.stream = decoder_stream_rows(runners, fp32, low, options.blocks, options.seed)
-    write_report(path, report)
-    logger.info("check %s: %s (report: %s)", report.backend, "passed" if report.ok else "FAILED", path)
+    with report_locked(path):
+        clear_report(path, *results.values(), *((report_path(dirs["steady"], former),
+                                                 *(results_path(dirs[c], former) for c in CALLS)) if former else ()))
+        with stage("rebuild the PyTorch decoders"):
+            low = reference_model(manifests["steady"], spec.dtype, device)
+            verify_weights(manifests["steady"], low)
+            fp32 = low if spec.precision == "fp32" else reference_model(manifests["steady"], torch.float32, device)
+        engines = {c: {"path": str(e.path.resolve()), "sha256": e.meta.engine_file.get("sha256")}
+                   for c, e in (pair or {}).items()}
+        target = Path(named if named is not None else
+                      pair["steady"].path if pair is not None else dirs["steady"].parent)
+        ran = [c for c, e in engines.items() if e["path"] == str(target.resolve())]
+        if pair is not None and not ran:
+            raise WanTrtError(f"{target}: not an engine of the decoder pair checked ({', '.join(engines)})")
+        report = CheckReport(name, spec.precision, target=str(target.resolve()), device=device,
+                             engine_sha256=engines[ran[0]]["sha256"] if ran else None,
+                             options=dataclasses.asdict(options), engines=engines)
+        with results_staged(results if options.save_results else {}, identity, "the decoder") as staging:
+            for call in CALLS:
+                call_spec = manifests[call].spec
+                reference = TorchRunner(fp32, DecoderSpec.from_config(spec.config, "fp32", call))
+                reference.name = "torch-fp32"
+                yardstick = TorchRunner(low, call_spec)
+                yardstick.name = f"torch-{spec.precision}"
+                feeds = load_file(str(dirs[call] / manifests[call].sample_inputs))
+                with stage(f"{call} call (Polygraphy Comparator)"):
+                    outputs = check_single_pass(runners[call], reference, yardstick, feeds, call_spec,
+                                                staging.get(call), judged=[RGB])
+                report.outputs += [OutputCheck(f"{call}:{o.name}", o.stats, o.yardstick, o.allowed_rel_l2,
+                                               o.polygraphy_ok) for o in outputs]
+            if options.stream:
+                with stage(f"stream of {options.blocks} blocks vs the whole clip decoded at once"):
+                    report.stream = decoder_stream_rows(runners, fp32, low, options.blocks, options.seed)
+        write_report(path, report)
+        logger.info("check %s: %s (report: %s)", report.backend, "passed" if report.ok else "FAILED", path)
     return report
 
 

@@ -57,8 +57,10 @@ def check_parent_chain(path: Path, flag: str) -> None:
 
 
 @contextlib.contextmanager
-def output_lock(target: Path, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``target`` (lock file beside it, removed afterwards); fail at once if held."""
+def output_lock(target: Path, what: str, fix: str = "wait for it to finish or pick another output path"
+                ) -> Iterator[None]:
+    """Hold an exclusive lock on ``target`` (lock file beside it, removed afterwards); fail at once if held, saying
+    ``fix``."""
     lock = target.with_name(f".{target.name}.lock")
     if lock.is_symlink() or (lock.exists() and (not lock.is_file() or lock.stat().st_size)):
         raise WanTrtError(f"{lock} is in the way of wan-trt's lock for {target} (an empty file it creates and "
@@ -69,8 +71,7 @@ def output_lock(target: Path, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise WanTrtError(f"another wan-trt {what} is writing {target} (lock {lock}); wait for it to finish "
-                              "or pick another output path") from None
+            raise WanTrtError(f"another wan-trt {what} is writing {target} (lock {lock}); {fix}") from None
         with contextlib.suppress(FileNotFoundError):
             if os.stat(lock).st_ino == os.fstat(fd).st_ino:
                 break  # the lock file we hold is still the one at that path
@@ -200,10 +201,18 @@ def staged_by_check(path: Path) -> bool:
     return re.fullmatch(r"\.(report|run_results)_.+\.json\.partial-[a-z0-9_]{8}", path.name) is not None
 
 
+def check_lock(path: Path) -> bool:
+    """Whether ``path`` is shaped as the lock a check holds on its report (:func:`output_lock`'s: an empty file),
+    which a killed check leaves."""
+    return not path.is_symlink() and path.is_file() and path.stat().st_size == 0
+
+
 # what `wan-trt check` adds to an export, each file judged by its content or its staging name (a user's file
 # of such a name is not the check's)
 CHECK_FILES = {"check/report_*.json": written_by_check, "check/run_results_*.json": run_results,
-               "check/.report_*.json.partial-*": staged_by_check, "check/.run_results_*.json.partial-*": staged_by_check}
+               "check/.report_*.json.partial-*": staged_by_check,
+               "check/.run_results_*.json.partial-*": staged_by_check,
+               "check/.report_*.json.lock": check_lock}
 
 
 def check_files_in(directory: Path) -> list[Path]:

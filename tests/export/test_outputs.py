@@ -76,6 +76,7 @@ def test_user_partial_folder_is_kept_and_overwrite_swaps_cleanly(tmp_path, plain
     report = {"command": "wan-trt check", "backend": "onnxruntime-cpu", "precision": "fp32", "ok": True}
     (out / "check" / "report_onnxruntime-cpu.json").write_text(json.dumps(report))  # what `wan-trt check` adds
     (out / "check" / ".report_engine_aoti_cpu.pt2.json.partial-x1y2z3w4").write_text("{")  # a check killed while writing
+    (out / "check" / ".report_engine_aoti_cpu.pt2.json.lock").write_text("")  # the lock a killed check held
     manifest = _export(out, overwrite=True)
     assert (user_partial / "draft.txt").read_text() == "mine"
     assert Manifest.read(out).sha256 == manifest.sha256 and not (out / "check").exists()

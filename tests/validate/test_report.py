@@ -307,3 +307,26 @@ def test_a_report_left_under_an_engines_former_name_goes_when_it_is_checked_agai
         check_engine(engine, CheckOptions(stream=False, save_results=False))
     assert sorted(p.name for p in check_dir.glob("report_*.json")) == [
         "report_engine_a.pt2.json", "report_engine_b.json", "report_engine_b.pt2.json"]
+
+
+def test_a_second_check_of_a_target_being_checked_is_refused_and_the_first_keeps_its_results(two_engines,
+                                                                                              monkeypatch):
+    """A second check of the same target, started while the first ran, removed the first's staged RunResults as a
+    killed check's: the first then failed at its very end ("writing run_results_...: No such file or directory;
+    free some space"), its report lost, the second's left in its place. The second is refused at once now."""
+    import wan_trt.validate.check as check
+    export, engines = two_engines
+    real, refused = check.check_stream, []
+
+    def second_check_meanwhile(*args, **kwargs):
+        with pytest.raises(WanTrtError, match="another wan-trt check is writing .*report_engine_a.pt2.json") as exc:
+            check_engine(engines[0], CheckOptions(stream=False, save_results=False))
+        refused.append(str(exc.value))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(check, "check_stream", second_check_meanwhile)
+    report = check_engine(engines[0], CheckOptions(blocks=1, save_results=True))
+    assert refused and report.ok
+    assert (export / "check" / "run_results_engine_a.pt2.json").is_file()
+    assert json.loads((export / "check" / "report_engine_a.pt2.json").read_text())["options"]["blocks"] == 1
+    assert sorted(p.name for p in (export / "check").iterdir()) == ["report_engine_a.pt2.json",
+                                                                    "run_results_engine_a.pt2.json"]  # no lock left
