@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_values
 from wan_trt.model import build_decoder, build_model
 from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.rotary import MAX_STREAM_FRAMES
+from wan_trt.sizes import host_memory
 from wan_trt.spec import PassSpec, precision_dtype
 from wan_trt.stream import NoiseSource, max_stream_blocks, synthetic_stream
 from wan_trt.validate.metrics import error_stats, passes
@@ -52,7 +52,7 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
     if blocks > most:
         raise WanTrtError(f"--blocks {blocks}: a stream reaches {MAX_STREAM_FRAMES} latent frames, "
                           f"{most} blocks of {cfg.block_frames}; pass --blocks {most} or fewer")
-    held, have = blocks * bytes_per_block(cfg), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    held, have = blocks * bytes_per_block(cfg), host_memory()
     if held > have // 2:
         raise WanTrtError(f"--blocks {blocks}: this command holds every block's inputs, latents and frames in "
                           f"memory, about {held / 2**30:.1f} GiB, and this machine has {have / 2**30:.1f} GiB; "

@@ -44,7 +44,8 @@ from wan_trt.log import logger, stage
 from wan_trt.outputs import (CHECK_REPORT_KEYS, json_values, json_with_keys, output_lock, place_staged, run_results,
                              staged_by_check, staging_file, write_file, writing, written_by_check)
 from wan_trt.precisions import pytorch_precision
-from wan_trt.spec import GraphSpec, PassSpec
+from wan_trt.sizes import host_memory
+from wan_trt.spec import COND_CONCAT, LATENTS, GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
 from wan_trt.stream import synthetic_stream
 from wan_trt.validate.stream import compare_stream, reference_stream
@@ -309,6 +310,22 @@ def deep_start_block(block_frames: int) -> int:
     return DEEP_CROSSING // block_frames - DEEP_BLOCKS // 2
 
 
+def require_blocks_fit(blocks: int, spec: GraphSpec, given: str, made: str) -> None:
+    """Refuse, before any work, a stream check of ``blocks`` blocks (an int >= 1) that this machine's memory could
+    not hold: it keeps every block's ``given`` input and its three ``made`` outputs (reference, yardstick,
+    backend) until it compares them, in fp32 (``spec``: the graph's, naming them). --blocks 100000000000 built the
+    references, then died in the allocator with a traceback."""
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise WanTrtError(f"--blocks: expected an int >= 1, got {blocks!r}")
+    block_bytes = 4 * (math.prod(spec.tensor(given).shape) + 3 * math.prod(spec.tensor(made).shape))
+    held, have = blocks * block_bytes, host_memory()
+    if held > have // 2:
+        raise WanTrtError(f"--blocks {blocks}: the stream check holds every block's {given} and its three streams' "
+                          f"{made} (reference, yardstick, backend) in memory, about {held / 2**30:,.1f} GiB, and this "
+                          f"machine has {have / 2**30:.1f} GiB; pass fewer blocks (the default is "
+                          f"{CheckOptions.blocks})")
+
+
 def check_stream(backend: Runner, reference_model, yardstick_model, blocks: int, seed: int) -> list[dict]:
     """Per-block errors of the backend's stream vs the fp32 upstream-semantics pipeline; ``yardstick_model``:
     the PyTorch model in the graph's precision, run through the same pipeline.
@@ -460,6 +477,8 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     require_polygraphy()  # before minutes of reference building
     identity = identity if identity is not None else folder_identities(directory)
     spec, o = manifest.spec, options
+    if o.stream:
+        require_blocks_fit(o.blocks, spec, COND_CONCAT, LATENTS)
     device = str(backend.device)
     name = engine_report_name(target, directory) if target is not None else backend.name
     path, results = report_path(directory, name), results_path(directory, name)

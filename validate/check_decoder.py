@@ -35,7 +35,7 @@ from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                    check_single_pass, clear_report, engine_report_name, folder_identities,
                                    former_report_name, identities_of_read, report_locked, report_path,
-                                   require_polygraphy, results_path, results_staged, write_report)
+                                   require_blocks_fit, require_polygraphy, results_path, results_staged, write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
@@ -62,6 +62,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     require_polygraphy()
     identity = identity if identity is not None else folder_identities(*dirs.values())
     spec = manifests["steady"].spec
+    require_blocks_fit(options.blocks, spec, LATENTS, RGB)
     device = str(runners["steady"].device)
     name = f"decoder-{runners['steady'].name}"
     file_name = f"decoder-{engine_report_name(pair['steady'].path, dirs['steady'])}" if pair is not None else name

@@ -9,6 +9,7 @@ device for every preset).
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING
 
 from wan_trt.config_json import field_error
@@ -22,6 +23,11 @@ MAX_LAYERS = 1024
 MAX_TOKENS_PER_FRAME = 1 << 16  # upstream: 22 x 40 = 880
 MAX_WINDOW_FRAMES = 1024
 MAX_CACHE_BYTES = 64 << 30  # a pass's K/V caches (previous frames and the block's) in fp32; universal: 2.4 GiB
+
+
+def host_memory() -> int:
+    """Bytes of this machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _linear(n_in: int, n_out: int, bias: bool = True) -> int:

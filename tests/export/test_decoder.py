@@ -112,6 +112,13 @@ def test_a_decoder_check_that_would_leave_its_histories_unjudged_is_refused(deco
     assert "histories" in res.output and "--blocks 2" in res.output, res.output
 
 
+def test_a_decoder_stream_the_check_cannot_hold_is_refused_before_any_work(decoder_export):
+    """--blocks 100000000000 died with a traceback from the allocator (the seeded latents of the whole clip)."""
+    res = CliRunner().invoke(main, ["check", str(decoder_export), "--blocks", str(10 ** 11), "--no-save-results"])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception  # no traceback
+    assert "--blocks 100000000000: the stream check holds" in res.output, res.output
+
+
 def test_a_plugins_decoder_engine_is_benched_under_its_own_backend_name(decoder_aoti, tmp_path):
     """A decoder engine built with --ops plugins is run and named by the registry's aoti-plugins entries,
     as the DiT's is, not as a plain AOTInductor package."""

@@ -5,6 +5,7 @@ import torch
 from wan_trt.config_load import load_config
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.runtime.session import StreamingSession
+from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.export.transformer import export_transformer
 from wan_trt.validate.metrics import rel_l2_floor, tolerance
@@ -191,3 +192,15 @@ def test_a_yardstick_that_overflows_in_the_stream_is_not_blamed_on_the_engine(ex
     assert calls, "the engine's stream did not run"
     assert [r["block"] for r in rows] == [0, 1] and all(r["non_finite"] == 0 for r in rows)
     assert all(not r["ok"] and "yardstick" in r["error"] and "no allowance" in r["error"] for r in rows)
+
+
+@pytest.mark.parametrize("blocks, phrase", [(10 ** 11, r"--blocks 100000000000: the stream check holds .* GiB"),
+                                            (0, r"--blocks: expected an int >= 1, got 0")])
+def test_a_stream_of_blocks_the_check_cannot_hold_is_refused_before_any_work(export_dir, blocks, phrase):
+    """--blocks 100000000000 built the references, then died with a traceback from the allocator (the stream's
+    inputs alone were 115 TB); blocks=0 ran the deep blocks only and passed with none of a stream's first."""
+    manifest, backend = _backend(export_dir, None)
+    before = sorted(export_dir.rglob("*"))
+    with pytest.raises(WanTrtError, match=phrase):
+        check_runner(export_dir, manifest, backend, CheckOptions(blocks=blocks, save_results=False))
+    assert sorted(export_dir.rglob("*")) == before  # refused before it touched anything (an earlier report stays)
