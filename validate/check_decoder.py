@@ -29,7 +29,8 @@ from wan_trt.engines.runtime.decoder import DecoderStream, PairedEngine, paired_
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import decoder_dirs, read_decoder
-from wan_trt.export.manifest import Manifest, reference_model, verify_weights
+from wan_trt.export.manifest import MANIFEST, Manifest, reference_model, verify_weights
+from wan_trt.export.manifest_schema import recorded_files
 from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
@@ -155,6 +156,19 @@ def decoder_stream_rows(runners: dict[str, Runner], fp32, low, blocks: int, seed
     return rows
 
 
+def require_not_export_file(target: Path) -> None:
+    """Refuse a file of an export (its graph, external data, sample inputs or manifest) given as the engine to
+    check, naming the export to check instead (a decoder's whole export for one of its graphs): read as an engine,
+    it was said to be "not built by `wan-trt build`; rebuild it"."""
+    directory = target.parent
+    names = recorded_files(directory / MANIFEST)
+    if names is None or target.name not in (MANIFEST, *names):
+        return
+    export = directory.parent if decoder_dirs(directory.parent) is not None else directory
+    raise WanTrtError(f"{target} is a file of the export {export}, not an engine: check the export with "
+                      f"`wan-trt check {export}` (ONNX Runtime), or an engine `wan-trt build` made from it")
+
+
 def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
     """``wan-trt check TARGET``: an export directory (ONNX Runtime) or an engine file, DiT or decoder."""
     target = Path(target)
@@ -168,6 +182,7 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
         onnxruntime = backend_module(get_backend("onnxruntime"))
         runners = {c: onnxruntime.check_runners(dirs[c], manifests[c], options.provider)[0] for c in CALLS}
         return check_decoder(dirs, manifests, runners, options, identity=identity)
+    require_not_export_file(target)
     meta = EngineMetadata.read(target)
     directory, manifest = export_for_engine(target, meta)
     if not isinstance(manifest.spec, DecoderSpec):

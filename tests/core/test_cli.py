@@ -216,6 +216,17 @@ def test_check_refuses_stream_options_that_no_stream_would_drop(exports, tmp_pat
     assert not (export / "check").exists()
 
 
+@pytest.mark.parametrize("name", ["model.onnx", "sample_inputs.safetensors", "manifest.json"])
+def test_check_of_a_file_of_an_export_points_at_the_export(exports, decoder_export, name):
+    """`check EXPORT/model.onnx` said the file "was not built by `wan-trt build`; rebuild it": an engine build
+    was never what was wanted. It names the export (a decoder's whole export for one of its graphs) to check."""
+    export = exports["universal-small"]
+    _one_error_line(_run(["check", str(export / name)]), f"{export / name} is a file of the export {export}",
+                    f"`wan-trt check {export}`")
+    _one_error_line(_run(["check", str(decoder_export / "steady" / name)]), f"`wan-trt check {decoder_export}`")
+    assert "rebuild" not in _run(["check", str(export / name)]).output
+
+
 def test_export_refuses_an_opset_with_no_onnx(tmp_path):
     """`export --no-onnx --opset 18` exported and recorded opset 18 in its manifest, for a graph it did not write."""
     out = tmp_path / "e"
