@@ -273,6 +273,7 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
         with writing(save_to.path), G_LOGGER.verbosity(G_LOGGER.ERROR):  # Polygraphy announces saves on
             results.save(str(save_to.staging))                            # stdout; we log them
     (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
+    _require_spec_shapes(runners[-1].name, back_out, feed_spec, names)
     yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
     # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (floor x the mean |reference|)
     floor = rel_l2_floor(feed_spec.precision)
@@ -284,6 +285,16 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
     poly = pair_results[0]  # first (only) iteration
     allowed = {n: tolerance(yard[n].rel_l2, feed_spec.precision) for n in names}
     return [OutputCheck(n, error_stats(back_out[n], ref_out[n]), yard[n], allowed[n], bool(poly[n])) for n in names]
+
+
+def _require_spec_shapes(backend: str, outputs: dict[str, np.ndarray], spec: GraphSpec, names: list[str]) -> None:
+    """Refuse a backend whose output ``names`` are not of ``spec``'s shapes: it does not compute the graph, and no
+    statistic of, say, a transposed output means anything (the check died in them with a traceback)."""
+    for n in names:
+        if list(outputs[n].shape) != list(spec.tensor(n).shape):
+            raise WanTrtError(f"{backend}'s output {n} has shape {list(outputs[n].shape)}, its spec's is "
+                              f"{list(spec.tensor(n).shape)}: it does not compute the graph it was made for, so "
+                              "nothing of it can be judged; rebuild the engine (or re-export the graph)")
 
 
 def _simple_compare(**kwargs):

@@ -1,4 +1,6 @@
 """The accuracy policy is precision-aware: an fp32 graph must match fp32 PyTorch to fp32 rounding."""
+import re
+
 import pytest
 import torch
 
@@ -204,3 +206,21 @@ def test_a_stream_of_blocks_the_check_cannot_hold_is_refused_before_any_work(exp
     with pytest.raises(WanTrtError, match=phrase):
         check_runner(export_dir, manifest, backend, CheckOptions(blocks=blocks, save_results=False))
     assert sorted(export_dir.rglob("*")) == before  # refused before it touched anything (an earlier report stays)
+
+
+def test_a_backend_whose_output_has_another_shape_is_refused_saying_which(export_dir):
+    """A backend whose output came back in another shape (the same values transposed) crashed the check with a
+    traceback from the statistics ("ValueError: shape mismatch"), or from the stream's scheduler after it: it
+    does not compute its spec's graph, so nothing of it can be judged. The check stops, naming the output."""
+    manifest, backend = _backend(export_dir, None)
+    infer = backend.infer
+
+    def transposed(feeds):
+        outputs = infer(feeds)
+        return {**outputs, "flow": outputs["flow"].permute(4, 3, 2, 1, 0)}
+    backend.infer = transposed
+    shape = list(manifest.spec.tensor("flow").shape)
+    with pytest.raises(WanTrtError, match=re.escape(f"torch's output flow has shape {shape[::-1]}, its spec's is "
+                                                    f"{shape}")):
+        check_runner(export_dir, manifest, backend, CheckOptions(blocks=1, save_results=False))
+    assert not (export_dir / "check" / "report_torch.json").exists()
