@@ -45,6 +45,13 @@ def register_plugin(op: FusedOp, trtp) -> None:
         getattr(trtp, decorator)(plugin)(fn)
 
 
+def tune_signature(op: FusedOp) -> inspect.Signature:
+    """The autotune function's parameters: the inputs, then ``outputs``. No return annotation: tensorrt.plugin
+    takes none, or ``AutoTuneCombination`` / ``List[AutoTuneCombination]``, and refuses a bare ``list``."""
+    names = [i.name for i in op.inputs] + ["outputs"]
+    return inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names])
+
+
 def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
     """decorator name -> the function tensorrt.plugin gets, with the parameter list it requires."""
     p = inspect.Parameter
@@ -89,8 +96,7 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
             descs = [args[i.name] for i in op.inputs] + list(args["outputs"])
             layouts = ", ".join("DHWC" if op.channels_last and d.ndim == 5 else "LINEAR" for d in descs)
             return [trtp.AutoTuneCombination(combination, layouts, tactics)]
-        tune_signature = inspect.Signature([p(i.name, kind) for i in op.inputs] + [outputs], return_annotation=list)
-        functions["autotune"] = with_signature(tune, tune_signature, f"{op.name}_tune")
+        functions["autotune"] = with_signature(tune, tune_signature(op), f"{op.name}_tune")
     functions["aot_impl"] = with_signature(
         aot, op.signature(extra=[outputs, tactic]).replace(return_annotation=aot_returns), f"{op.name}_aot")
     stream, jit_tactic = p("stream", kind), p("tactic", kind, default=0, annotation=int)

@@ -1,10 +1,12 @@
 """The TensorRT plugins: their AOT kernel plans (compiled to PTX here, no GPU needed) and, where
 TensorRT exists, registration and an engine build that uses them."""
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,18 @@ def test_plans_refuse_arguments_out_of_kernel_order():
                      "COS": torch.float32, "SIN": torch.float32},
                     scalars, {"QO": torch.bfloat16, "KO": torch.bfloat16}, {"eps": 1e-6},
                     group_launch(1536, 64, 1536), arch=90)
+
+
+def test_autotune_functions_have_a_signature_tensorrt_plugin_takes():
+    """tensorrt.plugin.autotune checks a given return annotation: AutoTuneCombination or List[AutoTuneCombination]
+    (tensorrt/plugin/_validate.py, _validate_autotune). The autotune functions were annotated with a bare ``list``,
+    which it refuses (ValueError), so registering the plugins failed for every op with tactics or formats."""
+    from wan_trt.plugins.tensorrt_plugins import tune_signature
+    for op in FUSED_OPS:
+        signature = tune_signature(op)
+        assert list(signature.parameters) == [i.name for i in op.inputs] + ["outputs"], op.name
+        annotation = signature.return_annotation
+        assert annotation is inspect.Signature.empty or typing.get_origin(annotation) is list, (op.name, annotation)
 
 
 @pytest.mark.tensorrt
