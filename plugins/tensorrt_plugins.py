@@ -45,6 +45,18 @@ def register_plugin(op: FusedOp, trtp) -> None:
         getattr(trtp, decorator)(plugin)(fn)
 
 
+def trt_tactics(op: FusedOp) -> list[int] | None:
+    """The TensorRT tactics advertising the op's tilings: tiling i is tactic i + 1 (custom tactics must be unique
+    and non-zero, 0 being TensorRT's default tactic of each format combination); None: no custom tactic."""
+    return [i + 1 for i in range(len(op.tactics))] or None
+
+
+def tiling_of(tactic: int) -> int:
+    """The index in ``op.tactics`` (the plan's ``tactic``) of TensorRT's ``tactic``; the default tactic 0 runs
+    the first tiling."""
+    return max(int(tactic) - 1, 0)
+
+
 def tune_signature(op: FusedOp) -> inspect.Signature:
     """The autotune function's parameters: the inputs, then ``outputs``. No return annotation: tensorrt.plugin
     takes none, or ``AutoTuneCombination`` / ``List[AutoTuneCombination]``, and refuses a bare ``list``."""
@@ -79,7 +91,7 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
     def aot(args: dict):
         values = list(args.values())
         tensors = [TensorArg(_shape(d), _torch_dtype(d.dtype)) for d in values[:n_inputs]]
-        return _aot_result(trtp, op.plan(*tensors, *values[n_inputs:n_args], tactic=args["tactic"]))
+        return _aot_result(trtp, op.plan(*tensors, *values[n_inputs:n_args], tactic=tiling_of(args["tactic"])))
 
     def jit(args: dict):
         if op.channels_last:  # TensorRT's buffers reach PyTorch as linear tensors
@@ -90,7 +102,7 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
     if op.tactics or op.channels_last:  # TensorRT times each tiling and keeps the fastest; formats
         combination = ", ".join(TRT_TYPES[i.type] for i in op.inputs) + ", " + ", ".join(
             TRT_TYPES[op.output_type(o)] for o in op.outputs)
-        tactics = list(range(len(op.tactics))) or None
+        tactics = trt_tactics(op)
 
         def tune(args: dict):
             descs = [args[i.name] for i in op.inputs] + list(args["outputs"])

@@ -112,6 +112,18 @@ def test_autotune_functions_have_a_signature_tensorrt_plugin_takes():
         assert annotation is inspect.Signature.empty or typing.get_origin(annotation) is list, (op.name, annotation)
 
 
+def test_tensorrt_tactics_are_non_zero_and_name_every_tiling():
+    """A plugin's custom tactics must be unique and non-zero: 0 is TensorRT's default tactic of each format
+    combination (NvInferRuntime.h, IPluginV3OneBuild::getValidTactics). Window attention advertised its tilings as
+    0..n-1; now tiling i is tactic i + 1, and the default tactic runs the first tiling."""
+    from wan_trt.plugins.tensorrt_plugins import tiling_of, trt_tactics
+    op = fused_op("window_attention")
+    tactics = trt_tactics(op)
+    assert 0 not in tactics and len(set(tactics)) == len(tactics) == len(op.tactics)
+    assert [tiling_of(t) for t in tactics] == list(range(len(op.tactics))) and tiling_of(0) == 0
+    assert all(trt_tactics(o) is None for o in FUSED_OPS if not o.tactics)
+
+
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
 def test_tensorrt_plugins_register_and_build(tmp_path):
