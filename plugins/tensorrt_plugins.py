@@ -19,8 +19,10 @@ from wan_trt.errors import WanTrtError
 from wan_trt.plugins.aot import Plan, TensorArg  # also fails early here if triton is missing
 from wan_trt.plugins.registry import FUSED_OPS, NAMESPACE, FusedOp, with_signature
 
-# tensorrt.plugin type names of the registry's type constraints (for the autotune combinations)
-TRT_TYPES = {"T": "BF16|FP16", "U": "BF16|FP16", "I": "INT32", "F": "FP32"}
+# tensorrt.plugin type names of the registry's type constraints (for the autotune combinations). T and U list
+# every float type an export gives the activations (bf16 / fp8, fp16 and fp32 graphs), in one order: '|' ties the
+# positions that list them, so each combination has one activation type.
+TRT_TYPES = {"T": "BF16|FP16|FP32", "U": "BF16|FP16|FP32", "I": "INT32", "F": "FP32"}
 _REGISTERED = False
 
 
@@ -43,6 +45,11 @@ def register_plugin(op: FusedOp, trtp) -> None:
     plugin = f"{NAMESPACE}::{op.op_type}"
     for decorator, fn in plugin_functions(op, trtp).items():
         getattr(trtp, decorator)(plugin)(fn)
+
+
+def type_combination(op: FusedOp) -> str:
+    """The op's I/O types for ``trtp.AutoTuneCombination``: inputs, then outputs, by type constraint."""
+    return ", ".join([TRT_TYPES[i.type] for i in op.inputs] + [TRT_TYPES[op.output_type(o)] for o in op.outputs])
 
 
 def trt_tactics(op: FusedOp) -> list[int] | None:
@@ -100,9 +107,7 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
 
     functions = {"register": with_signature(describe, op.signature(trtp.TensorDesc, returns=True), f"{op.name}_desc")}
     if op.tactics or op.channels_last:  # TensorRT times each tiling and keeps the fastest; formats
-        combination = ", ".join(TRT_TYPES[i.type] for i in op.inputs) + ", " + ", ".join(
-            TRT_TYPES[op.output_type(o)] for o in op.outputs)
-        tactics = trt_tactics(op)
+        combination, tactics = type_combination(op), trt_tactics(op)
 
         def tune(args: dict):
             descs = [args[i.name] for i in op.inputs] + list(args["outputs"])

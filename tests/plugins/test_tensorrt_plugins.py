@@ -124,6 +124,41 @@ def test_tensorrt_tactics_are_non_zero_and_name_every_tiling():
     assert all(trt_tactics(o) is None for o in FUSED_OPS if not o.tactics)
 
 
+TRT_NAMES = {1: "FP32", 10: "FP16", 16: "BF16", 6: "INT32"}  # ONNX TensorProto data types
+
+
+def autotune_combinations(op) -> list[list[str]]:
+    """The type combinations of the op's AutoTuneCombination string, as TensorRT's documentation of it reads:
+    positions listing types with '|' take the k-th type together; a single type is every combination's."""
+    from wan_trt.plugins.tensorrt_plugins import type_combination
+    positions = [part.strip().split("|") for part in type_combination(op).split(",")]
+    width = max(len(types) for types in positions)
+    assert all(len(types) in (1, width) for types in positions), positions
+    return [[types[k] if len(types) > 1 else types[0] for types in positions] for k in range(width)]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_autotune_types_cover_the_exported_nodes(tmp_path, precision):
+    """An op with an autotune function runs only in the type combinations it lists; a strongly typed network gives
+    it the graph's types. The combinations listed bf16 and fp16 only, so an fp32 graph's WindowAttention had none
+    TensorRT could pick. Every exported node of such an op is now one of its combinations."""
+    import onnx
+    export_transformer(load_config("universal-small"), tmp_path / "g", precision, seed=1, ops="plugins")
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(tmp_path / "g" / "model.onnx"), load_external_data=False))
+    graph = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    checked = 0
+    for node in graph.node:
+        op = fused_op(node.op_type) if node.domain == "wan_trt" else None
+        if op is None or not (op.tactics or op.channels_last):
+            continue
+        node_types = [TRT_NAMES[types[name]] for name in [*node.input, *node.output]]
+        assert node_types in autotune_combinations(op), (node.name, node_types, autotune_combinations(op))
+        checked += 1
+    assert checked > 0
+
+
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
 def test_tensorrt_plugins_register_and_build(tmp_path):
