@@ -58,8 +58,13 @@ def register_plugins() -> None:
     register()
 
 
-def _major(trt) -> int:
-    return int(trt.__version__.split(".")[0])
+def check_weak_typing(version: str, weak_typing: bool) -> None:
+    """Refuse ``--weak-typing`` under TensorRT 11, which removed weak typing together with the precision builder
+    flags it sets (BF16, FP16, FP8, OBEY_PRECISION_CONSTRAINTS); ``version`` is ``tensorrt.__version__``."""
+    if weak_typing and int(version.split(".")[0]) >= 11:
+        raise WanTrtError(f"--weak-typing: TensorRT {version} builds strongly typed networks only (TensorRT 11 "
+                          "removed weak typing and its precision flags); drop --weak-typing, the graph's own types "
+                          "are the precision")
 
 
 def _check_inputs(manifest: Manifest, directory: Path, opt_level: int, timing_cache: Path | None) -> None:
@@ -90,6 +95,7 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
     check_engine_name(get_backend("tensorrt"), engine)
     check_engine_out(engine)
     trt = import_tensorrt()
+    check_weak_typing(trt.__version__, weak_typing)  # before any of the flags it would set is looked up
     key = engine_key(manifest, "tensorrt", "cuda", {"opt_level": opt_level, "weak_typing": weak_typing})
     engine.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(engine, "build"):
@@ -151,8 +157,6 @@ def timing_cache(trt, config, path: Path | None):
 
 
 def _parse(trt, builder, trt_logger, graph: Path, weak_typing: bool):
-    if weak_typing and _major(trt) >= 11:
-        raise WanTrtError("--weak-typing: TensorRT 11 builds strongly typed networks only")
     flags = 0 if weak_typing else 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, trt_logger)

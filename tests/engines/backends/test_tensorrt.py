@@ -36,6 +36,19 @@ def test_bad_build_flags_fail_before_tensorrt(small_export, tmp_path):
     assert res.exit_code == 1 and "--timing-cache" in res.output
 
 
+def test_weak_typing_is_refused_under_tensorrt_11_before_its_flags_are_set():
+    """TensorRT 11 removed weak typing with BuilderFlag.BF16 / FP16 / FP8 / OBEY_PRECISION_CONSTRAINTS. The build
+    looked those flags up before its version check, so --weak-typing under TensorRT 11 ended in an AttributeError;
+    it is now refused first, by version, with what to do."""
+    from wan_trt.engines.backends.tensorrt import check_weak_typing
+    for version in ("11.0.0.114", "11.1.0", "12.0.0"):
+        with pytest.raises(WanTrtError, match="--weak-typing: TensorRT .* strongly typed networks only"):
+            check_weak_typing(version, True)
+        check_weak_typing(version, False)
+    for version in ("10.9.0.34", "10.16.1"):
+        check_weak_typing(version, True)
+
+
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
 def test_build_inspect_and_check_tensorrt(small_export):
