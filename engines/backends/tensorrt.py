@@ -118,6 +118,9 @@ def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, 
     config = builder.create_builder_config()
     config.set_timing_cache(timing_cache(trt, config, cache_path), ignore_mismatch=False)  # judged before the parse
     config.builder_optimization_level = opt_level
+    # the inspector reports layer types (what `inspect` counts plugin layers by) only in a DETAILED engine: the
+    # default, LAYER_NAMES_ONLY, gives names alone
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     if weak_typing:
         for flag in WEAK_TYPING_FLAGS[manifest.spec.precision]:
             config.set_flag(getattr(trt.BuilderFlag, flag))
