@@ -116,7 +116,10 @@ def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, 
     trt_logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(trt_logger)
     config = builder.create_builder_config()
-    config.set_timing_cache(timing_cache(trt, config, cache_path), ignore_mismatch=False)  # judged before the parse
+    if not config.set_timing_cache(timing_cache(trt, config, cache_path), ignore_mismatch=False):  # before the parse
+        raise WanTrtError(f"--timing-cache {cache_path}: TensorRT {trt.__version__} refused this cache (made on "
+                          "another GPU, whose CUDA device properties differ), and the build would replace it with "
+                          "its own; name another file for this GPU")
     config.builder_optimization_level = opt_level
     # the inspector reports layer types (what `inspect` counts plugin layers by) only in a DETAILED engine: the
     # default, LAYER_NAMES_ONLY, gives names alone
@@ -215,6 +218,8 @@ class TensorRTRunner(Runner):
         if names != expected:
             raise WanTrtError(f"{self.engine_path} I/O {sorted(names)} differs from the spec {sorted(expected)}")
         self.context = self.engine.create_execution_context()
+        if self.context is None:  # e.g. its activation memory could not be allocated (TensorRT logs why)
+            raise WanTrtError(f"{self.engine_path}: TensorRT could not create an execution context (see its log)")
         self.outputs = self.spec.allocate("outputs", self.device)
 
     def engine_bytes(self) -> bytes:
