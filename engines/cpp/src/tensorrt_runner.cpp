@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <set>
 
 #include "wan_trt/runtime.h"
 
@@ -27,14 +28,16 @@ class TensorRTRunner : public Runner {
     runtime_.reset(nvinfer1::createInferRuntime(logger_));
     engine_.reset(runtime_->deserializeCudaEngine(blob.data(), blob.size()));
     if (!engine_) throw Error(path + ": TensorRT cannot deserialize it; rebuild with this TensorRT");
+    check_io(path);
     context_.reset(engine_->createExecutionContext());
+    if (!context_) throw Error(path + ": TensorRT could not create an execution context (see its log)");
     for (const auto& t : io.outputs)
       outputs_[t.name] = at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(at::kCUDA));
   }
 
   std::map<std::string, at::Tensor> infer(const std::map<std::string, at::Tensor>& feeds) override {
-    for (const auto& t : io_.inputs) context_->setTensorAddress(t.name.c_str(), feeds.at(t.name).data_ptr());
-    for (auto& [name, tensor] : outputs_) context_->setTensorAddress(name.c_str(), tensor.data_ptr());
+    for (const auto& t : io_.inputs) bind(t.name, feeds.at(t.name).data_ptr());
+    for (auto& [name, tensor] : outputs_) bind(name, tensor.data_ptr());
     if (!context_->enqueueV3(c10::cuda::getCurrentCUDAStream().stream())) throw Error("TensorRT enqueueV3 failed");
     return outputs_;
   }
@@ -43,6 +46,20 @@ class TensorRTRunner : public Runner {
   at::Device device() const override { return at::Device(at::kCUDA, 0); }
 
  private:
+  // The engine's I/O tensors (by name, TensorRT 10's API) must be the runtime file's, as the Python runner checks.
+  void check_io(const std::string& path) const {
+    std::set<std::string> engine_names, expected;
+    for (int32_t i = 0; i < engine_->getNbIOTensors(); ++i) engine_names.insert(engine_->getIOTensorName(i));
+    for (const auto& t : io_.inputs) expected.insert(t.name);
+    for (const auto& t : io_.outputs) expected.insert(t.name);
+    if (engine_names != expected) throw Error(path + ": the engine's I/O tensors differ from its runtime file's");
+  }
+
+  void bind(const std::string& name, void* address) {
+    if (!context_->setTensorAddress(name.c_str(), address))
+      throw Error("TensorRT refused the address of tensor " + name + " (see its log)");
+  }
+
   Logger logger_;
   const GraphIO& io_;
   std::unique_ptr<nvinfer1::IRuntime> runtime_;
