@@ -75,7 +75,7 @@ def _check_flags(spec: GraphSpec, weights: str | None, ops: str, opset: int) -> 
         raise WanTrtError(f"--ops {ops!r}: this build exports {', '.join(OPS)}")
     if opset not in OPSETS:
         raise WanTrtError(f"--opset {opset}: expected one of {OPSETS} (23: fused Attention/RMSNormalization, "
-                          "18: decomposed, for TensorRT 10.x parsers)")
+                          "18: decomposed, for TensorRT parsers before 10.15)")
     if spec.precision == "fp8" and opset < FP8_MIN_OPSET:
         raise WanTrtError(f"--opset {opset}: an fp8 graph needs opset {FP8_MIN_OPSET} or later (one FP8 scale per "
                           f"row is QuantizeLinear's block_size); export it with --opset 23")

@@ -266,7 +266,7 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
 @click.option("--ops", type=click.Choice(["native", "plugins"]), default="native", show_default=True,
               help="Graph flavour: plain ONNX ops, or the fused ops as wan_trt::* plugin nodes.")
 @click.option("--opset", type=click.Choice(["23", "18"]), default="23", show_default=True,
-              help="23: fused Attention/RMSNormalization (TensorRT 11); 18: decomposed (TensorRT 10.x).")
+              help="23: fused Attention/RMSNormalization (TensorRT 10.15+, 11); 18: decomposed (TensorRT 10.9+).")
 @click.option("--out", type=PathArg(file_okay=False), default=None,
               help="Output directory. Defaults to out/<config>_<precision>_<ops>.")
 @click.option("--overwrite", is_flag=True,

@@ -58,6 +58,23 @@ def register_plugins() -> None:
     register()
 
 
+# ONNX ops an opset-23 export writes that TensorRT's ONNX parser reads only from these versions on (NVIDIA/TensorRT
+# CHANGELOG.md: Attention in 10.14, RMSNormalization in 10.15); --opset 18 decomposes them for older parsers
+PARSER_OPS_SINCE = {"Attention": (10, 14), "RMSNormalization": (10, 15)}
+
+
+def check_parser_ops(version: str, op_counts: dict[str, int]) -> None:
+    """Refuse a graph with ops TensorRT ``version``'s ONNX parser does not read (``op_counts``: the manifest's),
+    before minutes of parsing end in its error."""
+    have = tuple(int(x) for x in version.split(".")[:2])
+    missing = {op: since for op, since in PARSER_OPS_SINCE.items() if op_counts.get(op) and have < since}
+    if missing:
+        needs = ", ".join(f"{op} from {'.'.join(map(str, since))}" for op, since in missing.items())
+        raise WanTrtError(f"the graph has ONNX ops TensorRT {version}'s parser does not read ({needs}): re-export "
+                          f"it with `--opset 18` (decomposed), or use TensorRT "
+                          f"{'.'.join(map(str, max(missing.values())))} or newer")
+
+
 def check_weak_typing(version: str, weak_typing: bool) -> None:
     """Refuse ``--weak-typing`` under TensorRT 11, which removed weak typing together with the precision builder
     flags it sets (BF16, FP16, FP8, OBEY_PRECISION_CONSTRAINTS); ``version`` is ``tensorrt.__version__``."""
@@ -96,6 +113,7 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
     check_engine_out(engine)
     trt = import_tensorrt()
     check_weak_typing(trt.__version__, weak_typing)  # before any of the flags it would set is looked up
+    check_parser_ops(trt.__version__, manifest.op_counts)
     key = engine_key(manifest, "tensorrt", "cuda", {"opt_level": opt_level, "weak_typing": weak_typing})
     engine.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(engine, "build"):

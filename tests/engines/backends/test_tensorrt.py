@@ -49,6 +49,23 @@ def test_weak_typing_is_refused_under_tensorrt_11_before_its_flags_are_set():
         check_weak_typing(version, True)
 
 
+def test_a_graph_with_ops_the_parser_does_not_read_is_refused_by_version(small_export, tmp_path):
+    """The default (opset 23) graph has Attention and RMSNormalization nodes, which TensorRT's ONNX parser reads
+    from 10.14 and 10.15 on; the build accepted TensorRT 10.9+ and left the parser to fail. It now says to export
+    with --opset 18 (decomposed) under an older TensorRT, whose graph it accepts."""
+    from wan_trt.engines.backends.tensorrt import check_parser_ops
+    from wan_trt.export.manifest import Manifest
+    counts = Manifest.read(small_export).op_counts
+    assert counts.get("Attention") and counts.get("RMSNormalization")
+    for version in ("10.9.0.34", "10.14.1"):
+        with pytest.raises(WanTrtError, match=r"RMSNormalization from 10\.15\).*--opset 18"):
+            check_parser_ops(version, counts)
+    for version in ("10.15.1", "11.0.0"):
+        check_parser_ops(version, counts)
+    export_transformer(load_config("universal-small"), tmp_path / "o18", "bf16", seed=1, opset=18)
+    check_parser_ops("10.9.0", Manifest.read(tmp_path / "o18").op_counts)
+
+
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
 def test_build_inspect_and_check_tensorrt(small_export):
