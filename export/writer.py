@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from wan_trt.digest import file_digest
+from wan_trt.digest import file_digest, file_identity
 from wan_trt.errors import WanTrtError
 from wan_trt.export.fp8 import MIN_OPSET as FP8_MIN_OPSET
 from wan_trt.export.fp8 import translation_table as fp8_translation_table
@@ -56,12 +56,14 @@ def export_graphs(graphs: list[tuple[GraphSpec, Path]], *, weights: str | None =
     for spec, _ in graphs:
         _check_flags(spec, weights, ops, opset)
     protect = [Path(weights)] if weights else []
+    read = file_identity(weights) if weights else None  # before it is read: see _provenance
     for _, out in graphs:  # before minutes of work; again under the locks
         check_out_dir(out, owned_export_files, overwrite=overwrite, protect=protect)
     with contextlib.ExitStack() as staged:  # swapped in reverse order once all are written; none if one fails
         stagings = [staged.enter_context(staged_dir(out, owned_export_files, overwrite=overwrite, protect=protect))
                     for _, out in graphs]
-        manifests = [_export_into(staging, spec, weights=weights, seed=seed, ops=ops, opset=opset, onnx=onnx)
+        manifests = [_export_into(staging, spec, weights=weights, read=read, seed=seed, ops=ops, opset=opset,
+                                  onnx=onnx)
                      for staging, (spec, _) in zip(stagings, graphs)]
     for spec, out in graphs:
         logger.info("exported %s %s (%s, %s, opset %d%s) to %s", spec.config.name, graph_kind(spec).name,
@@ -83,9 +85,10 @@ def _check_flags(spec: GraphSpec, weights: str | None, ops: str, opset: int) -> 
         raise WanTrtError(f"{kind.weights_flag} {weights}: no such file")
 
 
-def _export_into(staging: Path, spec: GraphSpec, *, weights: str | None, seed: int, ops: str, opset: int,
-                 onnx: bool) -> Manifest:
-    """Every file of the export, written into ``staging``; manifest.json (with the files' hashes) last."""
+def _export_into(staging: Path, spec: GraphSpec, *, weights: str | None, read: tuple | None, seed: int, ops: str,
+                 opset: int, onnx: bool) -> Manifest:
+    """Every file of the export, written into ``staging``; manifest.json (with the files' hashes) last. ``read``:
+    the checkpoint's :func:`~wan_trt.digest.file_identity` before the export read it."""
     begin = time.perf_counter()
     kind = graph_kind(spec)
     with stage(f"build {spec.config.name} {kind.name} ({spec.precision})"):
@@ -100,15 +103,27 @@ def _export_into(staging: Path, spec: GraphSpec, *, weights: str | None, seed: i
     graph, external, counts = (write_graph(static, feeds, spec, staging, opset, table) if onnx else (None, False, {}))
     from safetensors.torch import save
     (staging / SAMPLE_INPUTS).write_bytes(save({k: v.contiguous() for k, v in feeds.items()}))  # OSError if full
-    provenance = {"source": "random", "seed": seed, "sha256": fingerprint}
-    if weights:
-        provenance.update(source="checkpoint", path=str(Path(weights).resolve()),
-                          file_sha256=file_digest(weights)["sha256"])
+    provenance = _provenance(spec, weights, read, seed, fingerprint)
     manifest = Manifest(spec=spec, ops=ops, opset=opset, weights=provenance, graph=graph,
                         external_data=GRAPH + ".data" if external else None, op_counts=counts,
                         export_seconds=time.perf_counter() - begin)
     manifest.write(staging)
     return manifest
+
+
+def _provenance(spec: GraphSpec, weights: str | None, read: tuple | None, seed: int, fingerprint: str) -> dict:
+    """Where the weights came from: the seed, or the checkpoint's path and sha256. The file is hashed after the
+    export read it, so it must still be the file it was then (``read``): a file replaced or rewritten meanwhile
+    would be recorded as the one exported."""
+    provenance = {"source": "random", "seed": seed, "sha256": fingerprint}
+    if weights:
+        digest = file_digest(weights)
+        if file_identity(weights) != read:
+            raise WanTrtError(f"{graph_kind(spec).weights_flag} {weights} was replaced or rewritten while the export "
+                              "read it: the manifest would name another file than the one exported; nothing was "
+                              "written, run again")
+        provenance.update(source="checkpoint", path=str(Path(weights).resolve()), file_sha256=digest["sha256"])
+    return provenance
 
 
 def write_graph(static: torch.nn.Module, feeds: dict, spec: GraphSpec, staging: Path, opset: int,

@@ -278,3 +278,31 @@ def test_a_float64_tensor_anywhere_in_the_graph_breaks_its_spec(exports, tmp_pat
     with pytest.raises(WanTrtError, match="float64") as err:
         check_graph(directory / "model.onnx", spec)
     assert place in str(err.value)
+
+
+@pytest.mark.parametrize("graph", ["pass", "decoder"])
+def test_a_checkpoint_rewritten_while_the_export_read_it_is_not_recorded_as_read(tmp_path, monkeypatch, graph):
+    """The manifest hashed the checkpoint after the export: a file rewritten meanwhile was recorded by its new sha256,
+    another file than the one the graph's weights came from (a build given that file took it for the export's)."""
+    from dataclasses import replace
+
+    from wan_trt.export.decoder import export_decoder
+    from wan_trt.graphs import GRAPH_KINDS
+    from wan_trt.model import build_decoder
+    from tests.model.test_vae import _write_vae_file
+    cfg = load_config("universal-small")
+    write = {"pass": lambda seed, path: save_checkpoint(build_model(cfg, seed=seed), path),
+             "decoder": lambda seed, path: _write_vae_file(build_decoder(cfg, seed=seed), path)}[graph]
+    ckpt = tmp_path / ("weights.safetensors" if graph == "pass" else "vae.pth")
+    write(1, ckpt)
+    kind = GRAPH_KINDS[graph]
+
+    def rewritten_meanwhile(*args, **kwargs):  # the module is built for real; the file changes after it is read
+        module = kind.build(*args, **kwargs)
+        write(2, ckpt)
+        return module
+    monkeypatch.setitem(GRAPH_KINDS, graph, replace(kind, build=rewritten_meanwhile))
+    export = {"pass": export_transformer, "decoder": export_decoder}[graph]
+    with pytest.raises(WanTrtError, match="rewritten while the export read it"):
+        export(cfg, tmp_path / "out", "fp32", str(ckpt), onnx=False)
+    assert not any((tmp_path / "out").rglob("*"))  # no export, no staging folder (a decoder's out/ may stay empty)
