@@ -111,6 +111,7 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
     engine = Path(out) if out else default_engine_path(directory, "tensorrt", "cuda")
     check_engine_name(get_backend("tensorrt"), engine)
     check_engine_out(engine)
+    manifest.graph_path(directory)  # a --no-onnx export has no graph to parse: said before TensorRT is looked for
     trt = import_tensorrt()
     check_weak_typing(trt.__version__, weak_typing)  # before any of the flags it would set is looked up
     check_parser_ops(trt.__version__, manifest.op_counts)

@@ -66,6 +66,14 @@ def test_a_graph_with_ops_the_parser_does_not_read_is_refused_by_version(small_e
     check_parser_ops("10.9.0", Manifest.read(tmp_path / "o18").op_counts)
 
 
+def test_an_export_without_an_onnx_graph_is_refused_before_tensorrt(plain_export):
+    """A --no-onnx export has nothing to parse: said before TensorRT is looked for (without it, the build asked the
+    user to install TensorRT, which would then fail on the missing graph)."""
+    res = CliRunner().invoke(main, ["build", str(plain_export), "--fp32"])
+    assert res.exit_code == 1 and "--no-onnx" in res.output and "TensorRT is not installed" not in res.output, \
+        res.output
+
+
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed: pip install tensorrt (10.9+; NVIDIA package index, CUDA GPU)")
 def test_build_inspect_and_check_tensorrt(small_export):
