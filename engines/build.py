@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from wan_trt.config import WanConfig
 from wan_trt.config_load import load_config
@@ -18,11 +18,14 @@ from wan_trt.export.transformer import export_transformer
 
 
 def resolve_export(directory: str | None, config_name: str | None, precision: str, ops: str, *,
-                   weights: str | None = None, seed: int | None = None, backend: str = "tensorrt") -> Path:
+                   weights: str | None = None, seed: int | None = None, backend: str = "tensorrt",
+                   before_export: Callable[[], None] | None = None) -> Path:
     """The export directory to build from; with ``--config`` and no directory, export it first.
 
     ``weights`` / ``seed`` are None when not given; given, they must be the export's (an existing
     export is never rebuilt from other weights than the user named, nor silently used instead).
+    ``before_export`` refuses, before an export is made (minutes at full size), what the build would refuse after
+    it (the backend's :func:`check_options`).
     """
     if directory is None:
         if config_name is None:
@@ -30,6 +33,8 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
         cfg = load_config(config_name)
         path = Path(f"out/{cfg.name}_{precision}_{ops}")
         if not (path / "manifest.json").is_file():
+            if before_export is not None:
+                before_export()
             export_transformer(cfg, path, precision, weights, 0 if seed is None else seed, ops)
             return path
     path = Path(directory) if directory is not None else path
@@ -104,9 +109,10 @@ def build_engine(directory: str | None, config_name: str | None, options: BuildO
         return build_decoder_engines(Path(directory), backend, options, seed=seed)
     if options.out is not None:  # before an export --config may make (minutes)
         check_engine_name(backend, Path(options.out))
+    module = backend_module(backend)
     export_dir = resolve_export(directory, config_name, options.precision, options.ops, weights=weights, seed=seed,
-                                backend=backend.name)
-    return backend_module(backend).build(export_dir, options)
+                                backend=backend.name, before_export=lambda: module.check_options(options))
+    return module.build(export_dir, options)
 
 
 def build_decoder_engines(directory: Path, backend, options: BuildOptions, *, seed: int | None = None) -> Path:

@@ -2,7 +2,8 @@
 (:data:`BACKENDS`; ``wan-trt bench --help`` lists the names).
 
 Each entry names the module that holds its build and its runner (``engines/backends/<module>.py``,
-each exposing ``make_runner(backend, sources)`` and, for engines, ``build(directory, options)`` and
+each exposing ``make_runner(backend, sources)`` and, for engines, ``build(directory, options)``,
+``check_options(options)`` (what this machine cannot build, refused before an export is made) and
 ``inspect(engine, meta)``), what it needs, and the test that exercises it. The CLI's choices and
 help, ``build``, ``check``, ``stream`` and ``bench`` all read this table.
 

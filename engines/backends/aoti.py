@@ -45,6 +45,16 @@ def check_fp8_device(device: str) -> None:
                           "build a bf16 engine instead")
 
 
+def check_target(device: str, ops: str, precision: str) -> None:
+    """Refuse a package of ``precision`` with ``ops`` for ``device`` that this machine cannot build."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise WanTrtError("--device cuda: no CUDA device here; build with --device cpu")
+    if ops == "plugins" and device != "cuda":
+        raise WanTrtError("--ops plugins: the fused Triton kernels compile for CUDA; build with --device cuda")
+    if precision == "fp8":
+        check_fp8_device(device)
+
+
 def build_aoti(directory: str | Path, out: str | Path | None = None, device: str = "cuda",
                force: bool = False, ops: str | None = None) -> Path:
     """Compile the export in ``directory`` into an AOTInductor package for ``device`` ('cuda' or 'cpu').
@@ -55,12 +65,7 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     directory = Path(directory)
     manifest = Manifest.read(directory)
     ops = ops or manifest.ops
-    if device == "cuda" and not torch.cuda.is_available():
-        raise WanTrtError("--device cuda: no CUDA device here; build with --device cpu")
-    if ops == "plugins" and device != "cuda":
-        raise WanTrtError("--ops plugins: the fused Triton kernels compile for CUDA; build with --device cuda")
-    if manifest.spec.precision == "fp8":
-        check_fp8_device(device)
+    check_target(device, ops, manifest.spec.precision)
     engine = Path(out) if out else default_engine_path(directory, "aoti", device, ops)
     key = engine_key(manifest, "aoti", device, {"ops": ops})
     check_engine_name(get_backend("aoti"), engine)
@@ -162,6 +167,11 @@ class AotiRunner(Runner):
 def build(directory: Path, options) -> Path:
     """``wan-trt build --backend aoti``: the package of the export in ``directory`` (a BuildOptions)."""
     return build_aoti(directory, options.out, options.device, options.force, options.ops)
+
+
+def check_options(options) -> None:
+    """What ``wan-trt build --backend aoti`` (a BuildOptions) cannot build here, refused before an export is made."""
+    check_target(options.device, options.ops, options.precision)
 
 
 def make_runner(backend, sources) -> Runner:

@@ -84,6 +84,11 @@ def check_weak_typing(version: str, weak_typing: bool) -> None:
                           "are the precision")
 
 
+def check_options(options) -> None:
+    """What ``wan-trt build`` (a BuildOptions) cannot build here, refused before an export is made: TensorRT itself."""
+    import_tensorrt()
+
+
 def _check_inputs(manifest: Manifest, directory: Path, opt_level: int, timing_cache: Path | None) -> None:
     if not 0 <= opt_level <= 5:
         raise WanTrtError(f"--opt-level {opt_level}: expected 0..5")

@@ -239,3 +239,19 @@ def test_tensorrt_options_with_another_backend_are_refused(plain_export, flag):
     res = _build(str(plain_export), "--backend", "aoti", "--fp32", "--device", "cpu", *flag)
     assert res.exit_code == 1 and f"{flag[0]}: TensorRT build options; --backend aoti has none" in res.output, \
         res.output
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--backend", "aoti", "--ops", "plugins", "--device", "cpu"], "--ops plugins"),
+    (["--backend", "aoti", "--precision", "fp8", "--device", "cpu"], "FP8 tensor cores"),
+    pytest.param(["--backend", "tensorrt"], "TensorRT is not installed",
+                 marks=pytest.mark.skipif(__import__("importlib").util.find_spec("tensorrt") is not None,
+                                          reason="TensorRT is installed here")),
+])
+def test_build_with_a_config_refuses_what_it_cannot_build_before_exporting(tmp_path, monkeypatch, args, expected):
+    """`build --config` exports first (minutes at full size): flags the build then refused on this machine were found
+    only after that export, which was left in out/."""
+    monkeypatch.chdir(tmp_path)
+    res = _build("--config", CFG, *args)
+    assert res.exit_code == 1 and expected in res.output, res.output
+    assert not (tmp_path / "out").exists()
