@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from wan_trt.config import WanConfig
 from wan_trt.config_load import load_config
+from wan_trt.decoder_spec import DecoderSpec
 from wan_trt.digest import file_digest, verify_file
 from wan_trt.engines.artifact import REBUILD, EngineMetadata
 from wan_trt.engines.backends import BUILDABLE, DEFAULT_BUILD, backend_module, check_engine_name, get_backend
@@ -15,6 +16,7 @@ from wan_trt.log import logger
 from wan_trt.export.decoder import decoder_dirs, read_decoder
 from wan_trt.export.manifest import Manifest
 from wan_trt.export.transformer import export_transformer
+from wan_trt.graphs import graph_kind
 
 
 def resolve_export(directory: str | None, config_name: str | None, precision: str, ops: str, *,
@@ -46,12 +48,33 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
                           f"before (the config differs now); re-export it with `wan-trt export --config "
                           f"{config_name} --precision {precision} --ops {ops} --out {path} --overwrite`, then build")
     if manifest.spec.precision != precision:
-        raise WanTrtError(f"{path} holds a {manifest.spec.precision} graph but --{precision} was asked: re-export "
-                          f"with `wan-trt export --precision {precision}` or build with --{manifest.spec.precision}")
+        raise WanTrtError(f"{path} holds a {manifest.spec.precision} graph but --{precision} was asked: export one "
+                          f"with `{export_command(manifest, precision=precision)}` or build with "
+                          f"--{manifest.spec.precision}")
     if manifest.ops != ops and backend == "tensorrt":  # AOTInductor picks its ops itself
-        raise WanTrtError(f"{path} holds a --ops {manifest.ops} graph but --ops {ops} was asked; re-export")
+        if isinstance(manifest.spec, DecoderSpec):
+            raise WanTrtError(f"--ops {ops}: {path} is a graph of the video decoder, whose ONNX graphs have no fused "
+                              "ops (a TensorRT engine runs the graph as exported); its fused norms are an AOTInductor "
+                              f"build's: `wan-trt build {path.parent} --backend aoti --ops plugins`, or drop --ops")
+        raise WanTrtError(f"{path} holds a --ops {manifest.ops} graph but --ops {ops} was asked; export one with "
+                          f"`{export_command(manifest, ops=ops)}`")
     check_weight_flags(path, manifest, weights, seed)
     return path
+
+
+def export_command(manifest: Manifest, out: Path | None = None, **changed: Any) -> str:
+    """The `wan-trt export` command that makes ``manifest``'s export again with the ``changed`` flags (precision, ops,
+    weights, seed), into ``out`` (replacing the export there; None: a folder of the user's). A decoder graph's
+    command makes both of its graphs, into the folder above its own."""
+    spec, recorded = manifest.spec, manifest.weights
+    decoder = isinstance(spec, DecoderSpec)
+    flags = {"config": spec.config.name, "graph": "decoder" if decoder else None, "precision": spec.precision,
+             "ops": None if decoder else manifest.ops, "weights": recorded.get("path"), "seed": recorded["seed"],
+             **{k: v for k, v in changed.items() if v is not None}}
+    names = {"weights": graph_kind(spec).weights_flag}
+    line = " ".join(f"{names.get(k, '--' + k)} {v}" for k, v in flags.items() if v is not None)
+    where = "DIR" if out is None else f"{out.parent if decoder else out} --overwrite"
+    return f"wan-trt export {line} --out {where}"
 
 
 def check_config_flag(path: Path, exported: WanConfig, config_name: str) -> None:
@@ -64,7 +87,7 @@ def check_config_flag(path: Path, exported: WanConfig, config_name: str) -> None
 def check_weight_flags(path: Path, manifest: Manifest, weights: str | None, seed: int | None) -> None:
     """Refuse ``--weights`` / ``--seed`` that disagree with what the export at ``path`` was made from."""
     recorded = manifest.weights
-    fix = f"re-export with `wan-trt export --out {path} --overwrite` and these flags, or drop them"
+    fix = f"re-export with `{export_command(manifest, path, weights=weights, seed=seed)}`, or drop the flag"
     if weights is not None:
         if recorded["source"] != "checkpoint":
             raise WanTrtError(f"--weights {weights}: {path} was exported with random weights (seed "

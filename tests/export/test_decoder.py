@@ -375,3 +375,20 @@ def test_a_decoder_engine_runs_only_as_built(decoder_aoti, tmp_path):
         assert stream.decode(latents).shape == (9, 32, 48, 3)
     with pytest.raises(WanTrtError, match="the decoder is not active"):  # and again once left
         stream.decode(latents)
+
+
+@pytest.mark.parametrize("flags, expected, wrong", [
+    (["--bf16", "--backend", "aoti", "--device", "cpu"],
+     "`wan-trt export --config universal-small --graph decoder --precision bf16 --seed 4 --out DIR`", None),
+    (["--fp32", "--backend", "tensorrt", "--ops", "plugins"], "no fused ops", "re-export"),
+    (["--fp32", "--backend", "aoti", "--device", "cpu", "--seed", "5"],
+     "`wan-trt export --config universal-small --graph decoder --precision fp32 --seed 5 --out ", None),
+])
+def test_a_decoder_build_refused_for_its_flags_says_how_to_make_the_decoder_it_asks_for(decoder_export, flags,
+                                                                                        expected, wrong):
+    """A build of a decoder export refused for its --precision advised `wan-trt export --precision P` (a DiT of the
+    default config), for --seed an export without --graph decoder, and for TensorRT's --ops plugins a re-export,
+    though the decoder's graphs have no fused ops whatever the export (its fused norms are an AOTInductor build's)."""
+    res = CliRunner().invoke(main, ["build", str(decoder_export), *flags])
+    assert res.exit_code == 1 and expected in res.output and (wrong is None or wrong not in res.output), res.output
+    assert f"--out {decoder_export / 'first'}" not in res.output  # a DiT export there would break the pair
