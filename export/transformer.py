@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from wan_trt.config import WanConfig
+from wan_trt.errors import WanTrtError
+from wan_trt.export.decoder import decoder_dirs
 from wan_trt.export.manifest import Manifest
 from wan_trt.export.writer import export_graph
 from wan_trt.spec import PassSpec
@@ -14,5 +16,8 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
                        seed: int = 0, ops: str = "native", opset: int = 23, overwrite: bool = False,
                        onnx: bool = True) -> Manifest:
     """Export one pass of ``cfg`` to ``out/model.onnx`` with manifest and sample inputs (see ``export_graph``)."""
+    if decoder_dirs(out) is not None:
+        raise WanTrtError(f"--out {out} holds a decoder export (first/, steady/), which a DiT export does not "
+                          "replace; the DiT's graph goes into a folder of its own: pick another --out")
     return export_graph(PassSpec.from_config(cfg, precision), out, weights=weights, seed=seed, ops=ops, opset=opset,
                         overwrite=overwrite, onnx=onnx)

@@ -392,3 +392,12 @@ def test_a_decoder_build_refused_for_its_flags_says_how_to_make_the_decoder_it_a
     res = CliRunner().invoke(main, ["build", str(decoder_export), *flags])
     assert res.exit_code == 1 and expected in res.output and (wrong is None or wrong not in res.output), res.output
     assert f"--out {decoder_export / 'first'}" not in res.output  # a DiT export there would break the pair
+
+
+def test_a_dit_export_into_a_decoder_export_is_refused_as_such(decoder_export):
+    """`export --out DEC --overwrite` of a DiT was refused as 'not a wan-trt export', listing wan-trt's own files."""
+    res = CliRunner().invoke(main, ["export", "--config", CFG, "--no-onnx", "--out", str(decoder_export),
+                                    "--overwrite"])
+    assert res.exit_code == 1 and "holds a decoder export" in res.output and "not a wan-trt" not in res.output, \
+        res.output
+    read_decoder(decoder_export)
