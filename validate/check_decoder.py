@@ -33,7 +33,7 @@ from wan_trt.export.manifest import MANIFEST, Manifest, reference_model, verify_
 from wan_trt.export.manifest_schema import recorded_files
 from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
-from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
+from wan_trt.validate.check import (DEFAULT_BLOCKS, CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                    check_single_pass, clear_report, engine_report_name, folder_identities,
                                    former_report_name, identities_of_read, report_locked, report_path,
                                    require_blocks_fit, require_polygraphy, results_path, results_staged, write_report)
@@ -43,6 +43,7 @@ from wan_trt.validate.metrics import error_stats, passes, tolerance
 def require_history_check(options: CheckOptions) -> None:
     """The single calls judge ``rgb`` only; the histories are judged by the stream from its second block on,
     where the steady graph first reads them: a decoder check streams at least 2 blocks."""
+    options = options.with_blocks("decoder")
     if not options.stream or options.blocks < 2:
         asked = "--no-stream" if not options.stream else f"--blocks {options.blocks}"
         raise WanTrtError(f"{asked}: a decoder's histories are judged by the stream check from its second block on "
@@ -59,6 +60,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     ``engines``). The report is written to ``<steady export>/check/report_<engine file name or backend>.json``
     (:func:`report_path`). ``identity``: :func:`folder_identities` of ``dirs`` taken before the manifests were
     read (defaults to taking it here)."""
+    options = options.with_blocks("decoder")
     require_history_check(options)
     require_polygraphy()
     identity = identity if identity is not None else folder_identities(*dirs.values())
@@ -115,10 +117,18 @@ def stream_latents(spec: DecoderSpec, blocks: int, seed: int) -> torch.Tensor:
 
 @torch.no_grad()
 def decode_whole_clip(decoder, latents: torch.Tensor) -> torch.Tensor:
-    """The reference: the whole clip decoded in one call from empty histories, fp32 [1, 3, T', H, W] on the CPU."""
+    """The reference: the whole clip decoded in one call from empty histories, fp32 [1, 3, T', H, W] on the CPU.
+    One that does not fit in the GPU's memory is refused saying so (it grows with --blocks)."""
     dtype, device = decoder.conv2.weight.dtype, decoder.conv2.weight.device
     history = decoder.empty_history(latents.shape[0], *latents.shape[-2:])
-    rgb, _ = decoder(latents.to(device, dtype), history, first=True)
+    try:
+        rgb, _ = decoder(latents.to(device, dtype), history, first=True)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        raise WanTrtError(f"the decoder's stream check compares its blocks with the whole clip decoded at once, and "
+                          f"that clip ({latents.shape[2]} latent frames, {str(dtype).removeprefix('torch.')}) does "
+                          f"not fit in {device}'s memory: pass fewer --blocks (at least 2; the default is "
+                          f"{DEFAULT_BLOCKS['decoder']})") from None
     return rgb.float().cpu()
 
 

@@ -112,6 +112,33 @@ def test_a_decoder_check_that_would_leave_its_histories_unjudged_is_refused(deco
     assert "histories" in res.output and "--blocks 2" in res.output, res.output
 
 
+def test_a_decoder_check_streams_three_blocks_by_default_and_the_dit_eight(decoder_export):
+    """The decoder's stream check compares its blocks with the whole clip decoded at once in fp32, whose activations
+    at full size fill most of an 80 GB GPU at 3 blocks: its default was the DiT's 8, so `wan-trt check DEC` as the
+    README gives it could not run at full size."""
+    res = CliRunner().invoke(main, ["check", str(decoder_export), "--json", "--no-save-results"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output[res.output.index("{"):])
+    assert report["options"]["blocks"] == 3 and [b["video_frames"] for b in report["stream"]] == [9, 12, 12]
+    assert CheckOptions().with_blocks("dit").blocks == 8 and CheckOptions(blocks=5).with_blocks("decoder").blocks == 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (its memory limit is what is judged)")
+def test_a_whole_clip_reference_the_gpu_cannot_hold_is_refused_naming_blocks():
+    """The decoder check's whole-clip reference grows with --blocks; one the GPU could not hold ended in a
+    traceback from the allocator."""
+    cfg = load_config(CFG)
+    decoder = build_decoder(cfg, torch.float32, "cuda", None, 0)
+    latents = stream_latents(DecoderSpec.from_config(cfg, "fp32", "steady"), 200, seed=0)
+    free, total = torch.cuda.mem_get_info()
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_allocated() + (64 << 20)) / total)
+    try:
+        with pytest.raises(WanTrtError, match=r"does not fit in cuda:0's memory: pass fewer --blocks"):
+            decode_whole_clip(decoder, latents)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
 def test_a_decoder_stream_the_check_cannot_hold_is_refused_before_any_work(decoder_export):
     """--blocks 100000000000 died with a traceback from the allocator (the seeded latents of the whole clip)."""
     res = CliRunner().invoke(main, ["check", str(decoder_export), "--blocks", str(10 ** 11), "--no-save-results"])
