@@ -275,7 +275,8 @@ def check_single_pass(backend, reference: Runner, yardstick: Runner, feeds: dict
     (_, ref_out), (_, yard_out), (_, back_out) = [(name, iters[0]) for name, iters in results.items()]
     _require_spec_shapes(runners[-1].name, back_out, feed_spec, names)
     yard = {n: error_stats(yard_out[n], ref_out[n]) for n in names}
-    # mean |error| within 2x the yardstick's, floored like the rel-L2 policy (floor x the mean |reference|)
+    # mean |error| within 2x the larger of the yardstick's and the precision's floor (floor x the mean |reference|):
+    # Polygraphy's own verdict beside the rel-L2 policy, which is the stricter where the floor rules
     floor = rel_l2_floor(feed_spec.precision)
     atol = {n: 2 * max(yard[n].mean_abs, floor * float(np.abs(ref_out[n]).mean())) for n in names}
     compare = _simple_compare(atol=atol, rtol={n: 0.0 for n in names}, check_error_stat="mean")
