@@ -157,7 +157,7 @@ class AotiRunner(Runner):
         self.compiled = None
 
     def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        self.spec.check_feeds(feeds)
+        self.check_feeds(feeds)
         outputs = self.compiled(*(feeds[n] for n in self.spec.input_names))
         return dict(zip(self.spec.output_names, outputs))
 

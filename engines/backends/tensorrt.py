@@ -262,7 +262,7 @@ class TensorRTRunner(Runner):
         self.outputs[name] = tensor
 
     def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        self.spec.check_feeds(feeds)
+        self.check_feeds(feeds)
         for name in self.spec.input_names:
             self.context.set_tensor_address(name, feeds[name].data_ptr())
         for name, tensor in self.outputs.items():

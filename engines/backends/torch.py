@@ -12,7 +12,11 @@ from wan_trt.spec import GraphSpec
 
 class TorchRunner(Runner):
     """Runs a graph's static wrapper (:class:`StaticPass` for the DiT, ``StaticDecode`` for the decoder)
-    over ``model`` on the model's device; ``compile=True`` wraps it in torch.compile."""
+    over ``model`` on the model's device; ``compile=True`` wraps it in torch.compile. It loads nothing on entering
+    ``with`` and reads inputs of any layout."""
+
+    needs_activation = False
+    strided_feeds = True
 
     def __init__(self, model: torch.nn.Module, spec: GraphSpec, compile: bool = False):
         super().__init__(spec, next(model.parameters()).device)
@@ -22,7 +26,7 @@ class TorchRunner(Runner):
 
     @torch.no_grad()
     def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        self.spec.check_feeds(feeds)
+        self.check_feeds(feeds)
         outputs = self._fn(*(feeds[name] for name in self.spec.input_names))
         return dict(zip(self.spec.output_names, outputs))
 

@@ -47,7 +47,7 @@ class CudaGraphRunner(Runner):
         return dict(self.outputs)
 
     def _capture(self, feeds: dict[str, torch.Tensor]) -> None:
-        self.spec.check_feeds(feeds)
+        self.check_feeds(feeds)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), torch.no_grad():

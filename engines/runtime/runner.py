@@ -3,7 +3,8 @@
     with runner:
         outputs = runner.infer(feeds)   # dict name -> device tensor, per the spec
 
-``feeds`` hold every spec input on ``runner.device``; outputs hold every spec output.
+``feeds`` hold every spec input on ``runner.device``, contiguous (:meth:`Runner.check_feeds` says which one is
+not); outputs hold every spec output.
 Outputs may be fresh tensors (torch, AOTInductor) or the runner's own bound buffers;
 a runner that owns its output buffers says so with ``owns_outputs`` and accepts new
 ones through :meth:`rebind_output`, so a session can swap caches instead of copying.
@@ -56,6 +57,8 @@ class Runner(abc.ABC):
     owns_outputs: bool = False  # outputs are the runner's own buffers (see rebind_output)
     swap_inputs: bool = True  # the session may hand new tensors as inputs (cache swap); else it copies
     fixed_buffers: bool = False  # inputs must keep, and outputs keep, their addresses (CUDA graphs)
+    needs_activation: bool = True  # infer only inside `with runner:` (activate loads what it runs)
+    strided_feeds: bool = False  # infer reads inputs of any layout; else they must be contiguous
 
     def __init__(self, spec: PassSpec, device: str | torch.device):
         self.spec = spec
@@ -86,6 +89,28 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run one pass."""
+
+    def check_feeds(self, feeds: dict[str, torch.Tensor]) -> None:
+        """Refuse a call outside ``with runner:`` (where ``activate`` loads what runs) and feeds that are not the
+        spec's inputs as this runner reads them: torch tensors of the spec's names, shapes and dtypes, on its device,
+        contiguous unless it reads any layout. An engine takes its inputs by address, in the layout it was built for:
+        a feed of another device crashed the process, a strided one ran with wrong outputs."""
+        if self.needs_activation and not self.is_active:
+            raise WanTrtError(f"{self.name}: infer() outside `with runner:`, which loads what it runs (and releases "
+                              "it on exit); call it inside the `with` block")
+        problems = [f"input '{n}' is a {type(v).__name__}, not a torch.Tensor" for n, v in feeds.items()
+                    if not isinstance(v, torch.Tensor)]
+        if problems:
+            raise WanTrtError("feeds do not match the graph spec: " + "; ".join(problems))
+        self.spec.check_feeds(feeds)
+        for name in self.spec.input_names:
+            value = feeds[name]
+            if value.device != self.device:
+                problems.append(f"input '{name}' is on {value.device}, not {self.device}")
+            elif not (self.strided_feeds or value.is_contiguous()):
+                problems.append(f"input '{name}' is not contiguous (pass .contiguous())")
+        if problems:
+            raise WanTrtError(f"feeds of {self.name}: " + "; ".join(problems))
 
     def rebind_output(self, name: str, tensor: torch.Tensor) -> None:
         """Give an owned output a new buffer (only for runners with ``owns_outputs``)."""
