@@ -2,12 +2,14 @@
 ``reference_*`` functions, so the plugin-flavoured graph can be checked where TensorRT is absent.
 
 onnxruntime-extensions serves Python ops from the ``ai.onnx.contrib`` domain; a plugin graph
-is rewritten to that domain into a temporary copy before ONNX Runtime loads it.
+is rewritten to that domain into a temporary copy that ONNX Runtime loads, removed once it has.
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import onnx
@@ -59,8 +61,10 @@ def has_plugin_nodes(model: onnx.ModelProto, domain: str = "wan_trt") -> bool:
     return any(n.domain == domain for n in model.graph.node)
 
 
-def contrib_copy(graph: Path, domain: str = "wan_trt") -> Path:
-    """A temporary copy of ``graph`` with the plugin nodes moved to onnxruntime-extensions' domain."""
+@contextlib.contextmanager
+def contrib_copy(graph: Path, domain: str = "wan_trt") -> Iterator[Path]:
+    """A temporary copy of ``graph`` with the plugin nodes moved to onnxruntime-extensions' domain, removed on
+    exit (ONNX Runtime holds what it needs once its session is made)."""
     from wan_trt.export.plugin_ops import check_plugin_nodes  # deferred: it imports the fused ops' registry
     model = onnx.load(str(graph))
     check_plugin_nodes(model)  # the reference ops would run any version or attributes; TensorRT would not
@@ -70,6 +74,7 @@ def contrib_copy(graph: Path, domain: str = "wan_trt") -> Path:
     imports = [o for o in model.opset_import if o.domain != domain]
     del model.opset_import[:]
     model.opset_import.extend(imports + [onnx.helper.make_opsetid(CONTRIB, 1)])
-    out = Path(tempfile.mkdtemp(prefix="wan_trt_ort_")) / graph.name
-    onnx.save(model, str(out), save_as_external_data=model.ByteSize() > 1_800_000_000)
-    return out
+    with tempfile.TemporaryDirectory(prefix="wan_trt_ort_") as scratch:
+        out = Path(scratch) / graph.name
+        onnx.save(model, str(out), save_as_external_data=model.ByteSize() > 1_800_000_000)
+        yield out

@@ -6,6 +6,7 @@ spec and owned by the runner; a session can hand them new ones (cache swap).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import onnx
@@ -72,13 +73,13 @@ class OnnxRuntimeRunner(Runner):
                               "install onnxruntime-gpu for --provider cuda")
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        graph = self._graph_for(options)
         provider = wanted
         if self.provider == "cuda":
             stream = torch.cuda.current_stream(self.device).cuda_stream
             provider = (wanted, {"device_id": self.device.index or 0, "user_compute_stream": str(stream)})
         try:
-            self.session = ort.InferenceSession(str(graph), options, providers=[provider])
+            with self._graph_for(options) as graph:
+                self.session = ort.InferenceSession(str(graph), options, providers=[provider])
         except _load_errors() as exc:  # ONNX Runtime's own verdict on the graph names the cause
             raise WanTrtError(f"ONNX Runtime ({wanted}) cannot load {self.graph}: {exc}") from exc
         if self.session.get_providers()[0] != wanted:
@@ -106,12 +107,13 @@ class OnnxRuntimeRunner(Runner):
                 raise WanTrtError(f"{self.graph}: its {kind} are not those of its spec ({len(got)} vs {len(want)}; "
                                   f"{kind[:-1]} {first} is {seen}, the spec says {expected}); re-export it")
 
-    def _graph_for(self, options) -> Path:
-        """The graph to load: plugin graphs run their wan_trt::* nodes as reference Python ops (CPU only)."""
+    def _graph_for(self, options) -> contextlib.AbstractContextManager[Path]:
+        """The graph to load, while the session is made: plugin graphs run their wan_trt::* nodes as reference Python
+        ops (CPU only), from a copy removed once loaded."""
         # deferred: the plugin ops (onnxruntime-extensions) are needed only by --ops plugins graphs
         from wan_trt.plugins.onnxruntime_ops import contrib_copy, has_plugin_nodes, register_reference_ops
         if not has_plugin_nodes(onnx.load(str(self.graph), load_external_data=False)):
-            return self.graph
+            return contextlib.nullcontext(self.graph)
         if self.provider != "cpu":
             raise WanTrtError("a --ops plugins graph runs on ONNX Runtime only with --provider cpu (its fused ops "
                               "are reference Python ops there); on GPUs build it with TensorRT")

@@ -117,7 +117,8 @@ def test_onnxruntime_op_computes_the_reference(tmp_path, op):
     onnx.save(_single_node_graph(op, tensors, attrs), str(tmp_path / "op.onnx"))
     options = ort.SessionOptions()
     options.register_custom_ops_library(register_reference_ops())
-    session = ort.InferenceSession(str(contrib_copy(tmp_path / "op.onnx")), options, providers=["CPUExecutionProvider"])
+    with contrib_copy(tmp_path / "op.onnx") as graph:
+        session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     got = session.run(None, {i.name: t.numpy() for i, t in zip(op.inputs, tensors)})
     want = op.reference(*tensors, *attrs)
     for g, w in zip(got, want if isinstance(want, tuple) else (want,)):

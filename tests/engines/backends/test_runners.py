@@ -1,5 +1,7 @@
 """What every runner refuses before it runs a pass: a call outside ``with runner:`` where the runner loads its engine
-on entering it, and feeds that are not its spec's inputs as it reads them (type, device, layout)."""
+on entering it, and feeds that are not its spec's inputs as it reads them (type, device, layout); and what it leaves."""
+import tempfile
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -85,3 +87,18 @@ def test_the_torch_runner_still_takes_strided_feeds(onnx_export):
     strided = runner.infer({**feeds, "latents": _strided(feeds["latents"])})
     assert all(torch.equal(plain[k], strided[k]) for k in plain)
 
+
+def test_a_plugin_graph_leaves_no_copy_behind(tmp_path, monkeypatch):
+    """ONNX Runtime runs a --ops plugins graph from a copy with its fused ops renamed for onnxruntime-extensions; every
+    run left that copy (the size of the graph and its weights) in the temporary folder, never removed."""
+    pytest.importorskip("onnxruntime_extensions")
+    export_transformer(load_config("universal-small"), tmp_path / "export", "fp32", seed=2, ops="plugins")
+    manifest = Manifest.read(tmp_path / "export")
+    feeds = load_file(str(tmp_path / "export" / manifest.sample_inputs))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the temporary folder of this process, watched
+    with OnnxRuntimeRunner(manifest.graph_path(tmp_path / "export"), manifest.spec) as runner:
+        outputs = runner.infer(feeds)
+    assert all(torch.isfinite(v).all() for v in outputs.values())  # it ran the graph
+    assert list(scratch.iterdir()) == []
