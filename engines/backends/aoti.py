@@ -130,6 +130,9 @@ def _cpp_compile_error(exc: BaseException) -> BaseException | None:
 class AotiRunner(Runner):
     """Runs an AOTInductor package built by :func:`build_aoti`."""
 
+    without_cuda = ("the package was built for CUDA and runs only there: run it on a machine with a CUDA GPU, or "
+                    "build one for this CPU with `wan-trt build EXPORT --backend aoti --device cpu`")
+
     def __init__(self, engine: str | Path, manifest: Manifest, single_threaded: bool = False):
         self.engine = Path(engine)
         self.single_threaded = single_threaded  # no thread synchronisation: required under CUDA-graph capture

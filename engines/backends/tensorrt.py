@@ -217,6 +217,8 @@ class TensorRTRunner(Runner):
     """Runs a TensorRT engine; outputs are owned buffers (allocated once), inputs bound by address."""
 
     owns_outputs = True
+    without_cuda = ("a TensorRT engine runs on a CUDA GPU only: run it on a machine with one, or build an AOTInductor "
+                    "package for this CPU with `wan-trt build EXPORT --backend aoti --device cpu`")
 
     def __init__(self, engine: str | Path, manifest: Manifest):
         self.engine_path = Path(engine)

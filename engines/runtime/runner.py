@@ -59,13 +59,14 @@ class Runner(abc.ABC):
     fixed_buffers: bool = False  # inputs must keep, and outputs keep, their addresses (CUDA graphs)
     needs_activation: bool = True  # infer only inside `with runner:` (activate loads what it runs)
     strided_feeds: bool = False  # infer reads inputs of any layout; else they must be contiguous
+    without_cuda: str = "run on cpu (--device cpu / --provider cpu)"  # what to do where a CUDA run cannot be
 
     def __init__(self, spec: PassSpec, device: str | torch.device):
         self.spec = spec
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise WanTrtError(f"{type(self).__name__} runs on {self.device}, and this machine has no CUDA device "
-                              "that PyTorch can use; run on cpu (--device cpu / --provider cpu)")
+                              f"that PyTorch can use; {self.without_cuda}")
         self.device = torch.device(concrete_device(str(self.device)))  # "cuda" -> "cuda:N": comparable to tensors'
         self.is_active = False
 

@@ -303,3 +303,16 @@ def test_an_engine_out_without_the_pt2_suffix_is_refused_before_an_export_is_mad
                                     "--fp32", "--out", str(tmp_path / "engine.bin")])
     assert res.exit_code == 1 and "--backend aoti writes a .pt2 file" in res.output, res.output
     assert not list(tmp_path.iterdir())  # no export made
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: the package runs")
+def test_checking_a_cuda_package_without_a_gpu_says_what_to_do(aoti, tmp_path):
+    """A CUDA package on a machine without a GPU: `check` advised `--device cpu / --provider cpu`, which it does not
+    take for an engine (it has no --device, and refuses --provider with one); a package runs where it was built."""
+    engine = tmp_path / "engine_aoti_cuda.pt2"
+    shutil.copy(aoti[1], engine)
+    meta = json.loads(Path(f"{aoti[1]}.json").read_text()) | {"device": "cuda"}  # as a build on a GPU records it
+    Path(f"{engine}.json").write_text(json.dumps(meta))
+    res = CliRunner().invoke(main, ["check", str(engine), "--blocks", "2"])
+    assert res.exit_code == 1 and "no CUDA device" in res.output, res.output
+    assert "--provider" not in res.output and "--backend aoti --device cpu" in res.output, res.output
