@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
+from wan_trt.errors import WanTrtError
 from wan_trt.plugins.launch import GPU_TILINGS, Tiling
 
 NAMESPACE = "wan_trt"  # torch.ops namespace, ONNX domain and TensorRT plugin namespace
@@ -93,8 +94,15 @@ class FusedOp:
         return inspect.Signature(params + list(extra), return_annotation=result)
 
     def implementation(self) -> ModuleType:
-        """The op's module (imported here, not at the top: it needs Triton, an optional dependency)."""
-        return importlib.import_module(f"wan_trt.plugins.{self.module}")
+        """The op's module (imported here, not at the top: it needs Triton, an optional dependency; where Triton is
+        not installed, a WanTrtError says so)."""
+        try:
+            return importlib.import_module(f"wan_trt.plugins.{self.module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != "triton" and not str(exc.name).startswith("triton."):
+                raise
+            raise WanTrtError("--ops plugins: the fused ops are Triton kernels, and Triton is not installed here: "
+                              "pip install triton (CUDA builds of torch bring it), or use --ops native") from None
 
     @property
     def reference(self) -> Callable:

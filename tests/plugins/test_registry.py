@@ -154,3 +154,15 @@ def test_inductor_takes_the_kernels_to_write_only_their_outputs(op, inductor_wri
 def test_inductor_takes_the_fp8_quantization_to_write_only_its_outputs(inductor_writes):
     """The same for the fp8 engines' quantization kernel (no fused op: it has no TensorRT plugin)."""
     assert inductor_writes["quantize_rows_fp8"] == [[["Q", "S"], []]]
+
+
+def test_plugins_without_triton_say_what_to_install(tmp_path):
+    """Triton is not a dependency of the package (CPU torch wheels come without it): `export --ops plugins` ended in
+    a traceback (ModuleNotFoundError: triton) from the first fused op's module."""
+    script = ("import sys; sys.modules['triton'] = None  # as where it is not installed\n"
+              "from wan_trt.cli import main; main()")
+    res = subprocess.run([sys.executable, "-c", script, "export", "--config", "universal-small", "--precision", "fp32",
+                          "--ops", "plugins", "--out", str(tmp_path / "export")], capture_output=True, text=True)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert "--ops plugins" in res.stderr and "pip install triton" in res.stderr, res.stderr[-3000:]
+    assert not (tmp_path / "export").exists()
