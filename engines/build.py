@@ -1,7 +1,7 @@
 """``wan-trt build`` / ``wan-trt inspect``: one entry over the registered backends that build an engine."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,13 +19,14 @@ from wan_trt.export.transformer import export_transformer
 from wan_trt.graphs import graph_kind
 
 
-def resolve_export(directory: str | None, config_name: str | None, precision: str, ops: str, *,
+def resolve_export(directory: str | None, config_name: str | None, precision: str | None, ops: str, *,
                    weights: str | None = None, seed: int | None = None, backend: str = "tensorrt",
                    before_export: Callable[[], None] | None = None) -> Path:
     """The export directory to build from; with ``--config`` and no directory, export it first.
 
-    ``weights`` / ``seed`` are None when not given; given, they must be the export's (an existing
-    export is never rebuilt from other weights than the user named, nor silently used instead).
+    ``precision``, ``weights`` and ``seed`` are None when not given; given, they must be the export's (an existing
+    export is never rebuilt from other weights than the user named, nor silently used instead). An export
+    ``--config`` makes is bf16 unless ``precision`` says otherwise.
     ``before_export`` refuses, before an export is made (minutes at full size), what the build would refuse after
     it (the backend's :func:`check_options`).
     """
@@ -33,6 +34,7 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
         if config_name is None:
             raise WanTrtError("give an export DIRECTORY (from `wan-trt export`) or --config to export one")
         cfg = load_config(config_name)
+        precision = precision or DEFAULT_PRECISION
         path = Path(f"out/{cfg.name}_{precision}_{ops}")
         if not (path / "manifest.json").is_file():
             if before_export is not None:
@@ -47,7 +49,7 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
         raise WanTrtError(f"--config {config_name}: {path} holds an export of config {cfg.name!r} as it was "
                           f"before (the config differs now); re-export it with `wan-trt export --config "
                           f"{config_name} --precision {precision} --ops {ops} --out {path} --overwrite`, then build")
-    if manifest.spec.precision != precision:
+    if precision is not None and manifest.spec.precision != precision:
         raise WanTrtError(f"{path} holds a {manifest.spec.precision} graph but --{precision} was asked: export one "
                           f"with `{export_command(manifest, precision=precision)}` or build with "
                           f"--{manifest.spec.precision}")
@@ -101,12 +103,15 @@ def check_weight_flags(path: Path, manifest: Manifest, weights: str | None, seed
         raise WanTrtError(f"--seed {seed}: {path} was exported with --seed {recorded['seed']}; {fix}")
 
 
+DEFAULT_PRECISION = "bf16"  # of the export `build --config` makes when no precision is given
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     """What `wan-trt build` was asked for, beside the export to build from."""
 
     backend: str = DEFAULT_BUILD
-    precision: str = "bf16"
+    precision: str | None = None  # None: the export's (bf16 for one --config makes)
     ops: str = "native"
     device: str = "cuda"
     timing_cache: str | None = None
@@ -133,8 +138,9 @@ def build_engine(directory: str | None, config_name: str | None, options: BuildO
     if options.out is not None:  # before an export --config may make (minutes)
         check_engine_name(backend, Path(options.out))
     module = backend_module(backend)
+    exported = replace(options, precision=options.precision or DEFAULT_PRECISION)  # what an export --config makes
     export_dir = resolve_export(directory, config_name, options.precision, options.ops, weights=weights, seed=seed,
-                                backend=backend.name, before_export=lambda: module.check_options(options))
+                                backend=backend.name, before_export=lambda: module.check_options(exported))
     return module.build(export_dir, options)
 
 

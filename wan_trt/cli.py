@@ -389,7 +389,8 @@ def build(directory, config_name, backend, precision, precision_alias, ops, devi
           weak_typing, out, force, weights, seed) -> None:
     """Build an engine (TensorRT plan or AOTInductor package) from an export directory.
 
-    The precision (default bf16; fp16 keeps an fp32 residual stream and norms) must be the export's.
+    The precision is the export's (a --precision given must be it); an export --config makes is bf16 unless one is
+    given (fp16 keeps an fp32 residual stream and norms).
     """
     from wan_trt.engines.build import BuildOptions, build_engine
 
@@ -397,7 +398,7 @@ def build(directory, config_name, backend, precision, precision_alias, ops, devi
                                       ("--weak-typing", weak_typing or None)) if value is not None]
     if given and backend != "tensorrt":  # they would be dropped without a word
         raise WanTrtError(f"{', '.join(given)}: TensorRT build options; --backend {backend} has none")
-    options = BuildOptions(backend=backend, precision=pick_precision(precision, precision_alias), ops=ops,
+    options = BuildOptions(backend=backend, precision=pick_precision(precision, precision_alias, None), ops=ops,
                            device=device, timing_cache=timing_cache, opt_level=3 if opt_level is None else opt_level,
                            weak_typing=weak_typing, out=out, force=force)
     engine = build_engine(directory, config_name, options, weights=weights, seed=seed)

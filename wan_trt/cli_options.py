@@ -55,8 +55,8 @@ def precision_aliases(fn: Callable) -> Callable:
     return fn
 
 
-def pick_precision(precision: str | None, alias: str | None, default: str = "bf16") -> str:
-    """The precision asked by ``--precision`` or its alias flag; both given, they must agree."""
+def pick_precision(precision: str | None, alias: str | None, default: str | None = "bf16") -> str | None:
+    """The precision asked by ``--precision`` or its alias flag, else ``default``; both given, they must agree."""
     if precision is not None and alias is not None and precision != alias:
         raise WanTrtError(f"--precision {precision} and --{alias} disagree; pass one of them")
     return precision or alias or default

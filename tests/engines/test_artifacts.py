@@ -255,3 +255,15 @@ def test_build_with_a_config_refuses_what_it_cannot_build_before_exporting(tmp_p
     res = _build("--config", CFG, *args)
     assert res.exit_code == 1 and expected in res.output, res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_build_of_an_export_takes_its_precision_when_none_is_given(aoti, decoder_aoti, decoder_export):
+    """`wan-trt build DIR` assumed bf16: an fp32 export was refused as "--bf16 was asked" though no precision was
+    given. The precision of an existing export's engine is the export's; one given must still be it."""
+    export, engine = aoti
+    res = CliRunner().invoke(main, ["build", str(export), "--backend", "aoti", "--device", "cpu"])
+    assert res.exit_code == 0 and res.output.strip().endswith(str(engine)), res.output
+    res = CliRunner().invoke(main, ["build", str(decoder_export), "--backend", "aoti", "--device", "cpu"])
+    assert res.exit_code == 0 and res.output.strip().endswith(str(decoder_aoti)), res.output
+    res = CliRunner().invoke(main, ["build", str(export), "--backend", "aoti", "--device", "cpu", "--fp16"])
+    assert res.exit_code == 1 and "holds a fp32 graph but --fp16 was asked" in res.output, res.output
