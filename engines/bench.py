@@ -320,6 +320,8 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if o.profile and torch.device(o.device).type != "cuda":
         raise WanTrtError(f"--profile {','.join(o.profile)}: a profile reads the GPU's kernel times; run it with "
                           "--device cuda")
+    if o.end_to_end:
+        parse_backends(",".join(o.end_to_end), "--end-to-end")
     not_benched = [b for b in o.end_to_end if b not in backends or get_backend(b).reference_pipeline]
     if not_benched or (o.end_to_end and o.decoder_engine is None):
         raise WanTrtError(f"--end-to-end {','.join(o.end_to_end)}: needs --decoder-engine and static-cache backends "

@@ -126,15 +126,20 @@ def check_engine_name(backend: Backend, engine: Path) -> None:
                           f"{backend.name} engine otherwise, e.g. {engine.with_name(engine.stem + suffix)}")
 
 
-def parse_backends(names: str | None) -> list[str] | None:
-    """``--backends`` as a list (None: the default set); unknown names are refused before any work."""
+def parse_backends(names: str | None, flag: str = "--backends") -> list[str] | None:
+    """``--backends`` (or another ``flag`` naming backends) as a list (None: the default set); unknown names, and a
+    name given twice (its second run would replace the first's row), are refused before any work."""
     if names is None:
         return None
     backends = [b.strip() for b in names.split(",") if b.strip()]
     unknown = [b for b in backends if b not in BY_NAME]
     if unknown or not backends:
-        raise WanTrtError(f"--backends: unknown backend(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
+        raise WanTrtError(f"{flag}: unknown backend(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
                           f"valid: {', '.join(ALL_BACKENDS)}")
+    twice = sorted({b for b in backends if backends.count(b) > 1})
+    if twice:
+        raise WanTrtError(f"{flag}: {', '.join(map(repr, twice))} named twice (a backend runs once, one row); "
+                          "name each once")
     return backends
 
 

@@ -21,6 +21,16 @@ def test_unknown_backend_is_refused_before_any_work(plain_export, tmp_path):
     assert "Traceback" not in res.output and not out.exists()  # nothing ran, nothing written
 
 
+def test_a_backend_named_twice_is_refused_before_any_work(plain_export, tmp_path):
+    """A backend named twice in --backends or --end-to-end ran twice and reported one row."""
+    out = tmp_path / "b.json"
+    for flags in (["--backends", "torch-eager,torch-eager"],
+                  ["--backends", "torch-eager", "--end-to-end", "torch-eager,torch-eager"]):
+        res = _bench([str(plain_export), "--device", "cpu", *flags, "--out", str(out)])
+        assert res.exit_code == 1 and "'torch-eager' named twice" in res.output, res.output
+        assert not out.exists()
+
+
 def test_the_old_upstream_name_is_gone(plain_export):
     res = _bench([str(plain_export), "--device", "cpu", "--backends", "upstream-eager"])
     assert res.exit_code == 1 and "reference-eager" in res.output

@@ -6,7 +6,8 @@ import torch
 from click.testing import CliRunner
 
 from wan_trt.cli import main
-from wan_trt.engines.backends import ALL_BACKENDS, BACKENDS, BUILDABLE, RunnerSources, get_backend, why_not
+from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, BUILDABLE, RunnerSources, get_backend, parse_backends,
+                                     why_not)
 from wan_trt.engines.bench import BenchOptions, run_bench
 from wan_trt.engines.build import BuildOptions, build_engine
 from wan_trt.errors import WanTrtError
@@ -121,3 +122,12 @@ def test_profiles_that_cannot_run_are_refused_before_any_work(exports, tmp_path,
                                     "--backends", "torch-eager", "--profile", profile, "--out", str(out)])
     assert res.exit_code == 1 and message in res.output, res.output
     assert not out.exists()
+
+
+def test_a_backend_named_twice_is_refused():
+    """`--backends aoti,aoti` ran the backend twice and reported one row (the second run's)."""
+    with pytest.raises(WanTrtError, match="--backends: 'torch-eager' named twice"):
+        parse_backends("torch-eager,aoti, torch-eager")
+    assert parse_backends("torch-eager,aoti") == ["torch-eager", "aoti"]
+    with pytest.raises(WanTrtError, match="--end-to-end: 'aoti' named twice"):
+        parse_backends("aoti,aoti", "--end-to-end")
