@@ -181,3 +181,18 @@ def test_a_summary_names_each_settings_environment_and_refuses_a_tag_run_from_tw
     done, out = _summarize(tmp_path, [run("ws0", "0"), run("ws0", "0", {**clean, "dirty": True, "tree": "t2"})])
     assert done.returncode != 0 and "ws0" in done.stderr and "source" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not out.exists()
+
+
+def test_a_kernel_timing_that_falls_back_to_eager_calls_is_recorded():
+    """bench_kernels' timed() timed a call that CUDA graphs cannot capture as eager calls (launch overhead
+    included) and reported it among the device times without a word."""
+    import pytest
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the timings are CUDA graphs' or CUDA events')")
+    bench = load("bench_kernels")
+    x = torch.ones(8, device="cuda")
+    graphed = bench.timed(lambda: x * 2)
+    assert graphed > 0 and bench.EAGER_TIMINGS == []
+    eager = bench.timed(lambda: (x * 2).cpu())  # a device-to-host copy syncs: no capture
+    assert eager > 0 and len(bench.EAGER_TIMINGS) == 1 and "capture failed" in bench.EAGER_TIMINGS[0]
