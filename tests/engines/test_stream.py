@@ -425,3 +425,41 @@ def test_an_input_file_rewritten_while_the_stream_ran_is_not_reported_as_read(tm
     assert res.exit_code == 1 and "--actions" in res.output and "rewritten while the stream ran" in res.output, \
         res.output
     assert not (tmp_path / "s").exists()
+
+
+_WRITE_PEAK = """
+import resource, sys, torch
+from wan_trt.video import write_mp4
+frames = torch.empty((300, 352, 640, 3), dtype=torch.uint8)  # no transient larger than the frames
+for i, frame in enumerate(frames):
+    frame.copy_(torch.arange(640 * 3, dtype=torch.uint8).expand(352, -1).reshape(352, 640, 3) + i)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+write_mp4(frames, sys.argv[1])
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) / frames.numel())
+"""
+
+
+def test_the_video_is_written_without_a_copy_of_its_frames(tmp_path):
+    """write_mp4 padded the whole video into a copy before encoding it (and `stream --out` concatenated every
+    block's frames first): a long stream's video, its largest output, was held two to three times over. Its peak
+    memory now grows by the encoder's buffers, not by the frames' size (measured in a process of its own)."""
+    import subprocess
+    import sys
+    from wan_trt.video import count_frames
+    out = tmp_path / "v.mp4"
+    run = subprocess.run([sys.executable, "-c", _WRITE_PEAK, str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout) < 0.75, run.stdout  # the frames' own size is 1.0
+    assert count_frames(out) == 300
+
+
+def test_frames_of_odd_size_and_in_blocks_are_written_in_order(tmp_path):
+    """Blocks of frames are one video, in order; an odd size is padded by one pixel (H.264 needs even sizes)."""
+    import av
+    from wan_trt.video import write_mp4
+    blocks = [torch.full((n, 33, 47, 3), 40 * i, dtype=torch.uint8) for i, n in enumerate((2, 3))]
+    write_mp4(blocks, tmp_path / "v.mp4")
+    with av.open(str(tmp_path / "v.mp4")) as container:
+        got = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert [g.shape for g in got] == [(34, 48, 3)] * 5
+    assert [round(float(g[:33, :47].mean()) / 40) for g in got] == [0, 0, 1, 1, 1]
