@@ -335,7 +335,7 @@ def require_blocks_fit(blocks: int, spec: GraphSpec, given: str, made: str) -> N
         raise WanTrtError(f"--blocks {blocks}: the stream check holds every block's {given} and its three streams' "
                           f"{made} (reference, yardstick, backend) in memory, about {held / 2**30:,.1f} GiB, and this "
                           f"machine has {have / 2**30:.1f} GiB; pass fewer blocks (the default is "
-                          f"{CheckOptions.blocks})")
+                          f"{DEFAULT_BLOCKS[spec.KIND]})")
 
 
 def check_stream(backend: Runner, reference_model, yardstick_model, blocks: int, seed: int) -> list[dict]:
@@ -402,14 +402,14 @@ class CheckOptions:
     stream: bool = True
     save_results: bool = True
 
-    def with_blocks(self, graph: str) -> "CheckOptions":
-        """These options with ``blocks`` set: as given, else the default of ``graph`` ('dit' or 'decoder')."""
-        return self if self.blocks is not None else dataclasses.replace(self, blocks=DEFAULT_BLOCKS[graph])
+    def with_blocks(self, kind: str) -> "CheckOptions":
+        """These options with ``blocks`` set: as given, else the default of graph kind ``kind`` (a spec's KIND)."""
+        return self if self.blocks is not None else dataclasses.replace(self, blocks=DEFAULT_BLOCKS[kind])
 
 
-# the stream check's blocks by default: the DiT's 8 cross two windows; the decoder's reference is the whole clip
-# decoded at once, whose fp32 activations at full size fill most of an 80 GB GPU at 3 blocks (9 + 12 + 12 frames)
-DEFAULT_BLOCKS = {"dit": 8, "decoder": 3}
+# the stream check's blocks by default, by graph kind: the DiT pass's 8 cross two windows; the decoder's reference is
+# the whole clip decoded at once, whose fp32 activations at full size fill most of an 80 GB GPU at 3 blocks
+DEFAULT_BLOCKS = {"pass": 8, "decoder": 3}
 
 
 def folder_identities(*directories: Path) -> dict[Path, tuple[int, int] | None]:
@@ -497,7 +497,8 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     """
     require_polygraphy()  # before minutes of reference building
     identity = identity if identity is not None else folder_identities(directory)
-    spec, o = manifest.spec, options.with_blocks("dit")
+    spec = manifest.spec
+    o = options.with_blocks(spec.KIND)
     if o.stream:
         require_blocks_fit(o.blocks, spec, COND_CONCAT, LATENTS)
     device = str(backend.device)

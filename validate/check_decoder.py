@@ -34,16 +34,16 @@ from wan_trt.export.manifest_schema import recorded_files
 from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (DEFAULT_BLOCKS, CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
-                                   check_single_pass, clear_report, engine_report_name, folder_identities,
-                                   former_report_name, identities_of_read, report_locked, report_path,
-                                   require_blocks_fit, require_polygraphy, results_path, results_staged, write_report)
+                                    check_single_pass, clear_report, engine_report_name, folder_identities,
+                                    former_report_name, identities_of_read, report_locked, report_path,
+                                    require_blocks_fit, require_polygraphy, results_path, results_staged, write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
 def require_history_check(options: CheckOptions) -> None:
     """The single calls judge ``rgb`` only; the histories are judged by the stream from its second block on,
     where the steady graph first reads them: a decoder check streams at least 2 blocks."""
-    options = options.with_blocks("decoder")
+    options = options.with_blocks(DecoderSpec.KIND)
     if not options.stream or options.blocks < 2:
         asked = "--no-stream" if not options.stream else f"--blocks {options.blocks}"
         raise WanTrtError(f"{asked}: a decoder's histories are judged by the stream check from its second block on "
@@ -60,7 +60,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     ``engines``). The report is written to ``<steady export>/check/report_<engine file name or backend>.json``
     (:func:`report_path`). ``identity``: :func:`folder_identities` of ``dirs`` taken before the manifests were
     read (defaults to taking it here)."""
-    options = options.with_blocks("decoder")
+    options = options.with_blocks(DecoderSpec.KIND)
     require_history_check(options)
     require_polygraphy()
     identity = identity if identity is not None else folder_identities(*dirs.values())
@@ -128,7 +128,7 @@ def decode_whole_clip(decoder, latents: torch.Tensor) -> torch.Tensor:
         raise WanTrtError(f"the decoder's stream check compares its blocks with the whole clip decoded at once, and "
                           f"that clip ({latents.shape[2]} latent frames, {str(dtype).removeprefix('torch.')}) does "
                           f"not fit in {device}'s memory: pass fewer --blocks (at least 2; the default is "
-                          f"{DEFAULT_BLOCKS['decoder']})") from None
+                          f"{DEFAULT_BLOCKS[DecoderSpec.KIND]})") from None
     return rgb.float().cpu()
 
 

@@ -120,7 +120,7 @@ def test_a_decoder_check_streams_three_blocks_by_default_and_the_dit_eight(decod
     assert res.exit_code == 0, res.output
     report = json.loads(res.output[res.output.index("{"):])
     assert report["options"]["blocks"] == 3 and [b["video_frames"] for b in report["stream"]] == [9, 12, 12]
-    assert CheckOptions().with_blocks("dit").blocks == 8 and CheckOptions(blocks=5).with_blocks("decoder").blocks == 5
+    assert CheckOptions().with_blocks("pass").blocks == 8 and CheckOptions(blocks=5).with_blocks("decoder").blocks == 5
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (its memory limit is what is judged)")
@@ -144,6 +144,7 @@ def test_a_decoder_stream_the_check_cannot_hold_is_refused_before_any_work(decod
     res = CliRunner().invoke(main, ["check", str(decoder_export), "--blocks", str(10 ** 11), "--no-save-results"])
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception  # no traceback
     assert "--blocks 100000000000: the stream check holds" in res.output, res.output
+    assert "(the default is 3)" in res.output, res.output  # the decoder's own default
 
 
 def test_a_plugins_decoder_engine_is_benched_under_its_own_backend_name(decoder_aoti, tmp_path):

@@ -196,7 +196,8 @@ def test_a_yardstick_that_overflows_in_the_stream_is_not_blamed_on_the_engine(ex
     assert all(not r["ok"] and "yardstick" in r["error"] and "no allowance" in r["error"] for r in rows)
 
 
-@pytest.mark.parametrize("blocks, phrase", [(10 ** 11, r"--blocks 100000000000: the stream check holds .* GiB"),
+@pytest.mark.parametrize("blocks, phrase", [(10 ** 11, r"--blocks 100000000000: the stream check holds .* GiB.*"
+                                                        r"\(the default is 8\)"),
                                             (0, r"--blocks: expected an int >= 1, got 0")])
 def test_a_stream_of_blocks_the_check_cannot_hold_is_refused_before_any_work(export_dir, blocks, phrase):
     """--blocks 100000000000 built the references, then died with a traceback from the allocator (the stream's
