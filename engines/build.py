@@ -21,14 +21,14 @@ from wan_trt.graphs import graph_kind
 
 def resolve_export(directory: str | None, config_name: str | None, precision: str | None, ops: str, *,
                    weights: str | None = None, seed: int | None = None, backend: str = "tensorrt",
-                   before_export: Callable[[], None] | None = None) -> Path:
+                   before_export: Callable[[str], None] | None = None) -> Path:
     """The export directory to build from; with ``--config`` and no directory, export it first.
 
     ``precision``, ``weights`` and ``seed`` are None when not given; given, they must be the export's (an existing
     export is never rebuilt from other weights than the user named, nor silently used instead). An export
     ``--config`` makes is bf16 unless ``precision`` says otherwise.
-    ``before_export`` refuses, before an export is made (minutes at full size), what the build would refuse after
-    it (the backend's :func:`check_options`).
+    ``before_export(precision)`` refuses, before an export of ``precision`` is made (minutes at full size), what the
+    build would refuse after it (the backend's :func:`check_options`).
     """
     if directory is None:
         if config_name is None:
@@ -38,7 +38,7 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
         path = Path(f"out/{cfg.name}_{precision}_{ops}")
         if not (path / "manifest.json").is_file():
             if before_export is not None:
-                before_export()
+                before_export(precision)
             export_transformer(cfg, path, precision, weights, 0 if seed is None else seed, ops)
             return path
     path = Path(directory) if directory is not None else path
@@ -138,9 +138,11 @@ def build_engine(directory: str | None, config_name: str | None, options: BuildO
     if options.out is not None:  # before an export --config may make (minutes)
         check_engine_name(backend, Path(options.out))
     module = backend_module(backend)
-    exported = replace(options, precision=options.precision or DEFAULT_PRECISION)  # what an export --config makes
+
+    def before_export(precision: str) -> None:  # the options of the export --config makes
+        module.check_options(replace(options, precision=precision))
     export_dir = resolve_export(directory, config_name, options.precision, options.ops, weights=weights, seed=seed,
-                                backend=backend.name, before_export=lambda: module.check_options(exported))
+                                backend=backend.name, before_export=before_export)
     return module.build(export_dir, options)
 
 
