@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from wan_trt.digest import check_digest_record, file_digest, file_identity, verify_file
+from wan_trt.digest import check_digest_record, file_digest, require_unchanged, verify_file
 from wan_trt.engines.backends import get_backend
 from wan_trt.engines.runtime.runner import concrete_device
 from wan_trt.errors import WanTrtError
@@ -211,9 +211,8 @@ class EngineMetadata:
 def check_unchanged(engine: Path, verified: tuple) -> None:
     """Refuse ``engine`` if it is no longer the file whose :func:`~wan_trt.digest.file_identity` was ``verified``
     (taken before its sha256 was checked): a runner would load another file than the one its report names."""
-    if file_identity(engine) != verified:
-        raise WanTrtError(f"engine {engine} was replaced or rewritten since it was verified (a build writing it "
-                          "meanwhile?): what would run is not the file checked; run again")
+    require_unchanged(engine, verified, "engine", "since it was verified (a build writing it meanwhile?)",
+                      "what would run is not the file checked; run again")
 
 
 def install_engine(partial: Path, engine: Path, meta: EngineMetadata) -> None:

@@ -21,7 +21,7 @@ from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.engines.runtime.runner import check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
-from wan_trt.digest import file_digest, file_identity
+from wan_trt.digest import file_digest, file_identity, require_unchanged
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
 from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_values, json_with_keys, staged_dir
@@ -127,7 +127,7 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         raise WanTrtError(f"--vae-weights {o.vae_weights}: the video decoder runs only when the stream writes its "
                           "video (--out, without --no-video); write the video or drop --vae-weights")
     files = input_files(o.weights, o.vae_weights, o.actions)
-    read = {flag: (path, file_identity(path)) for flag, path in files.items()}  # before any is read: _check_unchanged
+    read = {flag: file_identity(path) for flag, path in files.items()}  # before any is read
     actions = {} if o.actions is None else read_actions(o.actions, cfg, blocks, precision_dtype(precision))  # first
     decoder = stream_decoder(cfg, o) if out is not None and o.video else None  # its checkpoint before the DiT's
     with stage(f"build {cfg.name} ({precision}, {device})"):
@@ -165,8 +165,10 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         summary["video_frames"] = sum(int(f.shape[0]) for f in frames)
     report["summary"] = summary
     if out is not None:
-        _check_unchanged(read)
         report = {**report, "inputs": stream_inputs(cfg, o, decoder is not None)}  # hashed only for a report written
+        for flag, path in files.items():  # the files hashed must be the ones the stream read
+            require_unchanged(path, read[flag], flag, "while the stream ran", "its report would name another file "
+                              "than the one read; nothing was written, run again")
         with staged_dir(out, owned_stream_files, overwrite=o.overwrite, protect=list(files.values()),
                         what=OUTPUT) as staging:
             torch.save(torch.cat([r.latents.cpu() for r in results], dim=2), staging / "latents.pt")
@@ -176,15 +178,6 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
         if frames is not None:
             logger.info("wrote %s: %d frames at %d fps", out / "video.mp4", summary["video_frames"], FPS)
     return report
-
-
-def _check_unchanged(read: dict[str, tuple[Path, tuple]]) -> None:
-    """Refuse to write a report whose input files changed since the stream read them: their hashes, taken for the
-    report after the stream, would name other files than the ones it ran on."""
-    for flag, (path, identity) in read.items():
-        if file_identity(path) != identity:
-            raise WanTrtError(f"{flag} {path} was replaced or rewritten while the stream ran: its report would name "
-                              "another file than the one read; nothing was written, run again")
 
 
 def stream_inputs(cfg: WanConfig, o: StreamOptions, decoded: bool) -> dict[str, Any]:

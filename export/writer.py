@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from wan_trt.digest import file_digest, file_identity
+from wan_trt.digest import file_digest, file_identity, require_unchanged
 from wan_trt.errors import WanTrtError
 from wan_trt.export.fp8 import MIN_OPSET as FP8_MIN_OPSET
 from wan_trt.export.fp8 import translation_table as fp8_translation_table
@@ -118,10 +118,8 @@ def _provenance(spec: GraphSpec, weights: str | None, read: tuple | None, seed: 
     provenance = {"source": "random", "seed": seed, "sha256": fingerprint}
     if weights:
         digest = file_digest(weights)
-        if file_identity(weights) != read:
-            raise WanTrtError(f"{graph_kind(spec).weights_flag} {weights} was replaced or rewritten while the export "
-                              "read it: the manifest would name another file than the one exported; nothing was "
-                              "written, run again")
+        require_unchanged(weights, read, graph_kind(spec).weights_flag, "while the export read it",
+                          "the manifest would name another file than the one exported; nothing was written, run again")
         provenance.update(source="checkpoint", path=str(Path(weights).resolve()), file_sha256=digest["sha256"])
     return provenance
 

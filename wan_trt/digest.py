@@ -52,6 +52,14 @@ def file_identity(path: str | Path) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def require_unchanged(path: str | Path, identity: tuple, what: str, since: str, why: str) -> None:
+    """Refuse ``path`` (named ``what``: a flag, or a kind of file) if it is no longer the file whose
+    :func:`file_identity` was ``identity``, taken ``since`` ('while the export read it'); ``why`` says what that would
+    cost and what to do."""
+    if file_identity(path) != identity:
+        raise WanTrtError(f"{what} {path} was replaced or rewritten {since}: {why}")
+
+
 def verify_file(path: str | Path, record: dict[str, Any], remake: str) -> None:
     """Refuse ``path`` unless its size and sha256 are the recorded ones; ``remake`` says how to fix it."""
     path = Path(path)
