@@ -56,13 +56,19 @@ def check_parent_chain(path: Path, flag: str) -> None:
             return
 
 
+def is_lock_file(path: Path) -> bool:
+    """Whether ``path`` is shaped as the lock :func:`output_lock` holds (an empty regular file), as one a killed
+    build or check leaves is."""
+    return not path.is_symlink() and path.is_file() and path.stat().st_size == 0
+
+
 @contextlib.contextmanager
 def output_lock(target: Path, what: str, fix: str = "wait for it to finish or pick another output path"
                 ) -> Iterator[None]:
     """Hold an exclusive lock on ``target`` (lock file beside it, removed afterwards); fail at once if held, saying
     ``fix``."""
     lock = target.with_name(f".{target.name}.lock")
-    if lock.is_symlink() or (lock.exists() and (not lock.is_file() or lock.stat().st_size)):
+    if (lock.exists() or lock.is_symlink()) and not is_lock_file(lock):
         raise WanTrtError(f"{lock} is in the way of wan-trt's lock for {target} (an empty file it creates and "
                           "removes): it is not one, and is never removed; move it away or pick another output path")
     while True:
@@ -99,7 +105,7 @@ def build_file_of(path: Path) -> str | None:
         return None
     engine = match["engine"]
     if path.name.endswith(".lock"):
-        shaped = path.name == f".{engine}.lock" and path.stat().st_size == 0
+        shaped = path.name == f".{engine}.lock" and is_lock_file(path)
     else:
         shaped = match["suffix"] == ("" if match["meta"] else Path(engine).suffix)
     return engine if shaped else None
@@ -201,18 +207,12 @@ def staged_by_check(path: Path) -> bool:
     return re.fullmatch(r"\.(report|run_results)_.+\.json\.partial-[a-z0-9_]{8}", path.name) is not None
 
 
-def check_lock(path: Path) -> bool:
-    """Whether ``path`` is shaped as the lock a check holds on its report (:func:`output_lock`'s: an empty file),
-    which a killed check leaves."""
-    return not path.is_symlink() and path.is_file() and path.stat().st_size == 0
-
-
 # what `wan-trt check` adds to an export, each file judged by its content or its staging name (a user's file
 # of such a name is not the check's)
 CHECK_FILES = {"check/report_*.json": written_by_check, "check/run_results_*.json": run_results,
                "check/.report_*.json.partial-*": staged_by_check,
                "check/.run_results_*.json.partial-*": staged_by_check,
-               "check/.report_*.json.lock": check_lock}
+               "check/.report_*.json.lock": is_lock_file}
 
 
 def check_files_in(directory: Path) -> list[Path]:
