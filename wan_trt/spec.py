@@ -184,12 +184,14 @@ class GraphSpec:
         return {t.name: torch.zeros(t.shape, dtype=t.torch_dtype, device=device) for t in specs}
 
     def check_feeds(self, feeds: dict[str, torch.Tensor]) -> None:
-        """Raise WanTrtError naming every missing, unexpected or mis-shaped/typed input."""
+        """Raise WanTrtError naming every missing, unexpected, non-tensor or mis-shaped/typed input."""
         problems = [f"missing input '{n}'" for n in self.input_names if n not in feeds]
         problems += [f"unexpected input '{n}'" for n in feeds if n not in self.input_names]
+        problems += [f"input '{n}' is a {type(v).__name__}, not a torch.Tensor" for n, v in feeds.items()
+                     if not isinstance(v, torch.Tensor)]
         for t in self.inputs:
             got = feeds.get(t.name)
-            if got is not None and (tuple(got.shape) != t.shape or got.dtype != t.torch_dtype):
+            if isinstance(got, torch.Tensor) and (tuple(got.shape) != t.shape or got.dtype != t.torch_dtype):
                 problems.append(f"input '{t.name}': expected {list(t.shape)} {t.dtype}, "
                                 f"got {list(got.shape)} {DTYPE_NAMES.get(got.dtype, got.dtype)}")
         if problems:
