@@ -9,6 +9,9 @@
 #                                            torch.compile and eager; JSON + chart in RESULTS
 #   scripts/gpu_bench.sh check RESULTS       wan-trt check of the engine (--blocks 4) as JSON in RESULTS (an earlier
 #                                            result replaced only by a check that wrote one)
+#   scripts/gpu_bench.sh ort-check RESULTS   the ONNX graph itself: export with the graph (out/<config>_<precision>_onnx),
+#                                            then wan-trt check of it on ONNX Runtime's CUDA provider (--blocks 4)
+#                                            as JSON in RESULTS (needs onnxruntime-gpu)
 #   scripts/gpu_bench.sh block-end RESULTS   what the end of a block costs (its checks and cache commit), as CUDA
 #                                            graphs and op by op (scripts/bench_block_end.py; needs `build` first)
 #   scripts/gpu_bench.sh long RESULTS        one stream of LONG_BLOCKS (1500) blocks: memory, time and finiteness
@@ -65,10 +68,11 @@ BLOCKS=${BLOCKS:-6}
 BACKENDS=${BACKENDS:-aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager}
 EXPORT=out/${CONFIG}_${PRECISION}_aoti
 ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
+ONNX_EXPORT=out/${CONFIG}_${PRECISION}_onnx
 DECODER=out/${CONFIG}_${PRECISION}_decoder
 DECODER_OPS=${DECODER_OPS:-plugins}
 DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
-step=${1:?"step: setup | site | build | build-rev | ab | ab-runtime | ab-env | bench | check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
+step=${1:?"step: setup | site | build | build-rev | ab | ab-runtime | ab-env | bench | check | ort-check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || [ "$step" = site ] || { mkdir -p "$results" && results=$(cd "$results" && pwd); }
 tag=${CONFIG}_${PRECISION}
@@ -106,6 +110,13 @@ case "$step" in
       2> "$results/check.log" || rc=$?
     keep_result "$results/check_${tag}_aoti_plugins.json" "$rc" "$results/check.log"
     tail -3 "$results/check.log"
+    ;;
+  ort-check)
+    run_step export_onnx wan-trt export --config "$CONFIG" --precision "$PRECISION" --out "$ONNX_EXPORT" --overwrite
+    rc=0; wan-trt check "$ONNX_EXPORT" --provider cuda --blocks 4 --json --no-save-results \
+      > "$results/check_${tag}_ort_cuda.json.partial" 2> "$results/check_ort.log" || rc=$?
+    keep_result "$results/check_${tag}_ort_cuda.json" "$rc" "$results/check_ort.log"
+    tail -3 "$results/check_ort.log"
     ;;
   decoder)
     run_step export_decoder wan-trt export --config "$CONFIG" --graph decoder --precision "$PRECISION" --no-onnx \
