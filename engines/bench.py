@@ -39,14 +39,14 @@ from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, ENGINE_FLAGS, Runn
                                      make_runner, parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
 from wan_trt.engines.bench_decoder import (DECODER_PROFILE, DECODER_WARMUP_BLOCKS, bench_decoder, check_decoder_request,
-                                           engine_variants, failure)
+                                           engine_variants)
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable
 from wan_trt.engines.runtime.finite import NonFiniteBlock, first_non_finite
 from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
-from wan_trt.errors import WanTrtError
+from wan_trt.errors import WanTrtError, failure_text
 from wan_trt.export.decoder import read_decoder, read_transformer
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
@@ -440,10 +440,10 @@ def _bench_one(report: dict[str, Any], section: str, backend: str, named: bool, 
             report["skipped"][backend] = str(exc)
             logger.info("%s skipped: %s", backend, exc)
     except WanTrtError as exc:  # e.g. an engine built for another export
-        report["failed"][backend] = failure(exc)
+        report["failed"][backend] = failure_text(exc)
         logger.error("%s failed: %s", backend, exc)
     except Exception as exc:  # a backend that breaks is a failure with its traceback; the others still run
-        report["failed"][backend] = failure(exc)
+        report["failed"][backend] = failure_text(exc)
         logger.exception("%s failed", backend)
 
 

@@ -21,7 +21,6 @@ rows after it still run.
 from __future__ import annotations
 
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +31,7 @@ from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import BY_NAME
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.decoder import DecoderStream, paired_engines
-from wan_trt.errors import WanTrtError
+from wan_trt.errors import WanTrtError, failure_text
 from wan_trt.export.decoder import read_decoder
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
@@ -66,14 +65,6 @@ def check_decoder_request(directory: Path, manifests: dict[str, Manifest], engin
             raise WanTrtError(f"--decoder-engine {engine} was built from another decoder export ({paired.directory}) "
                               f"than --decoder {directory}; give the export it was built from, or build this one")
         paired.meta.check_runs_on(device, engine, "--decoder-engine")  # the path the user gave
-
-
-def failure(exc: BaseException) -> str:
-    """What a report keeps of a row that raised: a user error's message; anything else (a backend that broke)
-    with its traceback."""
-    if isinstance(exc, WanTrtError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}"[-8000:]
 
 
 def time_blocks(decode: Callable[[int, torch.Tensor], Any], latents: torch.Tensor, block_frames: int) -> list[float]:
@@ -129,7 +120,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
             with stage(what):
                 return work()
         except Exception as exc:
-            failed[name] = failure(exc)
+            failed[name] = failure_text(exc)
             logger.error("decoder %s failed: %s", name, failed[name].splitlines()[0])
             return None
 

@@ -28,7 +28,7 @@ from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_values
 from wan_trt.model import build_decoder, build_model
 from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.rotary import MAX_STREAM_FRAMES
-from wan_trt.sizes import host_memory
+from wan_trt.sizes import require_blocks, require_host_room
 from wan_trt.spec import PassSpec, precision_dtype
 from wan_trt.stream import NoiseSource, max_stream_blocks, synthetic_stream
 from wan_trt.validate.metrics import error_stats, passes
@@ -46,17 +46,13 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
                          out: Path | None, vae_weights: str | None = None, overwrite: bool = False,
                          actions: Path | None = None) -> None:
     """Everything about a stream that can be known before the model is built: refuse it up front."""
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
-        raise WanTrtError(f"--blocks: expected an int >= 1, got {blocks!r}")
+    require_blocks(blocks)
     most = max_stream_blocks(cfg)
     if blocks > most:
         raise WanTrtError(f"--blocks {blocks}: a stream reaches {MAX_STREAM_FRAMES} latent frames, "
                           f"{most} blocks of {cfg.block_frames}; pass --blocks {most} or fewer")
-    held, have = blocks * bytes_per_block(cfg), host_memory()
-    if held > have // 2:
-        raise WanTrtError(f"--blocks {blocks}: this command holds every block's inputs, latents and frames in "
-                          f"memory, about {held / 2**30:.1f} GiB, and this machine has {have / 2**30:.1f} GiB; "
-                          f"pass fewer blocks (an embedded session streams without end: see the README)")
+    require_host_room(blocks, blocks * bytes_per_block(cfg), "this command holds every block's inputs, latents and "
+                      "frames", "pass fewer blocks (an embedded session streams without end: see the README)")
     if precision in ENGINE_ONLY:
         raise WanTrtError(f"--precision {precision}: streams from the PyTorch model run in "
                           f"{', '.join(PIPELINE_TOLERANCE)}; for {precision}, export and build an engine "

@@ -44,7 +44,7 @@ from wan_trt.log import logger, stage
 from wan_trt.outputs import (CHECK_REPORT_KEYS, json_values, json_with_keys, output_lock, place_staged, run_results,
                              staged_by_check, staging_file, write_file, writing, written_by_check)
 from wan_trt.precisions import pytorch_precision
-from wan_trt.sizes import host_memory
+from wan_trt.sizes import require_blocks, require_host_room
 from wan_trt.spec import COND_CONCAT, LATENTS, GraphSpec, PassSpec
 from wan_trt.validate.metrics import ErrorStats, error_stats, passes, rel_l2_floor, tolerance
 from wan_trt.stream import synthetic_stream
@@ -327,15 +327,11 @@ def require_blocks_fit(blocks: int, spec: GraphSpec, given: str, made: str) -> N
     not hold: it keeps every block's ``given`` input and its three ``made`` outputs (reference, yardstick,
     backend) until it compares them, in fp32 (``spec``: the graph's, naming them). --blocks 100000000000 built the
     references, then died in the allocator with a traceback."""
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
-        raise WanTrtError(f"--blocks: expected an int >= 1, got {blocks!r}")
+    require_blocks(blocks)
     block_bytes = 4 * (math.prod(spec.tensor(given).shape) + 3 * math.prod(spec.tensor(made).shape))
-    held, have = blocks * block_bytes, host_memory()
-    if held > have // 2:
-        raise WanTrtError(f"--blocks {blocks}: the stream check holds every block's {given} and its three streams' "
-                          f"{made} (reference, yardstick, backend) in memory, about {held / 2**30:,.1f} GiB, and this "
-                          f"machine has {have / 2**30:.1f} GiB; pass fewer blocks (the default is "
-                          f"{DEFAULT_BLOCKS[spec.KIND]})")
+    require_host_room(blocks, blocks * block_bytes, f"the stream check holds every block's {given} and its three "
+                      f"streams' {made} (reference, yardstick, backend)",
+                      f"pass fewer blocks (the default is {DEFAULT_BLOCKS[spec.KIND]})")
 
 
 def check_stream(backend: Runner, reference_model, yardstick_model, blocks: int, seed: int) -> list[dict]:

@@ -30,6 +30,22 @@ def host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def require_blocks(blocks: object) -> None:
+    """Refuse a --blocks that is not an int >= 1 (a bool is no count)."""
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise WanTrtError(f"--blocks: expected an int >= 1, got {blocks!r}")
+
+
+def require_host_room(blocks: int, held: int, holds: str, advice: str) -> None:
+    """Refuse, before any work, a command of ``blocks`` blocks that keeps ``held`` bytes in host memory (``holds``:
+    what, for the message) when that is more than half this machine's: it would end in the allocator or the
+    kernel's out-of-memory killer after the work. ``advice``: what to pass instead."""
+    have = host_memory()
+    if held > have // 2:
+        raise WanTrtError(f"--blocks {blocks}: {holds} in memory, about {held / 2**30:,.1f} GiB, and this machine has "
+                          f"{have / 2**30:.1f} GiB; {advice}")
+
+
 def _linear(n_in: int, n_out: int, bias: bool = True) -> int:
     return n_in * n_out + (n_out if bias else 0)
 
