@@ -44,6 +44,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -342,10 +343,17 @@ void check_output(const std::string& flag, const std::string& path,
   std::remove(probe.c_str());
 }
 
-// The --device text, which must name cpu, cuda or cuda:N (judged before any file is read).
-void check_device_text(const std::string& text) {
+// The device --device ``text`` names, which must be cpu, cuda or cuda:N with an N libtorch holds (judged before any
+// file is read: libtorch refuses a long N with a page of backtrace, and wraps a larger one round to another device).
+at::Device parse_device(const std::string& text) {
   if (!std::regex_match(text, std::regex("cpu|cuda(:[0-9]+)?")))
     throw wan_trt::Error("--device " + text + ": expected cpu, cuda or cuda:N");
+  const int most = std::numeric_limits<c10::DeviceIndex>::max();
+  const size_t colon = text.find(':');
+  const std::string index = colon == std::string::npos ? "" : text.substr(colon + 1);
+  if (index.size() > 3 || (!index.empty() && std::stoi(index) > most))
+    throw wan_trt::Error("--device " + text + ": expected cuda:N with N from 0 to " + std::to_string(most));
+  return at::Device(text);
 }
 
 // The switches against --device ``text``, before any work: a CUDA graph captures CUDA work only, and the TensorRT
@@ -372,13 +380,12 @@ void check_built_for(const wan_trt::GraphIO& io, const std::string& flag, const 
                          "; run it with --device " + io.device + ", or build one for " + text);
 }
 
-at::Device parse_device(const std::string& text) {
-  check_device_text(text);
-  const at::Device device(text);
-  if (device.is_cuda() && !at::hasCUDA())  // else libtorch's "Could not run ... from the 'CUDA' backend", a page long
+// A CUDA --device ``text`` where this libtorch has none is refused (else libtorch's "Could not run ... from the
+// 'CUDA' backend", a page long).
+void check_device_available(const at::Device& device, const std::string& text) {
+  if (device.is_cuda() && !at::hasCUDA())
     throw wan_trt::Error("--device " + text + ": this libtorch has no CUDA device (a CPU-only build, or no GPU); use "
                          "--device cpu");
-  return device;
 }
 
 // Blocks from ``first`` on that the inputs hold: cond_concat's frames and the raw action frames.
@@ -443,7 +450,7 @@ int run(int argc, char** argv) {
              overwrite = switches.count("--overwrite");
   for (const char* required : {"--engine", "--inputs", "--out"})
     if (!args.count(required)) throw wan_trt::Error(std::string("missing ") + required);
-  check_device_text(args["--device"]);
+  const at::Device device = parse_device(args["--device"]);
   check_switches(args["--device"], cuda_graph, tensorrt);
   if (args.count("--frames") != args.count("--decoder"))
     throw wan_trt::Error("--decoder and --frames go together: the frames of the decoder are written to --frames");
@@ -457,7 +464,7 @@ int run(int argc, char** argv) {
     for (const auto* io : {&pair->first_spec, &pair->steady_spec})
       check_built_for(*io, "--decoder", args["--decoder"], args["--device"]);
   }
-  const at::Device device = parse_device(args["--device"]);  // the engines' devices first: the more telling refusal
+  check_device_available(device, args["--device"]);  // the engines' devices first: the more telling refusal
   const int64_t blocks = integer(args, "--blocks");
   if (blocks < 1) throw wan_trt::Error("--blocks: at least 1, got " + std::to_string(blocks));
   const int64_t seed = integer(args, "--seed");

@@ -524,6 +524,10 @@ def _wan_stream_args(wan_stream, aoti, tmp_path, blocks=1, **flags):
     ({"--out": "{tmp}/no/such/out.pt"}, "--out {tmp}/no/such/out.pt: no folder {tmp}/no/such"),  # ran, wrote nothing
     ({"--out": "{tmp}"}, "--out {tmp} is a folder; give a file path"),  # ran, wrote nothing, exit 0
     ({"--device": "gpu"}, "--device gpu: expected cpu, cuda or cuda:N"),  # an 'internal error' with a stack trace
+    # libtorch's 'Could not parse device index' (a page of backtrace, exit 2) after the engine's files were read;
+    # cuda:300 wrapped round to cuda:44
+    ({"--device": "cuda:99999999999"}, "--device cuda:99999999999: expected cuda:N with N from 0 to 127"),
+    ({"--device": "cuda:300"}, "--device cuda:300: expected cuda:N with N from 0 to 127"),
     ({"--blocks": "4"}, "--blocks 4: the inputs hold 1 block(s)"),  # ran the blocks it had, then crashed
     ({"--seed": "-1"}, "--seed: 0 to 4294967295, got -1"),
     ({"--seed": "4294967296"}, "--seed: 0 to 4294967295, got 4294967296"),
