@@ -1,7 +1,7 @@
 // Actions from a JSON-lines file, the format of wan_trt/actions.py: one line per block, a JSON object
 // with one key per action input ("mouse", "keyboard"), each one action held for the block (D numbers)
 // or one row per video frame (n rows of D). Lines end at '\n' (a '\r' before it dropped); a line of JSON
-// whitespace only is blank and skipped; lines past the blocks asked for are not read. A number, integer or not,
+// whitespace only is blank and skipped; lines past the blocks asked for are not parsed. A number, integer or not,
 // is read as the double nearest it (strtod, in the C locale whatever locale the program set), which must lie
 // within +-torch.finfo(dtype).max of the stream's dtype (the engine's: fp16 holds up to 65504; the rule of
 // wan_trt/actions.py), so that no block is refused after the blocks before it ran. A file is refused where the
@@ -11,14 +11,16 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <limits>
 #include <locale>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -262,6 +264,21 @@ void check_input_file(const std::string& path, const std::string& flag) {
                 ", where a file is read; write it to a file first");
 }
 
+std::string read_bytes(const std::string& path, const std::string& what, size_t n) {
+  errno = 0;  // stdio: it tells a read error from the end of the file
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  std::string bytes;
+  std::vector<char> chunk(std::min<size_t>(n, 1 << 20));
+  for (size_t got = chunk.size(); file && got == chunk.size() && bytes.size() < n;) {
+    got = std::fread(chunk.data(), 1, std::min(chunk.size(), n - bytes.size()), file.get());
+    bytes.append(chunk.data(), got);
+  }
+  if (!file || std::ferror(file.get()))
+    throw Error((what.empty() ? "" : what + " ") + path + ": cannot be read (" + std::strerror(errno ? errno : EIO) +
+                ")");
+  return bytes;
+}
+
 std::map<std::string, at::Tensor> read_actions(const std::string& path, const RuntimeSpec& spec,
                                                int64_t first_block, int64_t blocks) {
   const double limit = dtype_max(spec.dtype());  // the stream's: the session converts the actions to it
@@ -269,13 +286,15 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
   for (const std::string name : {"keyboard", "mouse"})
     if (spec.has_input(name + "_window")) dims[name] = spec.input(name + "_window").shape.back();
   check_input_file(path, "--actions");
-  std::ifstream file(path);
-  if (!file) throw Error("--actions " + path + ": cannot be read");
+  const std::string text = read_bytes(path, "--actions");
   std::vector<std::pair<int64_t, std::string>> lines;  // (line number, text) of the non-blank lines
-  std::string line;
-  for (int64_t number = 1; std::getline(file, line); ++number) {
+  for (size_t begin = 0, number = 1; begin < text.size(); ++number) {
+    const size_t end = std::min(text.find('\n', begin), text.size());
+    std::string line = text.substr(begin, end - begin);
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t\r") != std::string::npos) lines.emplace_back(number, line);  // JSON's spaces
+    if (line.find_first_not_of(" \t\r") != std::string::npos)  // JSON's spaces
+      lines.emplace_back(static_cast<int64_t>(number), line);
+    begin = end + 1;
   }
   if (lines.empty())
     throw Error("--actions " + path + ": no block lines (an empty or blank file); write one line per block");

@@ -196,14 +196,9 @@ static std::string sealed_text(const std::string& path, const std::string& heade
   std::error_code error;
   if (!fs::is_regular_file(path, error))
     throw Error("cannot open runtime file " + path + " (written by `wan-trt build` beside the engine)");
-  std::ifstream file(path, std::ios::binary);
   constexpr size_t kHeaderBytes = 64;  // more than any header line ("wan_trt_runtime 6") and its '\n'
-  std::string text(kHeaderBytes, '\0');
-  file.read(&text[0], static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(file.gcount()));
-  auto unreadable = [&] { return Error("runtime file " + path + ": cannot be read (" + std::strerror(errno) + ")"); };
-  if (file.bad() || (file.fail() && !file.eof())) throw unreadable();
-  const std::string first = text.substr(0, text.find('\n'));
+  const std::string head = read_bytes(path, "runtime file", kHeaderBytes);
+  const std::string first = head.substr(0, head.find('\n'));
   if (!first.empty() && first.back() == '\r')
     throw Error(path + ": its lines end in CR LF (converted to Windows line endings?)" + kRewrite);
   if (first == "wan_trt_runtime 1")
@@ -223,9 +218,7 @@ static std::string sealed_text(const std::string& path, const std::string& heade
     throw Error(path + (other ? " is the runtime file of another kind of engine (" + first + "), not " + header
                               : " is not a wan-trt runtime file (" + header + ")"));
   }
-  std::ostringstream rest;  // the rest, now that the header is this kind's
-  if (file.peek() != std::char_traits<char>::eof() && !(rest << file.rdbuf())) throw unreadable();
-  text += rest.str();
+  const std::string text = read_bytes(path, "runtime file");  // the whole file, now that the header is this kind's
   const size_t last = text.size() < 2 ? std::string::npos : text.rfind('\n', text.size() - 2);
   const std::string seal = last == std::string::npos || text.back() != '\n'
                                ? "" : text.substr(last + 1, text.size() - last - 2);
@@ -238,16 +231,6 @@ static std::string sealed_text(const std::string& path, const std::string& heade
   return text.substr(0, last + 1);
 }
 
-// The lines of a runtime file between its header line, which must be `header`, and its sha256 line.
-static std::vector<std::string> read_runtime_file(const std::string& path, const std::string& header) {
-  std::istringstream text(sealed_text(path, header));
-  std::vector<std::string> lines;
-  std::string line;
-  std::getline(text, line);  // the header
-  while (std::getline(text, line)) lines.push_back(line);
-  return lines;
-}
-
 // The line's next value, which must be a SHA-256 in hex (64 lowercase digits).
 static std::string parse_sha256(Line& line) {
   const auto hex = line.next<std::string>();
@@ -255,7 +238,7 @@ static std::string parse_sha256(Line& line) {
   return hex;
 }
 
-// An `input`, `output`, `engine` or `device` line of any runtime file; false for other keys.
+// A line every runtime file has (`input`, `output`, `engine`, `device`, `config`, `precision`); false for other keys.
 static bool parse_io(GraphIO& io, Line& line) {
   if (line.key() == "input") io.inputs.push_back(parse_tensor(line));
   else if (line.key() == "output") io.outputs.push_back(parse_tensor(line));
@@ -265,7 +248,9 @@ static bool parse_io(GraphIO& io, Line& line) {
   } else if (line.key() == "device") {
     io.device = line.next<std::string>();
     if (io.device != "cpu" && io.device != "cuda") line.bad();
-  } else return false;
+  } else if (line.key() == "config") io.config = line.next<std::string>();
+  else if (line.key() == "precision") io.precision = line.next<std::string>();
+  else return false;
   line.end();
   return true;
 }
@@ -274,15 +259,26 @@ static bool has_engine(const GraphIO& io) {
   return io.engine_bytes >= 0 && io.engine_sha256.size() == 64 && !io.device.empty();
 }
 
+// Each line of the runtime file at ``path`` between its header line, which must be ``header``, and its sha256 line,
+// read into ``io``: those every runtime file has by parse_io, the others by ``field`` (false: a key it does not know).
+template <class Field>
+static void read_runtime_file(const std::string& path, const std::string& header, GraphIO& io, Field field) {
+  std::istringstream lines(sealed_text(path, header));
+  std::string text;
+  std::getline(lines, text);  // the header
+  while (std::getline(lines, text)) {
+    Line line(path, text);
+    if (line.key().empty() || parse_io(io, line)) continue;
+    if (!field(line)) throw Error(path + ": unknown key '" + line.key() + "'" + kRewrite);
+    line.end();
+  }
+}
+
 RuntimeSpec RuntimeSpec::load(const std::string& path) {
   RuntimeSpec s;
-  for (const auto& text : read_runtime_file(path, "wan_trt_runtime 6")) {
-    Line line(path, text);
+  read_runtime_file(path, "wan_trt_runtime 6", s, [&s](Line& line) {
     const std::string& key = line.key();
-    if (key.empty() || parse_io(s, line)) continue;
-    if (key == "config") s.config = line.next<std::string>();
-    else if (key == "precision") s.precision = line.next<std::string>();
-    else if (key == "block_frames") s.block_frames = at_least(line, 1);
+    if (key == "block_frames") s.block_frames = at_least(line, 1);
     else if (key == "prev_frames") s.prev_frames = at_least(line, 0);
     else if (key == "tokens_per_frame") s.tokens_per_frame = at_least(line, 1);
     else if (key == "window_frames") s.window_frames = at_least(line, 1);
@@ -304,9 +300,9 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
       r.sin = line.next<std::string>();
       r.inv_freq = line.rest<double>();
       s.rotaries.push_back(r);
-    } else throw Error(path + ": unknown key '" + key + "'" + kRewrite);
-    line.end();
-  }
+    } else return false;
+    return true;
+  });
   if (s.timesteps.empty() || s.timesteps.size() != s.sigmas.size() || s.inputs.empty() || s.rotaries.empty() ||
       s.block_frames < 1 || s.max_stream_frames < 1 || s.ratio < 1 || !has_engine(s))
     throw Error(path + ": incomplete runtime file" + kRewrite);
@@ -315,22 +311,18 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
 
 DecoderSpec DecoderSpec::load(const std::string& path) {
   DecoderSpec s;
-  for (const auto& text : read_runtime_file(path, "wan_trt_decoder 5")) {
-    Line line(path, text);
+  read_runtime_file(path, "wan_trt_decoder 5", s, [&s](Line& line) {
     const std::string& key = line.key();
-    if (key.empty() || parse_io(s, line)) continue;
-    if (key == "config") s.config = line.next<std::string>();
-    else if (key == "precision") s.precision = line.next<std::string>();
-    else if (key == "call") s.call = line.next<std::string>();
+    if (key == "call") s.call = line.next<std::string>();
     else if (key == "weights") s.weights = parse_sha256(line);
     else if (key == "history") {
       std::pair<std::string, std::string> pair;
       pair.first = line.next<std::string>();
       pair.second = line.next<std::string>();
       s.histories.push_back(pair);
-    } else throw Error(path + ": unknown key '" + key + "'" + kRewrite);
-    line.end();
-  }
+    } else return false;
+    return true;
+  });
   bool complete = (s.call == "first" || s.call == "steady") && s.has_input("latents") && s.has_output("rgb") &&
                   !s.histories.empty() && has_engine(s) && !s.weights.empty();
   for (const auto& [input, output] : s.histories)

@@ -62,31 +62,7 @@ const std::set<std::string> kValueFlags{"--engine", "--inputs", "--blocks", "--o
 const std::set<std::string> kSwitches{"--cuda-graph", "--tensorrt", "--overwrite"};  // boolean flags
 constexpr int64_t kMaxSeed = 4294967295;  // as `wan-trt --seed`: 32 bits
 
-// The bytes of ``path`` (given as ``flag``); a file that cannot be opened or read is refused naming the error.
-std::vector<char> read_file(const std::string& path, const std::string& flag) {
-  std::ifstream file(path, std::ios::binary);
-  std::ostringstream bytes;
-  const bool empty = file && file.peek() == std::char_traits<char>::eof();  // a read error sets badbit here too
-  if (!file || (!empty && !(bytes << file.rdbuf())))
-    throw wan_trt::Error(flag + " " + path + ": cannot be read (" + std::strerror(errno) + ")");
-  const std::string text = bytes.str();
-  return {text.begin(), text.end()};
-}
-
 constexpr size_t kTensorHead = 30 + 256;  // a zip's first local header and a name of up to 256 bytes
-
-// The first bytes of ``path`` (given as ``flag``), at most ``n``; a file that cannot be opened or read is refused
-// naming the error (stdio: it tells a read error from the end of the file).
-std::string read_head(const std::string& path, const std::string& flag, size_t n) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  std::string head(n, '\0');
-  errno = 0;
-  const size_t got = file ? std::fread(head.data(), 1, n, file.get()) : 0;
-  if (!file || std::ferror(file.get()))
-    throw wan_trt::Error(flag + " " + path + ": cannot be read (" + std::strerror(errno ? errno : EIO) + ")");
-  head.resize(got);
-  return head;
-}
 
 // Whether ``head``, a file's first bytes (kTensorHead of them where it has as many), is that of a tensor file as
 // torch.save writes (a zip whose first entry is its pickle or a storage of it: TOP/data.pkl, TOP/data/N).
@@ -107,11 +83,11 @@ bool tensor_head(const std::string& head) {
 // Whether ``path`` holds a tensor file as torch.save writes (:func:`tensor_head`), as an earlier run's outputs
 // are: the only kind of file --overwrite replaces.
 bool tensor_file(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::string head(kTensorHead, '\0');
-  file.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(file.gcount()));
-  return tensor_head(head);
+  try {
+    return tensor_head(wan_trt::read_bytes(path.string(), "", kTensorHead));
+  } catch (const wan_trt::Error&) {  // a file that cannot be read is not one to replace
+    return false;
+  }
 }
 
 // The stream inputs of an --inputs file: write_stream_inputs's dict.
@@ -190,9 +166,10 @@ void check_action_keys(const c10::Dict<c10::IValue, c10::IValue>& dict, const wa
 StreamInputs read_inputs(const std::string& path, const wan_trt::RuntimeSpec& spec, bool actions) {
   wan_trt::check_input_file(path, "--inputs");
   const std::string where = "--inputs " + path + ": ";
-  if (!tensor_head(read_head(path, "--inputs", kTensorHead)))  // judged before the rest is read: GBs, by mistake
-    throw wan_trt::Error(where + "not a file torch.save wrote; write it with " + kWriter);
-  const std::vector<char> bytes = read_file(path, "--inputs");
+  if (!tensor_head(wan_trt::read_bytes(path, "--inputs", kTensorHead)))  // judged before the rest is read: GBs,
+    throw wan_trt::Error(where + "not a file torch.save wrote; write it with " + kWriter);  // by mistake
+  const std::string text = wan_trt::read_bytes(path, "--inputs");
+  const std::vector<char> bytes(text.begin(), text.end());
   c10::IValue value;
   try {
     value = torch::pickle_load(bytes);

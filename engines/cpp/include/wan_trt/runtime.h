@@ -48,9 +48,11 @@ struct CacheSpec {
   int64_t units;
 };
 
-// A graph's inputs and outputs, in the engine's order, and the engine file its runtime file was written for.
+// A graph's inputs and outputs, in the engine's order, its config and precision, and the engine file its runtime
+// file was written for.
 struct GraphIO {
   std::vector<TensorSpec> inputs, outputs;
+  std::string config, precision;
   int64_t engine_bytes = -1;
   std::string engine_sha256;  // hex
   std::string device;         // the kind of device the engine was built for: "cpu" or "cuda"
@@ -67,7 +69,6 @@ struct RotarySpec {
 
 // The spec + schedule of one DiT pass engine, read from the `.runtime.txt` written by `wan-trt build`.
 struct RuntimeSpec : GraphIO {
-  std::string config, precision;
   int64_t block_frames = 0, prev_frames = 0, tokens_per_frame = 0, window_frames = 0, ratio = 0;
   int64_t max_stream_frames = 0, channels = 0, height = 0, width = 0;
   std::vector<double> timesteps, sigmas;
@@ -83,7 +84,7 @@ struct RuntimeSpec : GraphIO {
 // later block), read from its engine's `.runtime.txt`. histories: (input, output) pairs in call order; weights:
 // the sha256 of its weights, as its export's manifest records them.
 struct DecoderSpec : GraphIO {
-  std::string config, precision, call, weights;
+  std::string call, weights;
   std::vector<std::pair<std::string, std::string>> histories;
 
   static DecoderSpec load(const std::string& path);
@@ -270,6 +271,10 @@ std::string number_6g(double x);
 
 // Refuse ``path``, given as ``flag``, unless it is a regular file: a folder, a pipe or a missing file by name.
 void check_input_file(const std::string& path, const std::string& flag);
+
+// The bytes of ``path``, the first ``n`` of them at most (all by default); a file that cannot be opened or read is
+// refused naming the error: "<what> <path>: cannot be read (<why>)" (``what``: the flag or kind of file it was given as).
+std::string read_bytes(const std::string& path, const std::string& what, size_t n = std::string::npos);
 
 // Raw action frames of blocks first_block .. first_block + blocks - 1 from a JSON-lines actions file
 // (one line per block from first_block on; the format of wan_trt/actions.py): name -> fp32 [1, N, D]
