@@ -2,16 +2,14 @@
 // with one key per action input ("mouse", "keyboard"), each one action held for the block (D numbers)
 // or one row per video frame (n rows of D). Lines end at '\n' (a '\r' before it dropped); a line of JSON
 // whitespace only is blank and skipped; lines past the blocks asked for are not parsed. A number, integer or not,
-// is read as the double nearest it (strtod, in the C locale whatever locale the program set), which must lie
+// is read as the double nearest it (with a point, whatever locale the program set: nearest_double), which must lie
 // within +-torch.finfo(dtype).max of the stream's dtype (the engine's: fp16 holds up to 65504; the rule of
 // wan_trt/actions.py), so that no block is refused after the blocks before it ran. A file is refused where the
 // Python reader refuses it, with the same messages but for the parser's own wording of a line that is not JSON.
-#include <locale.h>
-#include <stdlib.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -23,11 +21,38 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <system_error>
 
 #include "wan_trt/runtime.h"
 
 namespace wan_trt {
 namespace {
+
+// The double nearest ``text``, a number of JSON's grammar (+-inf past the range of doubles, +-0 below it), whatever
+// locale the program set (strtod follows the process's: under a comma-decimal one it read 0.3 as 0), in standard C++:
+// from_chars where the standard library has it for doubles, else a stream in the classic locale.
+double nearest_double(const std::string& text) {
+  double value = 0;
+#if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
+  const auto read = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (read.ec == std::errc() && read.ptr == text.data() + text.size()) return value;
+#else
+  std::istringstream in(text);
+  in.imbue(std::locale::classic());
+  if ((in >> value) && in.peek() == std::char_traits<char>::eof() && std::isfinite(value)) return value;
+#endif
+  // out of range (neither reader says which end): the power of ten of its first non-zero digit says it
+  const size_t e = std::min(text.find_first_of("eE"), text.size()), first = text.find_first_of("123456789");
+  const double sign = text[0] == '-' ? -1.0 : 1.0;
+  if (first >= e) return sign * 0.0;
+  int64_t power = 0;  // the exponent's, held within +-1e9: a range error needs one past +-300 only
+  for (size_t i = e + 1; i < text.size(); ++i)
+    if (std::isdigit(static_cast<unsigned char>(text[i]))) power = std::min<int64_t>(power * 10 + (text[i] - '0'), 1e9);
+  if (e + 1 < text.size() && text[e + 1] == '-') power = -power;
+  const int64_t point = static_cast<int64_t>(std::min(text.find('.'), e)), at = static_cast<int64_t>(first);
+  power += at < point ? point - at - 1 : point - at;
+  return sign * (power > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+}
 
 // The JSON this format needs: objects, arrays, numbers; strings only as keys; true/false/null are
 // read (and refused where a number is expected).
@@ -190,11 +215,7 @@ class Parser {
     }
     Json v;
     v.kind = Json::kNumber;
-    // the nearest double (inf past its range), read in the C locale: strtod follows the process's, and a
-    // program that set a comma-decimal one read 0.3 as 0
-    static const locale_t c_locale = newlocale(LC_ALL_MASK, "C", static_cast<locale_t>(0));
-    if (c_locale == static_cast<locale_t>(0)) throw Error("actions file: the C locale could not be made");
-    v.number = strtod_l(s_.substr(begin, i_ - begin).c_str(), nullptr, c_locale);
+    v.number = nearest_double(s_.substr(begin, i_ - begin));
     return v;
   }
 

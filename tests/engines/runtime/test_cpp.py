@@ -723,14 +723,18 @@ def test_the_runtime_reads_its_files_alike_whatever_locale_the_program_set(aoti,
     cfg = Manifest.read(export_dir).spec.config
     keys = cfg.model.action_config.keyboard_dim_in
     path = _actions_file(tmp_path / "actions.jsonl", [{"mouse": [0.3, -0.25], "keyboard": [1] + [0] * (keys - 1)},
-                                                      {"mouse": [1.5e-3, 2.75], "keyboard": [0.5] * keys}])
+                                                      {"mouse": [1.5e-3, 2.75], "keyboard": [0.5] * keys},
+                                                      # below the doubles' range (0, -0), a subnormal, a long one
+                                                      '{"mouse": [1e-400, -0.001e-330], "keyboard": [2.5e-310, '
+                                                      + "0." + "0" * 500 + "7e480" + ", 12e-1, -1E+2" + "]}"])
     locpath, name = comma_locale
     out = tmp_path / "actions.pt"
-    run = subprocess.run([str(wan_stream.parent / "locale_reads"), name, str(engine), str(path), "2", str(out)],
+    run = subprocess.run([str(wan_stream.parent / "locale_reads"), name, str(engine), str(path), "3", str(out)],
                          capture_output=True, text=True, env={**os.environ, "LOCPATH": str(locpath)})
     assert run.returncode == 0, run.stdout + run.stderr
-    python = read_actions(path, cfg, 2)
+    python = read_actions(path, cfg, 3)
     expected = torch.cat([python[name] for name in sorted(python)], dim=2)  # as the driver joins them
+    assert keys == 4 and torch.equal(expected[0, -1], torch.tensor([0, 7e-21, 1.2, -100, 0, 0]))  # keyboard, mouse
     torch.testing.assert_close(torch.load(out), expected, rtol=0, atol=0)
     # a refusal names the limit as Python does (3.40282e+38, not 3,40282e+38)
     path = _actions_file(tmp_path / "far.jsonl", [{"mouse": [1e39, 0], "keyboard": [0] * keys}])
