@@ -421,8 +421,42 @@ static const std::string& verified(const std::string& engine, const GraphIO& io)
   return engine;
 }
 
+// ``device`` with the index its work runs on: "cuda" is the current CUDA device, comparable to its tensors'.
+static at::Device concrete(at::Device device) {
+#ifdef WAN_TRT_WITH_CUDA
+  if (device.is_cuda() && !device.has_index()) return at::Device(at::kCUDA, c10::cuda::current_device());
+#endif
+  return device;
+}
+
+void check_feeds(const GraphIO& io, const std::map<std::string, at::Tensor>& feeds, at::Device device) {
+  std::vector<std::string> problems;
+  for (const auto& t : io.inputs) {
+    const auto it = feeds.find(t.name);
+    const std::string name = "input '" + t.name + "'";
+    if (it == feeds.end() || !it->second.defined()) {
+      problems.push_back("missing " + name);
+      continue;
+    }
+    const at::Tensor& v = it->second;
+    if (v.sizes() != at::IntArrayRef(t.shape) || v.scalar_type() != t.dtype)
+      problems.push_back(name + ": expected " + c10::str(at::IntArrayRef(t.shape)) + " " + dtype_name(t.dtype) +
+                         ", got " + c10::str(v.sizes()) + " " + dtype_name(v.scalar_type()));
+    else if (v.device() != device)
+      problems.push_back(name + " is on " + v.device().str() + ", not " + device.str());
+    else if (!v.is_contiguous())
+      problems.push_back(name + " is not contiguous (pass .contiguous())");
+  }
+  for (const auto& [name, v] : feeds)
+    if (!io.has_input(name)) problems.push_back("unexpected input '" + name + "'");
+  if (problems.empty()) return;
+  std::string text = "feeds do not match the graph spec: ";
+  for (size_t i = 0; i < problems.size(); ++i) text += (i ? "; " : "") + problems[i];
+  throw Error(text);
+}
+
 AotiRunner::AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph)
-    : impl_(std::make_unique<Impl>(verified(package, io), cuda_graph)), io_(io), device_(device),
+    : impl_(std::make_unique<Impl>(verified(package, io), cuda_graph)), io_(io), device_(concrete(device)),
       cuda_graph_(cuda_graph) {
 #ifndef WAN_TRT_WITH_CUDA
   if (cuda_graph) throw Error("CUDA graphs need a CUDA build of libtorch");
@@ -444,11 +478,7 @@ static std::map<std::string, at::Tensor> run_package(torch::inductor::AOTIModelP
 }
 
 std::map<std::string, at::Tensor> AotiRunner::infer(const std::map<std::string, at::Tensor>& feeds) {
-  for (const auto& t : io_.inputs) {
-    const at::Tensor& v = feeds.at(t.name);
-    if (v.sizes() != at::IntArrayRef(t.shape) || v.scalar_type() != t.dtype)
-      throw Error("input '" + t.name + "' does not match the spec");
-  }
+  check_feeds(io_, feeds, device_);
 #ifdef WAN_TRT_WITH_CUDA
   if (cuda_graph_) {
     if (!impl_->graph) {
@@ -542,6 +572,15 @@ void DecoderStream::check_attachable(const RuntimeSpec& spec) const {
     throw Error("the decoder (" + spec_.config + ", " + spec_.precision + ") takes other latents than the DiT (" +
                 spec.config + ", " + spec.precision + ") makes: export and build the decoder from the same config, " +
                 "in the DiT's latent dtype (the same precision; bf16 for an fp8 DiT)");
+}
+
+void DecoderStream::attach(const std::shared_ptr<const int>& session) {
+  const auto owner = owner_.lock();
+  if (owner && owner != session)
+    throw Error("this decoder is attached to another session: a decoder carries one stream's histories (a second "
+                "session's start would reset them under the first); give each session its own DecoderStream, or "
+                "destroy the other session first");
+  owner_ = session;
 }
 
 static std::string first_non_finite(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
@@ -686,7 +725,9 @@ StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int6
   rotary_ = std::make_unique<HostStaging>(feeds_, rotary, device_);
   if (decoder) {
     decoder->check_attachable(spec);
-    if (decoder->device() != device_) throw Error("the decoder runs on another device than the session");
+    if (decoder->device() != device_)
+      throw Error("the decoder runs on " + decoder->device().str() + ", the session on " + device_.str());
+    decoder->attach(token_);
   }
 }
 

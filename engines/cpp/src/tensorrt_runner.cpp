@@ -21,7 +21,9 @@ class Logger : public nvinfer1::ILogger {
 
 class TensorRTRunner : public Runner {
  public:
-  TensorRTRunner(const std::string& path, const GraphIO& io) : io_(io) {
+  // On the current CUDA device, as its enqueueV3 runs on that device's current stream.
+  TensorRTRunner(const std::string& path, const GraphIO& io)
+      : io_(io), device_(at::kCUDA, c10::cuda::current_device()) {
     std::ifstream file(path, std::ios::binary);
     if (!file) throw Error("cannot open TensorRT engine " + path);
     std::vector<char> blob((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
@@ -32,10 +34,11 @@ class TensorRTRunner : public Runner {
     context_.reset(engine_->createExecutionContext());
     if (!context_) throw Error(path + ": TensorRT could not create an execution context (see its log)");
     for (const auto& t : io.outputs)
-      outputs_[t.name] = at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(at::kCUDA));
+      outputs_[t.name] = at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(device_));
   }
 
   std::map<std::string, at::Tensor> infer(const std::map<std::string, at::Tensor>& feeds) override {
+    check_feeds(io_, feeds, device_);  // it binds their addresses: a feed of another shape would be read past its end
     for (const auto& t : io_.inputs) bind(t.name, feeds.at(t.name).data_ptr());
     for (auto& [name, tensor] : outputs_) bind(name, tensor.data_ptr());
     if (!context_->enqueueV3(c10::cuda::getCurrentCUDAStream().stream())) throw Error("TensorRT enqueueV3 failed");
@@ -43,7 +46,7 @@ class TensorRTRunner : public Runner {
   }
 
   bool swap_inputs() const override { return false; }
-  at::Device device() const override { return at::Device(at::kCUDA, 0); }
+  at::Device device() const override { return device_; }
 
  private:
   // The engine's I/O tensors (by name, TensorRT 10's API) must be the runtime file's, as the Python runner checks.
@@ -62,6 +65,7 @@ class TensorRTRunner : public Runner {
 
   Logger logger_;
   const GraphIO& io_;
+  at::Device device_;
   std::unique_ptr<nvinfer1::IRuntime> runtime_;
   std::unique_ptr<nvinfer1::ICudaEngine> engine_;
   std::unique_ptr<nvinfer1::IExecutionContext> context_;

@@ -745,6 +745,24 @@ def test_the_runtime_reads_its_files_alike_whatever_locale_the_program_set(aoti,
     assert run.returncode == 1 and "3.40282e+38" in str(refused.value) and "3.40282e+38" in run.stderr, run.stderr
 
 
+@pytest.mark.parametrize("case, message", [
+    # an engine reads its inputs by address, in the layout it was built for: a strided view ran, with wrong outputs
+    ("strided", r"feeds do not match the graph spec: input 'latents' is not contiguous \(pass \.contiguous\(\)\)"),
+    ("meta", r"feeds do not match the graph spec: input 'latents' is on meta, not cpu"),  # crashed
+    ("missing", r"feeds do not match the graph spec: missing input 'latents'"),  # std::map::at's out_of_range
+    # the second session's start reset the histories under the first: both streams' frames went wrong, without a word
+    ("shared-decoder", r"this decoder is attached to another session: a decoder carries one stream's histories"),
+])
+def test_the_library_refuses_what_its_runners_and_sessions_cannot_run(aoti, decoder_aoti, wan_stream, case, message):
+    """What the Python runners and session refuse (Runner.check_feeds, attach_decoder), the C++ library refuses too,
+    for a program that calls it directly (engines/cpp/tests/api_refusals.cpp)."""
+    import subprocess
+    run = subprocess.run([str(wan_stream.parent / "api_refusals"), case, str(aoti[1]), str(decoder_aoti)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    assert re.fullmatch("refused: " + message + ".*", run.stdout.strip()), run.stdout
+
+
 def test_cpp_stream_script_runs_a_decoder_engine_by_its_own_backend(aoti, decoder_aoti, wan_stream, tmp_path):
     """scripts/cpp_stream.py ran the decoder under aoti+cudagraph whatever the engine was: a --ops plugins engine
     (refused now under another backend's name) and any engine on the CPU failed. By default it now runs the

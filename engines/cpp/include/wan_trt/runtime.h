@@ -110,11 +110,17 @@ class Runner {
   virtual at::Device device() const = 0;
 };
 
-// AOTInductor package (`wan-trt build --backend aoti`), optionally replayed as a CUDA graph.
 // Refuse an engine file that is not the one ``io``'s runtime file was written for (its size and sha256): a
 // damaged copy, or another engine beside this runtime file. The runners call it before they load an engine.
 void verify_engine(const std::string& engine, const GraphIO& io);
 
+// Refuse ``feeds`` that are not ``io``'s inputs as an engine on ``device`` reads them, naming every input missing,
+// unexpected, of another shape or dtype, on another device or not contiguous: an engine takes its inputs by address,
+// in the layout it was built for (a feed of another device crashed the process, a strided one ran with wrong
+// outputs). The runners call it on every infer().
+void check_feeds(const GraphIO& io, const std::map<std::string, at::Tensor>& feeds, at::Device device);
+
+// AOTInductor package (`wan-trt build --backend aoti`), optionally replayed as a CUDA graph.
 class AotiRunner : public Runner {
  public:
   AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph = false);
@@ -177,9 +183,15 @@ class DecoderStream {
   at::Device device() const { return steady_.device(); }
 
  private:
+  friend class StreamingSession;
+  // Refuses a second session while the one it serves lives (``session``: a token the session holds and moves with
+  // it): a decoder carries one stream's histories, which another session's start would reset under the first.
+  void attach(const std::shared_ptr<const int>& session);
+
   Runner &first_, &steady_;
   const DecoderSpec& spec_;  // the steady graph's
   std::map<std::string, at::Tensor> feeds_;
+  std::weak_ptr<const int> owner_;  // the token of the session it serves: expired when that session is gone
   bool started_ = false, benchmark_ = false;
 };
 
@@ -225,7 +237,8 @@ struct Block {
 
 class StreamingSession {
  public:
-  // decoder: optional; when given, every block is also decoded to frames (attach before start()).
+  // decoder: optional; when given, every block is also decoded to frames. A decoder serves one session at a time
+  // (it carries that stream's histories): one that another living session was given is refused.
   StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed, DecoderStream* decoder = nullptr);
   // start_block: absolute index of the first block (its position and noise), with empty caches.
   void start(const at::Tensor& visual_context, int64_t start_block = 0);
@@ -261,6 +274,7 @@ class StreamingSession {
   at::Tensor next_noise_;
   int64_t block_ = 0, valid_frames_ = 0;
   bool started_ = false;
+  std::shared_ptr<const int> token_ = std::make_shared<const int>(0);  // the decoder's owner while this session lives
 };
 
 // The largest magnitude `dtype` holds, as torch.finfo(dtype).max: fp16 65504, bf16 3.38953e+38, fp32 3.40282e+38.

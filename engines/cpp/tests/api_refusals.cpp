@@ -1,0 +1,70 @@
+// api_refusals: a test driver of the C++ runtime's library API (built with -DWAN_TRT_BUILD_TESTS=ON; not installed).
+//
+//   api_refusals CASE ENGINE DECODER
+//
+// Misuses the API as a program that embeds the runtime may, over the DiT package ENGINE and the decoder engine pair
+// of DECODER (either engine) on the CPU, and prints the refusal: "refused: <message>". CASE:
+//   strided         a feed of the right shape and dtype that is not contiguous (an engine reads it by address)
+//   meta            a feed on another device than the runner's
+//   missing         feeds without one of the engine's inputs
+//   shared-decoder  one decoder given to two sessions (it carries one stream's histories)
+// Exits 0 when refused with wan_trt::Error, 1 when not refused or refused otherwise.
+#include <iostream>
+
+#include "wan_trt/runtime.h"
+
+namespace {
+
+std::map<std::string, at::Tensor> zeros(const wan_trt::GraphIO& io) {
+  std::map<std::string, at::Tensor> feeds;
+  for (const auto& t : io.inputs) feeds[t.name] = at::zeros(t.shape, at::TensorOptions().dtype(t.dtype));
+  return feeds;
+}
+
+void run(const std::string& what, const std::string& engine, const std::string& decoder) {
+  const at::Device cpu("cpu");
+  const auto spec = wan_trt::RuntimeSpec::load(engine + ".runtime.txt");
+  wan_trt::AotiRunner runner(engine, spec, cpu);
+  auto feeds = zeros(spec);
+  at::Tensor& latents = feeds.at("latents");
+  if (what == "strided") {
+    std::vector<int64_t> swapped = latents.sizes().vec();
+    std::swap(swapped[3], swapped[4]);
+    latents = at::zeros(swapped, latents.options()).transpose(3, 4);  // the same shape, another layout
+    runner.infer(feeds);
+  } else if (what == "meta") {
+    latents = at::zeros(latents.sizes(), latents.options().device(at::kMeta));
+    runner.infer(feeds);
+  } else if (what == "missing") {
+    feeds.erase("latents");
+    runner.infer(feeds);
+  } else if (what == "shared-decoder") {
+    const auto pair = wan_trt::DecoderEngines::load(decoder);
+    wan_trt::AotiRunner first(pair.first, pair.first_spec, cpu), steady(pair.steady, pair.steady_spec, cpu);
+    wan_trt::DecoderStream stream(first, pair.first_spec, steady, pair.steady_spec);
+    wan_trt::StreamingSession one(runner, spec, 0, &stream);
+    wan_trt::StreamingSession two(runner, spec, 1, &stream);
+  } else {
+    throw std::invalid_argument("unknown case " + what);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::cerr << "usage: api_refusals CASE ENGINE DECODER\n";
+    return 2;
+  }
+  try {
+    run(argv[1], argv[2], argv[3]);
+  } catch (const wan_trt::Error& e) {
+    std::cout << "refused: " << e.what() << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "not refused as a user error: " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "not refused\n";
+  return 1;
+}
