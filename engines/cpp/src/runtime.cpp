@@ -763,6 +763,15 @@ static std::string first_non_finite(const std::vector<std::pair<std::string, at:
   throw Error(what + " holds non-finite values (NaN or Inf)");
 }
 
+// Refuse ``t`` (the input ``name``, for ``what``) unless it has ``shape``, saying what was expected and received as
+// the Python session does.
+static void check_shape(const std::string& name, const at::Tensor& t, c10::IntArrayRef shape, const std::string& what,
+                        const std::string& config) {
+  if (!t.defined() || t.sizes() != shape)
+    throw Error(name + ": expected shape " + c10::str(shape) + " for " + what + " of '" + config + "', got " +
+                (t.defined() ? c10::str(t.sizes()) : std::string("no tensor")));
+}
+
 int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block) {
   return block == 0 ? 0 : 1 + spec.ratio * (block * spec.block_frames - 1);
 }
@@ -772,7 +781,8 @@ void StreamingSession::start(const at::Tensor& visual_context, int64_t start_blo
     throw Error("start_block " + std::to_string(start_block) + ": a stream reaches " +
                 std::to_string(spec_.max_stream_frames) + " latent frames");
   at::Tensor& slot = feeds_.at("visual_context");
-  if (visual_context.sizes() != slot.sizes()) throw Error("visual_context: wrong shape");
+  check_shape("visual_context", visual_context, slot.sizes(),
+              "the stream starting at block " + std::to_string(start_block), spec_.config);
   const at::Tensor visual = real_input("visual_context", visual_context, " of the stream");
   if (!first_non_finite({{"visual_context", visual}}).empty())
     refuse_input("visual_context of the stream", visual_context, spec_.dtype());
@@ -807,10 +817,7 @@ bool StreamingSession::check_actions(const std::string& name, const at::Tensor& 
   }
   const int64_t f = spec_.block_frames, r = spec_.ratio;
   const int64_t n = block_ == 0 ? 1 + r * (f - 1) : r * f;
-  const int64_t dim = spec_.input(window).shape.back();
-  if (!raw.defined() || raw.dim() != 3 || raw.size(0) != 1 || raw.size(1) != n || raw.size(2) != dim)
-    throw Error(name + ": expected shape [1, " + std::to_string(n) + ", " + std::to_string(dim) + "] for block " +
-                std::to_string(block_));
+  check_shape(name, raw, {1, n, spec_.input(window).shape.back()}, "block " + std::to_string(block_), spec_.config);
   return true;
 }
 
@@ -890,7 +897,7 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
     throw Error("block " + std::to_string(block_) + " would end past the " + std::to_string(spec_.max_stream_frames) +
                 " latent frames a stream can reach: start a new stream");
   at::Tensor& cond_slot = feeds_.at("cond_concat");
-  if (cond.sizes() != cond_slot.sizes()) throw Error("cond_concat: wrong shape for block " + std::to_string(block_));
+  check_shape("cond_concat", cond, cond_slot.sizes(), "block " + std::to_string(block_), spec_.config);
   const std::string for_block = " for block " + std::to_string(block_);
   // the inputs on the session's device and dtype, checked with the outputs; a refused one is judged as given
   std::vector<std::pair<std::string, at::Tensor>> inputs{{"cond_concat", real_input("cond_concat", cond, for_block)}};

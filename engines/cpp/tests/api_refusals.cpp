@@ -8,6 +8,9 @@
 //   meta            a feed on another device than the runner's
 //   missing         feeds without one of the engine's inputs
 //   shared-decoder  one decoder given to two sessions (it carries one stream's histories)
+//   visual-shape    a visual context of another shape
+//   cond-shape      a block's conditioning of another shape
+//   mouse-shape     a block's mouse actions of another shape
 // Exits 0 when refused with wan_trt::Error, 1 when not refused or refused otherwise.
 #include <iostream>
 
@@ -44,6 +47,16 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     wan_trt::DecoderStream stream(first, pair.first_spec, steady, pair.steady_spec);
     wan_trt::StreamingSession one(runner, spec, 0, &stream);
     wan_trt::StreamingSession two(runner, spec, 1, &stream);
+  } else if (what == "visual-shape" || what == "cond-shape" || what == "mouse-shape") {
+    wan_trt::StreamingSession session(runner, spec, 0);
+    auto visual = feeds.at("visual_context"), cond = feeds.at("cond_concat");
+    const int64_t n = wan_trt::first_raw_frame(spec, 1);  // block 0's raw frames
+    auto mouse = at::zeros({1, n, 2}), keyboard = at::zeros({1, n, spec.input("keyboard_window").shape.back()});
+    if (what == "visual-shape") visual = visual.narrow(1, 0, 1);
+    session.start(visual);
+    if (what == "cond-shape") cond = cond.narrow(2, 0, 1);
+    if (what == "mouse-shape") mouse = mouse.narrow(1, 0, 1);
+    session.step(cond, mouse, keyboard);
   } else {
     throw std::invalid_argument("unknown case " + what);
   }

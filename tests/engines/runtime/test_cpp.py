@@ -752,6 +752,12 @@ def test_the_runtime_reads_its_files_alike_whatever_locale_the_program_set(aoti,
     ("missing", r"feeds do not match the graph spec: missing input 'latents'"),  # std::map::at's out_of_range
     # the second session's start reset the histories under the first: both streams' frames went wrong, without a word
     ("shared-decoder", r"this decoder is attached to another session: a decoder carries one stream's histories"),
+    # said 'wrong shape', or the shape expected alone: not what was given
+    ("visual-shape", re.escape("visual_context: expected shape [1, 5, 32] for the stream starting at block 0 of "
+                               "'universal-small', got [1, 1, 32]")),
+    ("cond-shape", re.escape("cond_concat: expected shape [1, 20, 3, 4, 6] for block 0 of 'universal-small', got "
+                             "[1, 20, 1, 4, 6]")),
+    ("mouse-shape", re.escape("mouse: expected shape [1, 9, 2] for block 0 of 'universal-small', got [1, 1, 2]")),
 ])
 def test_the_library_refuses_what_its_runners_and_sessions_cannot_run(aoti, decoder_aoti, wan_stream, case, message):
     """What the Python runners and session refuse (Runner.check_feeds, attach_decoder), the C++ library refuses too,
