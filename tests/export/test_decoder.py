@@ -429,3 +429,18 @@ def test_a_dit_export_into_a_decoder_export_is_refused_as_such(decoder_export):
     assert res.exit_code == 1 and "holds a decoder export" in res.output and "not a wan-trt" not in res.output, \
         res.output
     read_decoder(decoder_export)
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_a_dit_export_into_one_graph_of_a_decoder_export_is_refused(tmp_path, call):
+    """`export --out DEC/first --overwrite` of a DiT replaced that graph of the decoder export (and the engine and
+    check reports beside it) with a DiT export, leaving a pair no command accepts; without --overwrite the refusal
+    advised passing it."""
+    out = tmp_path / "dec"
+    export_decoder(load_config(CFG), out, "fp32", seed=4, onnx=False)
+    for overwrite in ([], ["--overwrite"]):
+        res = CliRunner().invoke(main, ["export", "--config", CFG, "--no-onnx", "--out", str(out / call),
+                                        *overwrite])
+        assert res.exit_code == 1 and f"is the {call} graph of the decoder export {out}" in res.output, res.output
+        assert "pass --overwrite" not in res.output, res.output
+    assert _decoder_seeds(out) == {"first": 4, "steady": 4}
