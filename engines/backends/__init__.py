@@ -186,7 +186,8 @@ def why_not(backend: Backend, sources: RunnerSources) -> str | None:
             except WanTrtError as exc:
                 return str(exc)
         if need == "engine" and (sources.engines or {}).get(backend.engine_key) is None:
-            how = "wan-trt build DIR" + ("" if backend.module == "tensorrt" else " --backend aoti")
+            how = "wan-trt build DIR" + ("" if backend.module == "tensorrt" else " --backend aoti") + \
+                ("" if backend.ops == "native" else f" --ops {backend.ops}")  # else its flag refuses the engine
             return f"no {backend.engine_flag} given (build one with `{how}`)"
         if need == "cuda" and not str(sources.device).startswith("cuda"):
             what = "the fused Triton kernels need" if backend.module == "torch" else "CUDA graphs need"

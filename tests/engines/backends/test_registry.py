@@ -131,3 +131,16 @@ def test_a_backend_named_twice_is_refused():
     assert parse_backends("torch-eager,aoti") == ["torch-eager", "aoti"]
     with pytest.raises(WanTrtError, match="--end-to-end: 'aoti' named twice"):
         parse_backends("aoti,aoti", "--end-to-end")
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if "engine" in b.requires and "tensorrt" not in b.requires],
+                         ids=lambda b: b.name)  # TensorRT's own requirement is judged first
+def test_a_missing_engine_is_skipped_with_the_build_that_makes_it(backend):
+    """aoti-plugins without --aoti-plugins-engine said to build one with `wan-trt build DIR --backend aoti`, which
+    makes a native package that its flag then refuses as built for aoti."""
+    sources = RunnerSources(None, "cpu", lambda ops="native": None, engines={})
+    reason = why_not(backend, sources)
+    assert reason is not None and backend.engine_flag in reason, reason
+    build = reason.split("`")[1]
+    assert ("--ops plugins" in build) == (backend.ops == "plugins"), reason
+    assert ("--backend aoti" in build) == (backend.module == "aoti"), reason
