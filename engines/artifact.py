@@ -25,8 +25,9 @@ from wan_trt.digest import check_digest_record, file_digest, require_unchanged, 
 from wan_trt.engines.backends import get_backend
 from wan_trt.engines.runtime.runner import concrete_device
 from wan_trt.errors import WanTrtError
-from wan_trt.export.manifest import Manifest, tool_versions
-from wan_trt.export.manifest_schema import OPS
+from wan_trt.export.decoder import decoder_dirs
+from wan_trt.export.manifest import MANIFEST, Manifest, tool_versions
+from wan_trt.export.manifest_schema import OPS, recorded_files
 from wan_trt.log import logger
 from wan_trt.model.fp8 import FP8_SCHEME
 from wan_trt.outputs import (check_parent_chain, remove_stale_partials, usual_file_mode, write_file,
@@ -141,8 +142,24 @@ class EngineMetadata:
         if not engine.is_file():
             raise WanTrtError(f"engine {engine} does not exist; build it with `wan-trt build`")
         if not meta.is_file():
-            raise WanTrtError(f"engine {engine} has no {meta.name}: it was not built by `wan-trt build`; rebuild it")
+            raise WanTrtError(cls.not_an_engine(engine))
         return cls.parse(meta)
+
+    @classmethod
+    def not_an_engine(cls, engine: Path) -> str:
+        """Why ``engine``, a file without metadata beside it, is refused, and what to give instead: an engine's own
+        metadata file or a file of an export was told to be rebuilt, which no build does."""
+        built = engine.with_name(engine.name[:-len(".json")])
+        if engine.name.endswith(".json") and built.is_file() and cls.path_for(built) == engine:
+            return f"{engine} is the metadata of the engine {built}, not an engine: give {built}"
+        names = recorded_files(engine.parent / MANIFEST)
+        if names is not None and engine.name in (MANIFEST, *names):
+            export = engine.parent.parent if decoder_dirs(engine.parent.parent) is not None else engine.parent
+            return (f"{engine} is a file of the export {export}, not an engine: give an engine `wan-trt build "
+                    f"{export}` made from it")
+        return (f"engine {engine} has no {cls.path_for(engine).name} beside it: it was not built by `wan-trt build`; "
+                "give an engine file `wan-trt build` wrote (its .json lies beside it), or build one with "
+                "`wan-trt build EXPORT_DIR`")
 
     @classmethod
     def parse(cls, meta: Path) -> "EngineMetadata":

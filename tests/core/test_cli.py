@@ -233,3 +233,29 @@ def test_export_refuses_an_opset_with_no_onnx(tmp_path):
     _one_error_line(_run(["export", "--config", "universal-small", "--precision", "fp32",
                           "--no-onnx", "--opset", "18", "--out", str(out)]), "--opset 18", "--no-onnx")
     assert not out.exists()
+
+
+def test_a_file_that_is_no_engine_is_refused_saying_what_to_give(plain_export, tmp_path):
+    """`inspect E.json` (the metadata beside an engine), `inspect EXPORT/manifest.json` or any file of the user's were
+    each said to have been "not built by `wan-trt build`; rebuild it": no build makes an engine of them."""
+    from wan_trt.config_load import load_config
+    from wan_trt.export.decoder import export_decoder
+    decoder_export = tmp_path / "dec"
+    export_decoder(load_config("universal-small"), decoder_export, "fp32", onnx=False)
+    engine = tmp_path / "engine_aoti_cpu.pt2"
+    engine.write_bytes(b"an engine")
+    (tmp_path / "engine_aoti_cpu.pt2.json").write_text("{}")
+    res = _run(["inspect", str(tmp_path / "engine_aoti_cpu.pt2.json")])
+    _one_error_line(res, f"is the metadata of the engine {engine}", f"give {engine}")
+    assert "rebuild" not in res.output, res.output
+    for export in (plain_export, decoder_export / "steady"):
+        res = _run(["inspect", str(export / "manifest.json")])
+        whole = decoder_export if export.name == "steady" else plain_export
+        _one_error_line(res, f"is a file of the export {whole}", f"`wan-trt build {whole}`")
+        assert "rebuild" not in res.output, res.output
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for command in (["inspect"], ["check"]):
+        res = _run([*command, str(notes)])
+        _one_error_line(res, "not built by `wan-trt build`", "give an engine file `wan-trt build` wrote")
+        assert "rebuild it" not in res.output, res.output
