@@ -137,7 +137,12 @@ class DecoderStream:
 def decoder_engines(engine: Path) -> dict[str, Path]:
     """A decoder engine is one file per graph, same name, in the decoder export's first/ and steady/."""
     engine = Path(engine)
-    root = engine.resolve().parent.parent
+    folder = engine.resolve().parent
+    if folder.name not in CALLS:  # a DiT's engine, say: no pair to look for (a pair may be copied without exports)
+        raise WanTrtError(f"decoder engine {engine}: {folder} is not first/ or steady/ of a decoder export (`wan-trt "
+                          "export --graph decoder`), where `wan-trt build DECODER_EXPORT` writes the decoder's two "
+                          "engines, one per graph; give one of those")
+    root = folder.parent
     pair = {call: root / call / engine.name for call in CALLS}
     missing = [str(p) for p in pair.values() if not p.is_file()]
     if missing:

@@ -1,5 +1,6 @@
 """``wan-trt bench``: names checked before any work, named backends must run, failures are failures."""
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -472,3 +473,20 @@ def test_a_decoder_row_that_raises_is_a_failure_and_the_run_goes_on(plain_export
     assert report["decoder"]["rows"] == {} and "aoti" in report["decoder"]["failed"]
     for row in ("decoder aoti", "torch-eager+decoder"):
         assert "RuntimeError: kernel exploded" in report["failed"][row] and "Traceback" in report["failed"][row]
+
+
+def test_a_dit_engine_given_as_the_decoder_engine_is_refused_as_such(plain_export, tmp_path):
+    """`--decoder-engine DIT/engine_aoti_cpu.pt2` said the decoder's 'other graph's engine' was missing in the
+    DiT export's parent folder and advised `wan-trt build` of that folder, which is no export."""
+    from wan_trt.config_load import load_config
+    from wan_trt.export.decoder import export_decoder
+    decoder = tmp_path / "dec"
+    export_decoder(load_config("universal-small"), decoder, "fp32", onnx=False)
+    dit = shutil.copytree(plain_export, tmp_path / "dit")
+    engine = dit / "engine_aoti_cpu.pt2"  # where `wan-trt build DIT --backend aoti --device cpu` writes it: the
+    engine.write_bytes(b"a DiT engine")   # refusal is the folder's, before the engine is read
+    res = _bench([str(dit), "--device", "cpu", "--backends", "torch-eager", "--decoder", str(decoder),
+                  "--decoder-engine", str(engine)])
+    assert res.exit_code == 1 and f"decoder engine {engine}" in res.output, res.output
+    assert "is not first/ or steady/ of a decoder export" in res.output, res.output
+    assert f"wan-trt build {tmp_path}`" not in res.output, res.output
