@@ -128,7 +128,14 @@ class Manifest:
         directory = Path(directory)
         path = directory / MANIFEST
         if not path.is_file():
-            raise WanTrtError(f"{directory} holds no {MANIFEST}: not a finished `wan-trt export` directory")
+            make = "make one with `wan-trt export --config CONFIG --out DIR`"
+            if not directory.exists():
+                raise WanTrtError(f"{directory} does not exist: expected a `wan-trt export` directory; {make}")
+            if not directory.is_dir():
+                folder = (f"give its folder {directory.parent}" if directory.name == MANIFEST
+                          else "give the export's folder")
+                raise WanTrtError(f"{directory} is a file, not an export directory; {folder}")
+            raise WanTrtError(f"{directory} holds no {MANIFEST}: not a finished `wan-trt export` directory; {make}")
         raw = path.read_bytes()
         data = parse_manifest(raw, path)
         manifest = cls(**data)

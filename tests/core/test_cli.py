@@ -259,3 +259,21 @@ def test_a_file_that_is_no_engine_is_refused_saying_what_to_give(plain_export, t
         res = _run([*command, str(notes)])
         _one_error_line(res, "not built by `wan-trt build`", "give an engine file `wan-trt build` wrote")
         assert "rebuild it" not in res.output, res.output
+
+
+def test_an_export_directory_that_is_missing_or_a_file_is_refused_as_such(plain_export, tmp_path):
+    """`build out/typo` said the folder "holds no manifest.json", and `Manifest.read(EXPORT/manifest.json)` that the
+    file held none: neither said that the path was missing or a file, nor how to make an export."""
+    from wan_trt.errors import WanTrtError
+    from wan_trt.export.manifest import Manifest
+    missing = tmp_path / "typo"
+    res = _run(["build", str(missing), "--backend", "aoti", "--device", "cpu"])
+    _one_error_line(res, f"{missing} does not exist", "`wan-trt export")
+    assert "holds no" not in res.output and not missing.exists(), res.output
+    with pytest.raises(WanTrtError, match=f"{plain_export / 'manifest.json'} is a file, not an export directory; "
+                                          f"give its folder {plain_export}"):
+        Manifest.read(plain_export / "manifest.json")
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(WanTrtError, match="holds no manifest.json: not a finished `wan-trt export` directory; make "
+                                          "one with `wan-trt export"):
+        Manifest.read(tmp_path / "mine")
