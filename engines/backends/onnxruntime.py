@@ -57,6 +57,11 @@ class OnnxRuntimeRunner(Runner):
             raise WanTrtError(f"{graph} is a {spec.precision} graph with bf16 I/O, and ONNX Runtime's CPU provider "
                               "has no bf16 kernels: check it with --provider cuda on a machine with a GPU "
                               f"(onnxruntime-gpu){same}")
+        if spec.dtype == torch.bfloat16:  # the CPU provider, the usual way out, refuses it (above)
+            self.without_cuda = ("a bf16 graph runs on ONNX Runtime's CUDA provider only: check it on a machine with "
+                                 "a GPU (onnxruntime-gpu)" + ("" if spec.precision == "fp8" else
+                                                               ", or export with --precision fp32 to check the same "
+                                                               "graph structure on this CPU"))
         super().__init__(spec, "cuda" if provider == "cuda" else "cpu")
         self.name = f"onnxruntime-{provider}"
         self.graph = Path(graph)

@@ -41,6 +41,14 @@ def test_check_with_cuda_provider_without_a_gpu(bf16_export):
     _one_error_line(_run(["check", str(bf16_export), "--provider", "cuda"]), "no CUDA device")
 
 
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a CUDA device: the no-GPU message is not reachable")
+def test_check_of_a_bf16_graph_without_a_gpu_gives_advice_that_works(bf16_export):
+    """`check BF16 --provider cuda` without a GPU advised `--provider cpu`, which then refused the bf16 graph."""
+    res = _run(["check", str(bf16_export), "--provider", "cuda"])
+    _one_error_line(res, "no CUDA device", "--precision fp32")
+    assert "--provider cpu" not in res.output, res.output
+
+
 def test_verbose_shows_the_traceback_of_a_user_error():
     res = _run(["-v", "info", "--config", "no-such-preset"])
     assert res.exit_code == 1 and "error: --config 'no-such-preset'" in res.output
