@@ -67,6 +67,9 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int, dtype: torch.dty
         try:
             entry = json.loads(line, parse_int=float, parse_constant=_not_json, object_pairs_hook=_Object.of)
         except json.JSONDecodeError as exc:
+            if line.startswith("\ufeff"):  # Python's message would advise its own 'utf-8-sig' decoding
+                raise WanTrtError(f"{where}: not JSON (it begins with a UTF-8 byte-order mark, which some editors "
+                                  "write); save the file as UTF-8 without one") from None
             raise WanTrtError(f"{where}: not JSON ({exc.msg})") from None
         except RecursionError:
             raise WanTrtError(f"{where}: not JSON (nested too deeply)") from None

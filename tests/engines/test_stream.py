@@ -463,3 +463,15 @@ def test_frames_of_odd_size_and_in_blocks_are_written_in_order(tmp_path):
         got = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert [g.shape for g in got] == [(34, 48, 3)] * 5
     assert [round(float(g[:33, :47].mean()) / 40) for g in got] == [0, 0, 1, 1, 1]
+
+
+def test_an_actions_file_with_a_byte_order_mark_says_how_to_save_it(tmp_path):
+    """A file an editor saved as 'UTF-8 with BOM' was refused with Python's own hint, '(decode using utf-8-sig)',
+    which is nothing a user of wan-trt can do; the refusal says how to save the file instead (the C++ reader
+    refuses the same file: both read JSON lines as UTF-8 without one)."""
+    line = json.dumps({"mouse": [0.1, 0.0], "keyboard": [1, 0, 0, 0]})
+    path = tmp_path / "actions.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (line + "\r\n").encode())
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "1", "--actions", str(path)])
+    assert res.exit_code == 1 and "line 1 (block 0): not JSON" in res.output, res.output
+    assert "byte-order mark" in res.output and "without" in res.output and "utf-8-sig" not in res.output, res.output
