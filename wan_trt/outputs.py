@@ -290,6 +290,10 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
     stale, held = build_leftovers(out)
     if held:
         raise WanTrtError(f"--out {out}: a wan-trt build is writing into it ({held[0].name}); wait for it to finish")
+    other = marked_kind(out)
+    if other is not None and other != what:  # wan-trt's own files, listed as foreign by this command's rules
+        raise WanTrtError(f"--out {out} holds a wan-trt {other}, which {_a(what)} does not replace; pick another "
+                          "--out")
     owned = owned_files(out)
     foreign = foreign_files(out, (owned or []) + stale, OWN_FOLDERS.get(what, ()))
     if owned is None or foreign:
@@ -335,6 +339,17 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
         finally:
             if staging is not None and staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
+
+
+def marked_kind(folder: Path) -> str | None:
+    """The kind of output (``what``: "export", "stream output") the marker file in ``folder`` names, as staged_dir
+    writes it; None without a marker that reads so."""
+    try:
+        text = (folder / MARKER).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    match = re.fullmatch(r"wan-trt (.+) folder\n", text)
+    return match.group(1) if match else None
 
 
 def _a(what: str) -> str:

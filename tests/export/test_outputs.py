@@ -479,3 +479,26 @@ def test_overwrite_and_check_take_run_results_and_staging_files_by_content_not_n
     (check / ".report_onnxruntime-cpu.json.partial-k2x_9q0a").write_text("")  # a killed check's staging file
     _export(mixed, overwrite=True)
     assert not check.exists() or not list(check.iterdir())
+
+
+def test_an_output_of_another_command_is_refused_as_such(tmp_path, plain_export):
+    """`export --out S --overwrite` of a stream output S said S held 'files or folders wan-trt did not write
+    (latents.pt, report.json)', and `stream --out E --overwrite` of an export listed the export's own files: each
+    is wan-trt's own output of another kind, which the other command does not replace."""
+    stream = tmp_path / "s"
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "1", "--no-video",
+                                    "--out", str(stream)])
+    assert res.exit_code == 0, res.output
+    before = _tree(stream)
+    res = CliRunner().invoke(main, ["export", "--config", "universal-small", "--no-onnx", "--out", str(stream),
+                                    "--overwrite"])
+    assert res.exit_code == 1 and f"--out {stream} holds a wan-trt stream output, which an export does not " \
+                                  "replace" in res.output, res.output
+    assert "did not write" not in res.output and _tree(stream) == before, res.output
+    export = shutil.copytree(plain_export, tmp_path / "e")
+    before = _tree(export)
+    res = CliRunner().invoke(main, ["stream", "--config", "universal-small", "--blocks", "1", "--no-video",
+                                    "--out", str(export), "--overwrite"])
+    assert res.exit_code == 1 and f"--out {export} holds a wan-trt export, which a stream output does not " \
+                                  "replace" in res.output, res.output
+    assert _tree(export) == before
