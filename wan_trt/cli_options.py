@@ -22,7 +22,8 @@ class PathArg(click.Path):
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and not value:
-            self.fail("an empty path; give a path or leave the option out", param, ctx)
+            leave = " or leave the option out" if isinstance(param, click.Option) else ""  # an argument is required
+            self.fail(f"an empty path; give a path{leave}", param, ctx)
         return super().convert(value, param, ctx)
 
 

@@ -99,6 +99,8 @@ def load_config(name_or_path: str | Path) -> WanConfig:
         WanTrtError: unknown preset, unreadable file, or a field with a bad value.
     """
     text = str(name_or_path)
+    if not text:  # an unset shell variable, say: read as a path it would be the current folder
+        raise WanTrtError(f"--config '': empty; give a preset ({', '.join(preset_names())}) or a config.json path")
     if text in preset_names():  # a bare name: a path (absolute, or with a folder) is never a preset's
         return config_from_dict(read_json_object(PRESET_DIR / f"{text}.json"), text, f"preset '{text}'")
     path = Path(text)

@@ -285,3 +285,17 @@ def test_an_export_directory_that_is_missing_or_a_file_is_refused_as_such(plain_
     with pytest.raises(WanTrtError, match="holds no manifest.json: not a finished `wan-trt export` directory; make "
                                           "one with `wan-trt export"):
         Manifest.read(tmp_path / "mine")
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["check", ""], "TARGET"), (["inspect", ""], "ENGINE"), (["bench", ""], "DIRECTORY"),
+    (["info", "--config", ""], "--config"), (["export", "--config", "", "--out", "x"], "--config"),
+])
+def test_an_empty_argument_or_config_is_refused_with_advice_that_applies(args, phrase, tmp_path, monkeypatch):
+    """`check ""` was told to 'leave the option out', which a required argument cannot be, and `--config ""` was
+    said to be 'a folder without a config.json' (the empty path reads as the current folder)."""
+    monkeypatch.chdir(tmp_path)
+    res = _run(args)
+    _one_error_line(res, phrase, "empty")
+    assert "leave the option out" not in res.output and "a folder without" not in res.output, res.output
+    assert not list(tmp_path.iterdir())
