@@ -299,3 +299,15 @@ def test_an_empty_argument_or_config_is_refused_with_advice_that_applies(args, p
     _one_error_line(res, phrase, "empty")
     assert "leave the option out" not in res.output and "a folder without" not in res.output, res.output
     assert not list(tmp_path.iterdir())
+
+
+def test_a_check_without_its_stream_says_so_where_it_says_passed(exports, tmp_path):
+    """`check --no-stream` printed 'check onnxruntime-cpu: passed' and a table without a word of the stream check it
+    had skipped; the same line and table follow a check that ran both."""
+    import shutil
+    export = shutil.copytree(exports["universal-small"], tmp_path / "export")  # a check writes its report there
+    res = _run(["check", str(export), "--no-stream", "--no-save-results"])
+    assert res.exit_code == 0, res.output
+    passed = [line for line in res.output.splitlines() if ": passed" in line]
+    assert passed and "stream check not run (--no-stream)" in passed[0], res.output
+    assert res.output.rstrip().splitlines()[-1].startswith("stream"), res.output
