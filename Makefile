@@ -35,6 +35,8 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
-clean:  # the environment and what `make demo` wrote; the rest of out/ is the user's
-	rm -rf $(VENV) $(DEMO_OUT)/export $(DEMO_OUT)/stream $(DEMO_OUT)/bench.json
+clean:  # the environment and what `make demo` wrote: wan-trt's output folders (by their marker) and its bench report
+	rm -rf $(VENV)
+	for d in $(DEMO_OUT)/export $(DEMO_OUT)/stream; do if [ -e "$$d/.wan-trt-export" ]; then rm -rf "$$d"; fi; done
+	if grep -qs '"backends"' $(DEMO_OUT)/bench.json; then rm -f $(DEMO_OUT)/bench.json; fi
 	rmdir $(DEMO_OUT) 2> /dev/null || true
