@@ -86,6 +86,13 @@ class StageClock:
         return out
 
 
+def _require_kind(name: str, value: object, kind: type, make: str, optional: bool = False) -> None:
+    """Refuse an argument ``name`` that is not a ``kind`` (None allowed where ``optional``), saying how to make one: a
+    path given as the seed or the runner failed later with an AttributeError."""
+    if not isinstance(value, kind) and not (optional and value is None):
+        raise WanTrtError(f"{name}: expected a {kind.__name__} ({make}), got {type(value).__name__} {value!r}")
+
+
 @dataclass(frozen=True)
 class BlockInputs:
     """One block's inputs, checked and on the session's device and dtype; nothing committed yet.
@@ -119,6 +126,12 @@ class StreamingSession:
     def __init__(self, runner: Runner, seed: int | None = None, noise: NoiseSource | None = None,
                  decoder: DecoderStream | None = None):
         prefer_workspace_free_gemms()  # effective where no GEMM ran in this process yet (see its module)
+        _require_kind("runner", runner, Runner, "a runner from wan_trt.engines.backends.make_runner")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise WanTrtError(f"seed: expected an int or None, got {type(seed).__name__} {seed!r}")
+        _require_kind("noise", noise, NoiseSource, "NoiseSource(seed), or leave it out", optional=True)
+        _require_kind("decoder", decoder, DecoderStream, "DecoderStream.from_engine(ENGINE), or leave it out",
+                      optional=True)
         self.runner = runner
         self.spec = runner.spec
         self.cfg = self.spec.config

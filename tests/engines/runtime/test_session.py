@@ -448,3 +448,16 @@ def test_a_seed_beside_a_noise_source_is_refused():
         StreamingSession(runner, seed=7, noise=NoiseSource(0))
     assert StreamingSession(runner, seed=7).noise.seed == 7
     assert StreamingSession(runner, noise=NoiseSource(5)).noise.seed == 5
+
+
+def test_a_session_refuses_arguments_of_the_wrong_kind_naming_them():
+    """StreamingSession(runner, "/tmp/x") (a path where the seed goes) and a noise that is no NoiseSource raised an
+    AttributeError from deep inside; a runner that is no Runner, too."""
+    cfg = load_config("universal-small")
+    runner = TorchRunner(build_model(cfg), PassSpec.from_config(cfg, "fp32"))
+    for kwargs, message in ((dict(runner=runner, seed="/tmp/x"), "seed: expected an int"),
+                            (dict(runner=runner, noise=7), "noise: expected a NoiseSource"),
+                            (dict(runner="out/export"), "runner: expected a Runner"),
+                            (dict(runner=runner, decoder="out/dec"), "decoder: expected a DecoderStream")):
+        with pytest.raises(WanTrtError, match=message):
+            StreamingSession(**kwargs)
