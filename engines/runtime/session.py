@@ -127,8 +127,6 @@ class StreamingSession:
                  decoder: DecoderStream | None = None):
         prefer_workspace_free_gemms()  # effective where no GEMM ran in this process yet (see its module)
         _require_kind("runner", runner, Runner, "a runner from wan_trt.engines.backends.make_runner")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise WanTrtError(f"seed: expected an int or None, got {type(seed).__name__} {seed!r}")
         _require_kind("noise", noise, NoiseSource, "NoiseSource(seed), or leave it out", optional=True)
         _require_kind("decoder", decoder, DecoderStream, "DecoderStream.from_engine(ENGINE), or leave it out",
                       optional=True)

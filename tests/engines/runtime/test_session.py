@@ -451,8 +451,8 @@ def test_a_seed_beside_a_noise_source_is_refused():
 
 
 def test_a_session_refuses_arguments_of_the_wrong_kind_naming_them():
-    """StreamingSession(runner, "/tmp/x") (a path where the seed goes) and a noise that is no NoiseSource raised an
-    AttributeError from deep inside; a runner that is no Runner, too."""
+    """A noise that is no NoiseSource, a runner that is no Runner and a decoder that is no DecoderStream raised an
+    AttributeError from deep inside; a path where the seed goes is refused by NoiseSource, as it was."""
     cfg = load_config("universal-small")
     runner = TorchRunner(build_model(cfg), PassSpec.from_config(cfg, "fp32"))
     for kwargs, message in ((dict(runner=runner, seed="/tmp/x"), "seed: expected an int"),
