@@ -31,9 +31,11 @@ from wan_trt.errors import USER_ERRNOS, WanTrtError
 from wan_trt.log import logger
 
 MARKER = ".wan-trt-export"  # inside every staging and finished output folder (exports, stream outputs)
+MARKER_TEXT = "wan-trt {what} folder\n"  # the marker's text in an output of kind ``what``: written and read by it
 CHECK_REPORT_KEYS = {"command", "backend", "precision", "ok"}  # in every check report
-# per kind of output, the folders wan-trt makes in it that a run it stops may leave empty (an export's check/)
-OWN_FOLDERS = {"export": (Path("check"),)}
+# the kinds of output folder wan-trt stages (``what``), each with the folders wan-trt makes in it that a run it stops
+# may leave empty (an export's check/)
+OUTPUT_KINDS = {"export": (Path("check"),), "stream output": ()}
 # the files wan-trt wrote into an existing output folder, or None if it is not wan-trt's
 OwnedFiles = Callable[[Path], list[Path] | None]
 
@@ -295,7 +297,7 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
         raise WanTrtError(f"--out {out} holds a wan-trt {other}, which {_a(what)} does not replace; pick another "
                           "--out")
     owned = owned_files(out)
-    foreign = foreign_files(out, (owned or []) + stale, OWN_FOLDERS.get(what, ()))
+    foreign = foreign_files(out, (owned or []) + stale, OUTPUT_KINDS[what])
     if owned is None or foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         why = f"is not a wan-trt {what}" if owned is None else "holds files or folders wan-trt did not write"
@@ -329,7 +331,7 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
             staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export gets the usual mode
-            (staging / MARKER).write_text(f"wan-trt {what} folder\n")
+            (staging / MARKER).write_text(marker_text(what))
             yield staging
             _swap_into_place(staging, out, old, what)
         except OSError as exc:
@@ -341,15 +343,21 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
                 shutil.rmtree(staging, ignore_errors=True)
 
 
+def marker_text(what: str) -> str:
+    """The text of the marker file in an output folder of kind ``what`` (one of :data:`OUTPUT_KINDS`)."""
+    return MARKER_TEXT.format(what=what)
+
+
 def marked_kind(folder: Path) -> str | None:
     """The kind of output (``what``: "export", "stream output") the marker file in ``folder`` names, as staged_dir
-    writes it; None without a marker that reads so."""
+    writes it (:func:`marker_text`); None without a marker that reads so."""
     try:
         text = (folder / MARKER).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    match = re.fullmatch(r"wan-trt (.+) folder\n", text)
-    return match.group(1) if match else None
+    head, tail = MARKER_TEXT.split("{what}")
+    what = text[len(head):len(text) - len(tail)]
+    return what if what and text == marker_text(what) else None
 
 
 def _a(what: str) -> str:
@@ -384,10 +392,8 @@ def _remove_stale_staging(out: Path) -> None:
     """Staging folders of killed runs for ``out`` (marked, and nobody else holds the lock); each is named by
     what its marker says it was staging."""
     for stale in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
-        marker = stale / MARKER
-        if marker.is_file():
-            kind = re.fullmatch(r"wan-trt (.+) folder\s*", marker.read_text(errors="replace"))
-            logger.info("removing %s, left by an interrupted %s", stale, kind.group(1) if kind else "wan-trt run")
+        if (stale / MARKER).is_file():
+            logger.info("removing %s, left by an interrupted %s", stale, marked_kind(stale) or "wan-trt run")
             shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -18,6 +18,7 @@ from wan_trt.export.manifest import Manifest
 from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model
 from wan_trt.model.checkpoint import save_checkpoint
+from wan_trt.outputs import MARKER, OUTPUT_KINDS, marked_kind, staged_dir
 
 CFG = "universal-small"
 
@@ -328,11 +329,11 @@ def test_weights_in_an_unrecorded_file_anywhere_in_the_graph_are_refused(tmp_pat
 def test_leftovers_of_a_killed_run_are_named_by_what_it_was(tmp_path, caplog):
     """Every staged output shares the staging code; its messages said 'export' for a stream's output too, and
     then named a leftover by the run that found it rather than the one that left it."""
-    from wan_trt.outputs import MARKER, staged_dir
+    from wan_trt.outputs import marker_text
     out = tmp_path / "run"
     for name, kind in (("killed-stream", "stream output"), ("killed-export", "export")):
         (tmp_path / f".run.partial-{name}").mkdir()
-        (tmp_path / f".run.partial-{name}" / MARKER).write_text(f"wan-trt {kind} folder\n")
+        (tmp_path / f".run.partial-{name}" / MARKER).write_text(marker_text(kind))
     with caplog.at_level("INFO", logger="wan_trt"), \
             staged_dir(out, lambda path: [], overwrite=False, what="stream output") as staging:
         (staging / "report.json").write_text("{}")
@@ -340,6 +341,22 @@ def test_leftovers_of_a_killed_run_are_named_by_what_it_was(tmp_path, caplog):
     messages = [r.getMessage() for r in caplog.records]
     for name, kind in (("killed-stream", "stream output"), ("killed-export", "export")):
         assert any(m.endswith(f".run.partial-{name}, left by an interrupted {kind}") for m in messages), messages
+
+
+@pytest.mark.parametrize("kind", OUTPUT_KINDS)
+def test_the_marker_of_every_kind_of_output_reads_back_as_that_kind(tmp_path, caplog, kind):
+    """The marker's text was written by one format string and read by two patterns of their own (the kind of an
+    output folder; a looser one naming a killed run's leftover): a change to one would have had the others misread
+    wan-trt's own folders. One definition now writes and reads it, for every kind of output staged."""
+    with staged_dir(tmp_path / "run", lambda path: [], overwrite=False, what=kind) as staging:
+        left = shutil.copytree(staging, tmp_path / ".again.partial-killed")  # as a run killed now leaves it
+    assert marked_kind(tmp_path / "run") == marked_kind(left) == kind
+    with caplog.at_level("INFO", logger="wan_trt"), \
+            staged_dir(tmp_path / "again", lambda path: [], overwrite=False, what="export"):
+        pass
+    assert any(r.getMessage().endswith(f".again.partial-killed, left by an interrupted {kind}") for r in caplog.records)
+    (tmp_path / "run" / MARKER).write_text(f"{kind} folder\n")  # not as wan-trt writes it
+    assert marked_kind(tmp_path / "run") is None
 
 
 def test_an_interrupt_between_the_two_renames_puts_the_old_output_back(tmp_path, plain_export, monkeypatch):
