@@ -191,11 +191,13 @@ def check_runners(engine: Path, manifest: Manifest) -> tuple[Runner, None]:
 def inspect(engine: Path, meta: EngineMetadata) -> dict:
     """Files and generated kernels inside an AOTInductor package, and the fused ops it runs: per registered fused op,
     how many compiled variants of its Triton kernel the package's code names (Inductor names a user Triton kernel
-    ``_<op>_kernel`` with a number per variant), so a --ops plugins package shows which fused kernels it holds."""
+    ``_<op>_kernel`` with a number per variant), so a --ops plugins package shows which fused kernels it holds.
+    Files are named as inside the package: the zip holds them all in a folder named after the file it was written
+    as, the build's staging file (renamed into place since), which is left out."""
     with zipfile.ZipFile(engine) as pkg:
-        names = pkg.namelist()
-        sources = [n for n in names if n.endswith((".cpp", ".py"))]
+        sources = [n for n in pkg.namelist() if n.endswith((".cpp", ".py"))]
         text = "\n".join(pkg.read(n).decode(errors="ignore") for n in sources)
+        names = [n.split("/", 1)[-1] for n in pkg.namelist()]
     kernels = sorted({n.rsplit("/", 1)[-1].split(".")[0] for n in names if n.endswith((".cubin", ".ptx", ".hsaco"))})
     fused = {op.name: len(found) for op in FUSED_OPS
              if (found := set(re.findall(rf"\b{op.kernel_name}(?:_\d+)?\b", text)))}

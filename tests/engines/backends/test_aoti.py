@@ -104,6 +104,16 @@ def test_inspect_and_bench_on_cpu(aoti, tmp_path):
     assert not report["skipped"] and not report["failed"]
 
 
+def test_inspect_names_the_files_inside_the_package_not_the_staging_file_it_was_built_as(aoti):
+    """`inspect --json` listed every file under `.engine_aoti_cpu.pt2.partial-XXXXXXXX/`: the zip keeps the name of
+    the staging file the build wrote it as, gone once the package was renamed into place."""
+    res = CliRunner().invoke(main, ["inspect", str(aoti[1]), "--json"])
+    files = json.loads(res.output)["files"]
+    assert res.exit_code == 0 and not [f for f in files if "partial" in f or aoti[1].stem in f], files
+    assert {"archive_format", "archive_version"} <= set(files), files
+    assert any(f.startswith("data/aotinductor/model/") and f.endswith(".so") for f in files), files
+
+
 def test_bench_refuses_an_engine_of_another_export(aoti, tmp_path):
     other = tmp_path / "other"
     export_transformer(load_config("universal-small"), other, "fp32", seed=99, onnx=False)  # other weights
