@@ -388,20 +388,25 @@ class CheckOptions:
     Attributes:
         provider: ONNX Runtime execution provider for an export directory ('cpu' or 'cuda'; None where the
             target is an engine, which runs on the device it was built for).
-        blocks: blocks of the multi-block stream check; None: the graph's default (:data:`DEFAULT_BLOCKS`).
-        seed: seed of the stream's inputs and noise.
+        blocks: blocks of the multi-block stream check; None: the graph's default (:data:`DEFAULT_BLOCKS`), or
+            no stream check in the options as run (:meth:`as_run`).
+        seed: seed of the stream's inputs and noise; None in the options as run without a stream check.
         stream: run the stream check.
         save_results: save Polygraphy's RunResults under check/.
     """
 
     provider: str | None = "cpu"
     blocks: int | None = None
-    seed: int = 0
+    seed: int | None = 0
     stream: bool = True
     save_results: bool = True
 
-    def with_blocks(self, kind: str) -> "CheckOptions":
-        """These options with ``blocks`` set: as given, else the default of graph kind ``kind`` (a spec's KIND)."""
+    def as_run(self, kind: str) -> "CheckOptions":
+        """These options as a check of graph kind ``kind`` (a spec's KIND) runs them, as its report records them:
+        ``blocks`` as given, else the kind's default; without the stream check, no ``blocks`` nor ``seed`` (None:
+        they set the stream only)."""
+        if not self.stream:
+            return dataclasses.replace(self, blocks=None, seed=None)
         return self if self.blocks is not None else dataclasses.replace(self, blocks=DEFAULT_BLOCKS[kind])
 
 
@@ -496,7 +501,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
     require_polygraphy()  # before minutes of reference building
     identity = identity if identity is not None else folder_identities(directory)
     spec = manifest.spec
-    o = options.with_blocks(spec.KIND)
+    o = options.as_run(spec.KIND)
     if o.stream:
         require_blocks_fit(o.blocks, spec, COND_CONCAT, LATENTS)
     device = str(backend.device)

@@ -43,7 +43,7 @@ from wan_trt.validate.metrics import error_stats, passes, tolerance
 def require_history_check(options: CheckOptions) -> None:
     """The single calls judge ``rgb`` only; the histories are judged by the stream from its second block on,
     where the steady graph first reads them: a decoder check streams at least 2 blocks."""
-    options = options.with_blocks(DecoderSpec.KIND)
+    options = options.as_run(DecoderSpec.KIND)
     if not options.stream or options.blocks < 2:
         asked = "--no-stream" if not options.stream else f"--blocks {options.blocks}"
         raise WanTrtError(f"{asked}: a decoder's histories are judged by the stream check from its second block on "
@@ -60,7 +60,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     ``engines``). The report is written to ``<steady export>/check/report_<engine file name or backend>.json``
     (:func:`report_path`). ``identity``: :func:`folder_identities` of ``dirs`` taken before the manifests were
     read (defaults to taking it here)."""
-    options = options.with_blocks(DecoderSpec.KIND)
+    options = options.as_run(DecoderSpec.KIND)
     require_history_check(options)
     require_polygraphy()
     identity = identity if identity is not None else folder_identities(*dirs.values())

@@ -311,3 +311,17 @@ def test_a_check_without_its_stream_says_so_where_it_says_passed(exports, tmp_pa
     passed = [line for line in res.output.splitlines() if ": passed" in line]
     assert passed and "stream check not run (--no-stream)" in passed[0], res.output
     assert res.output.rstrip().splitlines()[-1].startswith("stream"), res.output
+
+
+def test_a_check_without_its_stream_records_no_stream_settings(exports, tmp_path):
+    """`check --no-stream` recorded `"blocks": 8` and `"seed": 0` in its report (and in `--json`): the settings of a
+    stream it did not run, where its log line and table say the stream check was not run."""
+    import json
+    import shutil
+    export = shutil.copytree(exports["universal-small"], tmp_path / "export")  # a check writes its report there
+    res = _run(["check", str(export), "--no-stream", "--no-save-results", "--json"])
+    assert res.exit_code == 0, res.output
+    written = json.loads((export / "check" / "report_onnxruntime-cpu.json").read_text())
+    for report in (json.loads(res.stdout), written):
+        assert report["options"]["stream"] is False and report["stream"] == [], report["options"]
+        assert report["options"]["blocks"] is None and report["options"]["seed"] is None, report["options"]

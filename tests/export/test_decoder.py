@@ -120,7 +120,7 @@ def test_a_decoder_check_streams_three_blocks_by_default_and_the_dit_eight(decod
     assert res.exit_code == 0, res.output
     report = json.loads(res.output[res.output.index("{"):])
     assert report["options"]["blocks"] == 3 and [b["video_frames"] for b in report["stream"]] == [9, 12, 12]
-    assert CheckOptions().with_blocks("pass").blocks == 8 and CheckOptions(blocks=5).with_blocks("decoder").blocks == 5
+    assert CheckOptions().as_run("pass").blocks == 8 and CheckOptions(blocks=5).as_run("decoder").blocks == 5
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (its memory limit is what is judged)")

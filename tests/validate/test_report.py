@@ -41,6 +41,7 @@ def test_each_engine_checked_keeps_its_own_report_saying_what_was_checked(two_en
     assert a["engine_sha256"] == b["engine_sha256"] == recorded and a["device"] == "cpu"
     assert a["options"]["stream"] and a["options"]["blocks"] == 2 and len(a["stream"]) == 2 + 4
     assert not b["options"]["stream"] and b["stream"] == [] and b["command"]
+    assert b["options"]["blocks"] is None and b["options"]["seed"] is None  # no stream ran: none of its settings
 
 
 def test_a_check_that_stops_half_way_leaves_no_report_behind(two_engines, monkeypatch):
