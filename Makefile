@@ -1,6 +1,9 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up, then run the main job on the small built-in config
 #   make test   set up, then run the test suite (what .ci/run calls)
+ROOT := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
+# the Python (3.10+) that makes $(VENV); clean asks it, from this folder, for wan-trt's marker file name
+BASE_PY ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 WAN := $(VENV)/bin/wan-trt
@@ -12,7 +15,7 @@ DEMO_OUT ?= out/demo
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: requirements-cpu.txt setup.cfg pyproject.toml
-	python3 -m venv $(VENV)
+	$(BASE_PY) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-cpu.txt
 	$(PY) -m pip install -q -e '.[dev]'
@@ -35,8 +38,16 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
-clean:  # the environment and what `make demo` wrote: wan-trt's output folders (by their marker) and its bench report
+# the environment and what `make demo` wrote: wan-trt's output folders (by their marker) and its bench report. The
+# marker's name is the package's (wan_trt/outputs.py, standard library only: no $(VENV) needed), asked only where a
+# folder is to be judged, so that a fresh clone cleans with no Python; where none answers, nothing is removed.
+clean:
+	for d in $(DEMO_OUT)/export $(DEMO_OUT)/stream; do if [ -d "$$d" ]; then \
+	  marker=$$(cd "$(ROOT)" && $(BASE_PY) -m wan_trt.outputs) && [ -n "$$marker" ] || { \
+	    echo "make clean: '$(BASE_PY) -m wan_trt.outputs' gave no marker file name to tell wan-trt's output" \
+	      "folders from others: nothing removed; install Python 3.10+ or name one with BASE_PY=/path/to/python3" >&2; \
+	    exit 1; }; \
+	  if [ -e "$$d/$$marker" ]; then rm -rf "$$d"; fi; fi; done
 	rm -rf $(VENV)
-	for d in $(DEMO_OUT)/export $(DEMO_OUT)/stream; do if [ -e "$$d/.wan-trt-export" ]; then rm -rf "$$d"; fi; done
 	if grep -qs '"backends"' $(DEMO_OUT)/bench.json; then rm -f $(DEMO_OUT)/bench.json; fi
 	rmdir $(DEMO_OUT) 2> /dev/null || true

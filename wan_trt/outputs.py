@@ -9,7 +9,8 @@ directory or the input checkpoint. Engine files follow the same rules (:func:`ch
 
 Which files of a folder an export wrote is the caller's to say (``owned_files``, e.g.
 ``wan_trt.export.manifest.owned_export_files``); engines `wan-trt build` wrote are recognised
-here (:func:`engine_files_in`); this module imports only wan_trt.errors and wan_trt.log.
+here (:func:`engine_files_in`); this module imports only wan_trt.errors and wan_trt.log, which need the standard
+library alone: ``python -m wan_trt.outputs`` gives `make clean` the marker's name where no environment is set up.
 """
 from __future__ import annotations
 
@@ -501,3 +502,7 @@ def staged_file(path: Path) -> Iterator[Path]:
             place_staged(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":  # `python -m wan_trt.outputs`: the marker file's name, for `make clean` (no dependencies)
+    print(MARKER)
