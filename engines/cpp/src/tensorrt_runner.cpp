@@ -64,7 +64,7 @@ class TensorRTRunner : public Runner {
   }
 
   Logger logger_;
-  const GraphIO& io_;
+  const GraphIO io_;
   at::Device device_;
   std::unique_ptr<nvinfer1::IRuntime> runtime_;
   std::unique_ptr<nvinfer1::ICudaEngine> engine_;

@@ -769,6 +769,21 @@ def test_the_library_refuses_what_its_runners_and_sessions_cannot_run(aoti, deco
     assert re.fullmatch("refused: " + message + ".*", run.stdout.strip()), run.stdout
 
 
+@pytest.mark.parametrize("case, kept", [
+    ("runner", "a pass ran on the spec given"),  # its feeds were judged against the caller's new, empty spec
+    ("decoder", "two blocks decoded to 21 frames"),  # 'spec has no input 'latents'' when a session attached it
+    ("session", "two blocks streamed as the spec given says"),  # streamed with the caller's new sigmas
+])
+def test_runners_decoders_and_sessions_keep_the_specs_they_were_given(aoti, decoder_aoti, wan_stream, case, kept):
+    """AotiRunner, DecoderStream and StreamingSession kept references to the caller's spec objects: a temporary one
+    dangled, and a caller that changed or reused its object afterwards changed them under it. They keep copies
+    (engines/cpp/tests/spec_copies.cpp)."""
+    import subprocess
+    run = subprocess.run([str(wan_stream.parent / "spec_copies"), case, str(aoti[1]), str(decoder_aoti)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == f"kept: {kept}", run.stdout + run.stderr[-2000:]
+
+
 def test_cpp_stream_script_runs_a_decoder_engine_by_its_own_backend(aoti, decoder_aoti, wan_stream, tmp_path):
     """scripts/cpp_stream.py ran the decoder under aoti+cudagraph whatever the engine was: a --ops plugins engine
     (refused now under another backend's name) and any engine on the CPU failed. By default it now runs the

@@ -120,7 +120,7 @@ void verify_engine(const std::string& engine, const GraphIO& io);
 // outputs). The runners call it on every infer().
 void check_feeds(const GraphIO& io, const std::map<std::string, at::Tensor>& feeds, at::Device device);
 
-// AOTInductor package (`wan-trt build --backend aoti`), optionally replayed as a CUDA graph.
+// AOTInductor package (`wan-trt build --backend aoti`), optionally replayed as a CUDA graph. Keeps a copy of ``io``.
 class AotiRunner : public Runner {
  public:
   AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph = false);
@@ -132,13 +132,13 @@ class AotiRunner : public Runner {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  const GraphIO& io_;
+  const GraphIO io_;
   at::Device device_;
   bool cuda_graph_;
 };
 
 #ifdef WAN_TRT_WITH_TENSORRT
-// TensorRT engine (`wan-trt build`): enqueueV3 on device buffers; outputs owned by the runner.
+// TensorRT engine (`wan-trt build`): enqueueV3 on device buffers; outputs owned by the runner. Keeps a copy of ``io``.
 std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const GraphIO& io);
 #endif
 
@@ -165,8 +165,8 @@ at::Tensor to_uint8_frames(const at::Tensor& rgb);
 
 // A stream's blocks decoded in order: the first block through the first graph, every later one through
 // the steady graph fed the histories the previous call returned (copied into fixed input buffers, so
-// runners may own their outputs and CUDA graphs keep their addresses). Turns on cuDNN's benchmark mode
-// while it lives (restored after). Mirrors engines/runtime/decoder.py.
+// runners may own their outputs and CUDA graphs keep their addresses). Keeps a copy of the steady graph's spec.
+// Turns on cuDNN's benchmark mode while it lives (restored after). Mirrors engines/runtime/decoder.py.
 class DecoderStream {
  public:
   DecoderStream(Runner& first, const DecoderSpec& first_spec, Runner& steady, const DecoderSpec& steady_spec);
@@ -189,7 +189,7 @@ class DecoderStream {
   void attach(const std::shared_ptr<const int>& session);
 
   Runner &first_, &steady_;
-  const DecoderSpec& spec_;  // the steady graph's
+  const DecoderSpec spec_;  // the steady graph's
   std::map<std::string, at::Tensor> feeds_;
   std::weak_ptr<const int> owner_;  // the token of the session it serves: expired when that session is gone
   bool started_ = false, benchmark_ = false;
@@ -237,8 +237,8 @@ struct Block {
 
 class StreamingSession {
  public:
-  // decoder: optional; when given, every block is also decoded to frames. A decoder serves one session at a time
-  // (it carries that stream's histories): one that another living session was given is refused.
+  // Keeps a copy of ``spec``. decoder: optional; when given, every block is also decoded to frames. A decoder serves
+  // one session at a time (it carries that stream's histories): one that another living session was given is refused.
   StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed, DecoderStream* decoder = nullptr);
   // start_block: absolute index of the first block (its position and noise), with empty caches.
   void start(const at::Tensor& visual_context, int64_t start_block = 0);
@@ -261,7 +261,7 @@ class StreamingSession {
   void commit(std::map<std::string, at::Tensor>& outputs);
 
   Runner& runner_;
-  const RuntimeSpec& spec_;
+  const RuntimeSpec spec_;
   int64_t seed_;
   at::Device device_;
   DecoderStream* decoder_;
