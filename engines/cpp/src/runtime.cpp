@@ -416,9 +416,11 @@ void verify_engine(const std::string& engine, const GraphIO& io) {
     throw Error("engine " + engine + ": its sha256 is not that of the engine its runtime file was written for" + fix);
 }
 
-static const std::string& verified(const std::string& engine, const GraphIO& io) {
-  verify_engine(engine, io);
-  return engine;
+void check_built_for(const GraphIO& io, const std::string& engine, at::Device device, const std::string& what) {
+  const std::string kind = c10::DeviceTypeName(device.type(), /*lower_case=*/true);
+  if (kind != io.device)
+    throw Error(what + " " + engine + ": built for " + io.device + ", but asked to run on " + device.str() +
+                "; run it on " + io.device + ", or build one for " + kind);
 }
 
 // ``device`` with the index its work runs on: "cuda" is the current CUDA device, comparable to its tensors'.
@@ -456,11 +458,13 @@ void check_feeds(const GraphIO& io, const std::map<std::string, at::Tensor>& fee
 }
 
 AotiRunner::AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph)
-    : impl_(std::make_unique<Impl>(verified(package, io), cuda_graph)), io_(io), device_(concrete(device)),
-      cuda_graph_(cuda_graph) {
+    : io_(io), device_(concrete(device)), cuda_graph_(cuda_graph) {
 #ifndef WAN_TRT_WITH_CUDA
   if (cuda_graph) throw Error("CUDA graphs need a CUDA build of libtorch");
 #endif
+  check_built_for(io, package, device);
+  verify_engine(package, io);
+  impl_ = std::make_unique<Impl>(package, cuda_graph);
 }
 
 AotiRunner::~AotiRunner() = default;

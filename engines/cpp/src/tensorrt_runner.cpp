@@ -75,6 +75,7 @@ class TensorRTRunner : public Runner {
 }  // namespace
 
 std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const GraphIO& io) {
+  check_built_for(io, engine, at::kCUDA);
   verify_engine(engine, io);
   return std::make_unique<TensorRTRunner>(engine, io);
 }

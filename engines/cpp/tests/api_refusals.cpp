@@ -4,6 +4,7 @@
 //
 // Misuses the API as a program that embeds the runtime may, over the DiT package ENGINE and the decoder engine pair
 // of DECODER (either engine) on the CPU, and prints the refusal: "refused: <message>". CASE:
+//   load            the runner alone, over an ENGINE the test made (one whose runtime file says it was built for cuda)
 //   strided         a feed of the right shape and dtype that is not contiguous (an engine reads it by address)
 //   meta            a feed on another device than the runner's
 //   missing         feeds without one of the engine's inputs
@@ -30,7 +31,9 @@ void run(const std::string& what, const std::string& engine, const std::string& 
   wan_trt::AotiRunner runner(engine, spec, cpu);
   auto feeds = zeros(spec);
   at::Tensor& latents = feeds.at("latents");
-  if (what == "strided") {
+  if (what == "load") {
+    return;
+  } else if (what == "strided") {
     std::vector<int64_t> swapped = latents.sizes().vec();
     std::swap(swapped[3], swapped[4]);
     latents = at::zeros(swapped, latents.options()).transpose(3, 4);  // the same shape, another layout

@@ -17,7 +17,8 @@
 // "block i: <ms> ms (passes <ms>, clean <ms>, checks <ms>[, decode <ms>], commit <ms>)".
 // Refused before any block runs: an unknown flag, a value flag given twice (a boolean flag repeated means it once),
 // --cuda-graph on the CPU, --tensorrt with a flag its runner does not honour (--cuda-graph, a --device other than
-// the current CUDA device), an --engine or --decoder built for another kind of device than --device's,
+// the current CUDA device), an --engine or --decoder built for another kind of device than --device's (the library's
+// check_built_for, asked as soon as their runtime files are read),
 // --out or --frames that is a folder, lies in no folder, is a file the run reads (or the other output), or exists
 // (--overwrite replaces only a tensor file such as a run writes), more --blocks than the inputs hold, a --seed outside
 // 0..2^32-1, a defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504),
@@ -348,15 +349,6 @@ void check_switches(const std::string& text, bool cuda_graph, bool tensorrt) {
                          "cuda, and pick the GPU with CUDA_VISIBLE_DEVICES, not --device " + text);
 }
 
-// An engine (given as ``flag``) built for the kind of device --device ``text`` names, as Python's
-// EngineMetadata.check_runs_on holds it: its runner would run it on the device it was built for.
-void check_built_for(const wan_trt::GraphIO& io, const std::string& flag, const std::string& engine,
-                     const std::string& text) {
-  if (text.substr(0, text.find(':')) != io.device)
-    throw wan_trt::Error(flag + " " + engine + ": built for " + io.device + ", but this run is on --device " + text +
-                         "; run it with --device " + io.device + ", or build one for " + text);
-}
-
 // A CUDA --device ``text`` where this libtorch has none is refused (else libtorch's "Could not run ... from the
 // 'CUDA' backend", a page long).
 void check_device_available(const at::Device& device, const std::string& text) {
@@ -434,12 +426,12 @@ int run(int argc, char** argv) {
   const std::string engine = args["--engine"];
   const std::string runtime = args.count("--runtime") ? args["--runtime"] : engine + ".runtime.txt";
   const auto spec = wan_trt::RuntimeSpec::load(runtime);
-  check_built_for(spec, "--engine", engine, args["--device"]);
+  wan_trt::check_built_for(spec, engine, device, "--engine");  // as the runners will, but before any other work
   std::optional<wan_trt::DecoderEngines> pair;  // every file is read and checked before any engine loads
   if (args.count("--decoder")) {
     pair = wan_trt::DecoderEngines::load(args["--decoder"]);
     for (const auto* io : {&pair->first_spec, &pair->steady_spec})
-      check_built_for(*io, "--decoder", args["--decoder"], args["--device"]);
+      wan_trt::check_built_for(*io, args["--decoder"], device, "--decoder");
   }
   check_device_available(device, args["--device"]);  // the engines' devices first: the more telling refusal
   const int64_t blocks = integer(args, "--blocks");

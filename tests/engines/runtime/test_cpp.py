@@ -341,8 +341,8 @@ def test_cpp_runtime_refuses_a_decoder_built_for_another_kind_of_device(decoder_
         assert "\ndevice cpu\n" in runtime.read_text()
         runtime.write_text(resealed(runtime.read_text().replace("\ndevice cpu\n", "\ndevice cuda\n")))
     inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
-    with pytest.raises(WanTrtError, match=re.escape(f"error: --decoder {steady}: built for cuda, but this run is on "
-                                                    "--device cpu; run it with --device cuda, or build one for cpu")):
+    with pytest.raises(WanTrtError, match=re.escape(f"error: --decoder {steady}: built for cuda, but asked to run on "
+                                                    "cpu; run it on cuda, or build one for cpu")):
         run_wan_stream(wan_stream, engine, inputs, 1, tmp_path / "out.pt", decoder=steady)
     assert not (tmp_path / "out.pt").exists()
 
@@ -762,11 +762,36 @@ def test_the_runtime_reads_its_files_alike_whatever_locale_the_program_set(aoti,
 def test_the_library_refuses_what_its_runners_and_sessions_cannot_run(aoti, decoder_aoti, wan_stream, case, message):
     """What the Python runners and session refuse (Runner.check_feeds, attach_decoder), the C++ library refuses too,
     for a program that calls it directly (engines/cpp/tests/api_refusals.cpp)."""
+    assert re.fullmatch(message + ".*", _api_refusal(wan_stream, case, aoti[1], decoder_aoti))
+
+
+def _api_refusal(wan_stream, case, engine, decoder):
+    """The message with which the library refused ``case`` of engines/cpp/tests/api_refusals.cpp."""
     import subprocess
-    run = subprocess.run([str(wan_stream.parent / "api_refusals"), case, str(aoti[1]), str(decoder_aoti)],
+    run = subprocess.run([str(wan_stream.parent / "api_refusals"), case, str(engine), str(decoder)],
                          capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
-    assert re.fullmatch("refused: " + message + ".*", run.stdout.strip()), run.stdout
+    assert run.returncode == 0 and run.stdout.startswith("refused: "), run.stdout + run.stderr[-2000:]
+    return run.stdout.strip().removeprefix("refused: ")
+
+
+def _engine_copy(engine, to, runtime_text):
+    """``engine`` (the file) copied into the folder ``to``, its runtime file holding ``runtime_text``."""
+    import shutil
+    to.mkdir()
+    shutil.copy(engine, to / engine.name)
+    (to / (engine.name + ".runtime.txt")).write_text(runtime_text)
+    return to / engine.name
+
+
+def test_the_library_refuses_an_engine_built_for_another_kind_of_device(aoti, decoder_aoti, wan_stream, tmp_path):
+    """Only wan_stream compared the kind of device an engine's runtime file names with the device it was run on: an
+    AotiRunner made for the CPU loaded a package whose runtime file says cuda. The runner refuses it, as wan_stream
+    did (here a CPU package whose runtime file says cuda, resealed)."""
+    text = aoti[1].with_name(aoti[1].name + ".runtime.txt").read_text()
+    assert "\ndevice cpu\n" in text
+    engine = _engine_copy(aoti[1], tmp_path / "cuda", resealed(text.replace("\ndevice cpu\n", "\ndevice cuda\n")))
+    assert _api_refusal(wan_stream, "load", engine, decoder_aoti) == (f"engine {engine}: built for cuda, but asked to "
+                                                                      "run on cpu; run it on cuda, or build one for cpu")
 
 
 @pytest.mark.parametrize("case, kept", [

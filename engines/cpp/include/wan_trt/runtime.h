@@ -114,6 +114,12 @@ class Runner {
 // damaged copy, or another engine beside this runtime file. The runners call it before they load an engine.
 void verify_engine(const std::string& engine, const GraphIO& io);
 
+// Refuse running ``engine`` (given as ``what``: "engine", a flag) on ``device`` where its runtime file says it was
+// built for another kind of device (io.device: cpu or cuda), as Python's EngineMetadata.check_runs_on refuses it: its
+// code is compiled for that kind. The runners call it first, before they read the engine file.
+void check_built_for(const GraphIO& io, const std::string& engine, at::Device device,
+                     const std::string& what = "engine");
+
 // Refuse ``feeds`` that are not ``io``'s inputs as an engine on ``device`` reads them, naming every input missing,
 // unexpected, of another shape or dtype, on another device or not contiguous: an engine takes its inputs by address,
 // in the layout it was built for (a feed of another device crashed the process, a strided one ran with wrong
@@ -121,6 +127,8 @@ void verify_engine(const std::string& engine, const GraphIO& io);
 void check_feeds(const GraphIO& io, const std::map<std::string, at::Tensor>& feeds, at::Device device);
 
 // AOTInductor package (`wan-trt build --backend aoti`), optionally replayed as a CUDA graph. Keeps a copy of ``io``.
+// Refused before it loads: a package built for another kind of device than ``device`` (check_built_for), and one that
+// is not the engine its runtime file was written for (verify_engine).
 class AotiRunner : public Runner {
  public:
   AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph = false);
