@@ -18,7 +18,8 @@
 // Refused before any block runs: an unknown flag, a value flag given twice (a boolean flag repeated means it once),
 // --cuda-graph on the CPU, --tensorrt with a flag its runner does not honour (--cuda-graph, a --device other than
 // the current CUDA device), an --engine or --decoder built for another kind of device than --device's (the library's
-// check_built_for, asked as soon as their runtime files are read),
+// check_built_for, asked as soon as their runtime files are read), a TensorRT plan without --tensorrt (by the
+// library's AotiRunner, once it has verified the plan),
 // --out or --frames that is a folder, lies in no folder, is a file the run reads (or the other output), or exists
 // (--overwrite replaces only a tensor file such as a run writes), more --blocks than the inputs hold, a --seed outside
 // 0..2^32-1, a defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504),
@@ -376,7 +377,9 @@ std::unique_ptr<wan_trt::Runner> make_runner(const std::string& engine, const wa
 #ifdef WAN_TRT_WITH_TENSORRT
   if (tensorrt) return wan_trt::make_tensorrt_runner(engine, io);
 #endif
-  if (tensorrt) throw wan_trt::Error("--tensorrt: this build has no TensorRT runner");
+  if (tensorrt)
+    throw wan_trt::Error("--tensorrt: this wan_stream was built without the TensorRT runner; build it with "
+                         "-DWAN_TRT_WITH_TENSORRT=ON");
   return std::make_unique<wan_trt::AotiRunner>(engine, io, device, cuda_graph);
 }
 

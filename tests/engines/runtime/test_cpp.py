@@ -774,13 +774,24 @@ def _api_refusal(wan_stream, case, engine, decoder):
     return run.stdout.strip().removeprefix("refused: ")
 
 
-def _engine_copy(engine, to, runtime_text):
-    """``engine`` (the file) copied into the folder ``to``, its runtime file holding ``runtime_text``."""
-    import shutil
+def _engine_file(to, name, data, runtime_text):
+    """An engine file ``name`` holding ``data`` in the new folder ``to``, its runtime file holding ``runtime_text``."""
     to.mkdir()
-    shutil.copy(engine, to / engine.name)
-    (to / (engine.name + ".runtime.txt")).write_text(runtime_text)
-    return to / engine.name
+    (to / name).write_bytes(data)
+    (to / (name + ".runtime.txt")).write_text(runtime_text)
+    return to / name
+
+
+def tensorrt_plan_stand_in(engine, to):
+    """A stand-in for a TensorRT plan, ``to``/engine.plan: a file that is no zip (a plan is none), beside the runtime
+    file of ``engine`` (a CPU package) written for it (its size and sha256, resealed): the C++ runtime verifies it."""
+    import hashlib
+    plan = b"a stand-in for a TensorRT plan: no zip file"
+    text = engine.with_name(engine.name + ".runtime.txt").read_text()
+    text, found = re.subn(r"\nengine \d+ [0-9a-f]{64}\n", f"\nengine {len(plan)} {hashlib.sha256(plan).hexdigest()}\n",
+                          text)
+    assert found == 1
+    return _engine_file(to, "engine.plan", plan, resealed(text))
 
 
 def test_the_library_refuses_an_engine_built_for_another_kind_of_device(aoti, decoder_aoti, wan_stream, tmp_path):
@@ -789,9 +800,23 @@ def test_the_library_refuses_an_engine_built_for_another_kind_of_device(aoti, de
     did (here a CPU package whose runtime file says cuda, resealed)."""
     text = aoti[1].with_name(aoti[1].name + ".runtime.txt").read_text()
     assert "\ndevice cpu\n" in text
-    engine = _engine_copy(aoti[1], tmp_path / "cuda", resealed(text.replace("\ndevice cpu\n", "\ndevice cuda\n")))
+    engine = _engine_file(tmp_path / "cuda", aoti[1].name, aoti[1].read_bytes(),
+                          resealed(text.replace("\ndevice cpu\n", "\ndevice cuda\n")))
     assert _api_refusal(wan_stream, "load", engine, decoder_aoti) == (f"engine {engine}: built for cuda, but asked to "
                                                                       "run on cpu; run it on cuda, or build one for cpu")
+
+
+def test_the_library_refuses_a_tensorrt_plan_given_to_the_aoti_runner(aoti, decoder_aoti, wan_stream, tmp_path):
+    """A TensorRT plan given to an AotiRunner (a runtime built without TensorRT, or wan_stream without --tensorrt)
+    went to AOTInductor's loader, which failed on it with a page of libtorch's error. The runner refuses it before it
+    loads, saying what the file is and what to do (here a file that is no zip beside a runtime file written for it)."""
+    plan = tensorrt_plan_stand_in(aoti[1], tmp_path / "plan")
+    assert _api_refusal(wan_stream, "load", plan, decoder_aoti) == TENSORRT_PLAN.format(plan)
+
+
+TENSORRT_PLAN = ("engine {} is a TensorRT plan, not an AOTInductor package (a zip file): run it with the TensorRT "
+                 "runner, in a runtime built with -DWAN_TRT_WITH_TENSORRT=ON (make_tensorrt_runner; wan_stream "
+                 "--tensorrt)")
 
 
 @pytest.mark.parametrize("case, kept", [

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import torch
 
-from tests.engines.runtime.test_cpp import wan_stream  # noqa: F401
+from tests.engines.runtime.test_cpp import TENSORRT_PLAN, tensorrt_plan_stand_in, wan_stream  # noqa: F401
 from wan_trt.engines.runtime.cpp import write_stream_inputs
 from wan_trt.engines.runtime.runtime_file import sealed
 from wan_trt.export.manifest import Manifest
@@ -336,6 +336,14 @@ def test_an_engine_run_on_another_kind_of_device_is_refused_naming_its_device(ao
     code, stderr = _refused(wan_stream, aoti[1], _inputs(aoti, tmp_path), tmp_path, "--device", device)
     assert code == 1 and stderr == (f"error: --engine {aoti[1]}: built for cpu, but asked to run on {device}; run it "
                                     "on cpu, or build one for cuda"), stderr
+
+
+def test_a_tensorrt_plan_without_tensorrt_is_refused_saying_what_it_is(aoti, wan_stream, tmp_path):
+    """A TensorRT plan given without --tensorrt went to AOTInductor's loader: libtorch's page-long error (exit 2).
+    Refused on one line by the library's AotiRunner, saying what the file is and what to do."""
+    plan = tensorrt_plan_stand_in(aoti[1], tmp_path / "plan")
+    code, stderr = _refused(wan_stream, plan, _inputs(aoti, tmp_path), tmp_path)
+    assert code == 1 and stderr == "error: " + TENSORRT_PLAN.format(plan), stderr
 
 
 @pytest.mark.parametrize("device", [[], ["--device", "cpu"]])  # cpu is the default

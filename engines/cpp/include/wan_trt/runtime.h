@@ -127,8 +127,9 @@ void check_built_for(const GraphIO& io, const std::string& engine, at::Device de
 void check_feeds(const GraphIO& io, const std::map<std::string, at::Tensor>& feeds, at::Device device);
 
 // AOTInductor package (`wan-trt build --backend aoti`), optionally replayed as a CUDA graph. Keeps a copy of ``io``.
-// Refused before it loads: a package built for another kind of device than ``device`` (check_built_for), and one that
-// is not the engine its runtime file was written for (verify_engine).
+// Refused before it loads: a package built for another kind of device than ``device`` (check_built_for), one that is
+// not the engine its runtime file was written for (verify_engine), and a TensorRT plan (that engine, but no zip file,
+// as a package is), which the TensorRT runner runs.
 class AotiRunner : public Runner {
  public:
   AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph = false);
