@@ -302,6 +302,7 @@ std::string read_bytes(const std::string& path, const std::string& what, size_t 
 
 std::map<std::string, at::Tensor> read_actions(const std::string& path, const RuntimeSpec& spec,
                                                int64_t first_block, int64_t blocks) {
+  check_within_reach(spec, "--actions " + path + ": first_block", first_block, blocks);
   const double limit = dtype_max(spec.dtype());  // the stream's: the session converts the actions to it
   std::map<std::string, int64_t> dims;  // the action inputs the config has, by name
   for (const std::string name : {"keyboard", "mouse"})

@@ -791,9 +791,7 @@ int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block) {
 }
 
 void StreamingSession::start(const at::Tensor& visual_context, int64_t start_block) {
-  if (start_block < 0 || !within_reach(start_block))
-    throw Error("start_block " + std::to_string(start_block) + ": a stream reaches " +
-                std::to_string(spec_.max_stream_frames) + " latent frames");
+  check_within_reach(spec_, "start_block", start_block, 1);
   at::Tensor& slot = feeds_.at("visual_context");
   check_shape("visual_context", visual_context, slot.sizes(),
               "the stream starting at block " + std::to_string(start_block), spec_.config);
@@ -876,6 +874,18 @@ void StreamingSession::load_rotaries(int64_t start) {
 }
 
 int64_t reachable_blocks(const RuntimeSpec& spec) { return spec.max_stream_frames / spec.block_frames; }
+
+void check_within_reach(const RuntimeSpec& spec, const std::string& what, int64_t first_block, int64_t blocks) {
+  const int64_t reach = reachable_blocks(spec);
+  const std::string given = what + " " + std::to_string(first_block);
+  const std::string reaches = "a stream reaches " + std::to_string(spec.max_stream_frames) +
+                              " latent frames (blocks 0 to " + std::to_string(reach - 1) + ")";
+  if (first_block < 0 || first_block >= reach) throw Error(given + ": " + reaches + "; start at one of them");
+  if (blocks < 1) throw Error(given + ", " + std::to_string(blocks) + " blocks: expected 1 block or more");
+  if (blocks > reach - first_block)  // not first_block + blocks, which may overflow
+    throw Error(given + ", " + std::to_string(blocks) + " blocks: " + reaches + "; ask for at most " +
+                std::to_string(reach - first_block) + " block(s) from block " + std::to_string(first_block));
+}
 
 // (block + 1) * block_frames <= max_stream_frames, without the product (which overflows for a huge block)
 bool StreamingSession::within_reach(int64_t block) const { return block >= 0 && block < reachable_blocks(spec_); }

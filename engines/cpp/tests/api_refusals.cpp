@@ -1,6 +1,6 @@
 // api_refusals: a test driver of the C++ runtime's library API (built with -DWAN_TRT_BUILD_TESTS=ON; not installed).
 //
-//   api_refusals CASE ENGINE DECODER
+//   api_refusals CASE ENGINE DECODER [ACTIONS]
 //
 // Misuses the API as a program that embeds the runtime may, over the DiT package ENGINE and the decoder engine pair
 // of DECODER (either engine) on the CPU, and prints the refusal: "refused: <message>". CASE:
@@ -12,6 +12,10 @@
 //   visual-shape    a visual context of another shape
 //   cond-shape      a block's conditioning of another shape
 //   mouse-shape     a block's mouse actions of another shape
+//   actions-before  read_actions of the JSON-lines file ACTIONS (two blocks' lines) from block -1
+//   actions-beyond  ... from the first block a stream does not reach
+//   actions-past    ... 2 blocks from the last block a stream reaches
+//   actions-none    ... 0 blocks from block 0
 // Exits 0 when refused with wan_trt::Error, 1 when not refused or refused otherwise.
 #include <iostream>
 
@@ -25,7 +29,7 @@ std::map<std::string, at::Tensor> zeros(const wan_trt::GraphIO& io) {
   return feeds;
 }
 
-void run(const std::string& what, const std::string& engine, const std::string& decoder) {
+void run(const std::string& what, const std::string& engine, const std::string& decoder, const std::string& actions) {
   const at::Device cpu("cpu");
   const auto spec = wan_trt::RuntimeSpec::load(engine + ".runtime.txt");
   wan_trt::AotiRunner runner(engine, spec, cpu);
@@ -60,6 +64,14 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     if (what == "cond-shape") cond = cond.narrow(2, 0, 1);
     if (what == "mouse-shape") mouse = mouse.narrow(1, 0, 1);
     session.step(cond, mouse, keyboard);
+  } else if (what == "actions-before") {
+    wan_trt::read_actions(actions, spec, -1, 1);
+  } else if (what == "actions-beyond") {
+    wan_trt::read_actions(actions, spec, wan_trt::reachable_blocks(spec), 1);
+  } else if (what == "actions-past") {
+    wan_trt::read_actions(actions, spec, wan_trt::reachable_blocks(spec) - 1, 2);
+  } else if (what == "actions-none") {
+    wan_trt::read_actions(actions, spec, 0, 0);
   } else {
     throw std::invalid_argument("unknown case " + what);
   }
@@ -68,12 +80,12 @@ void run(const std::string& what, const std::string& engine, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: api_refusals CASE ENGINE DECODER\n";
+  if (argc != 4 && argc != 5) {
+    std::cerr << "usage: api_refusals CASE ENGINE DECODER [ACTIONS]\n";
     return 2;
   }
   try {
-    run(argv[1], argv[2], argv[3]);
+    run(argv[1], argv[2], argv[3], argc == 5 ? argv[4] : "");
   } catch (const wan_trt::Error& e) {
     std::cout << "refused: " << e.what() << "\n";
     return 0;

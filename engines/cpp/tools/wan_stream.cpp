@@ -457,10 +457,8 @@ int run(int argc, char** argv) {
   const at::Tensor &visual = inputs.visual, &cond = inputs.cond;
   at::Tensor mouse = inputs.mouse, keyboard = inputs.keyboard;
   const int64_t first = inputs.first;
-  if (first < 0 || first >= wan_trt::reachable_blocks(spec))  // before any block arithmetic, which would overflow
-    throw wan_trt::Error("--inputs " + args["--inputs"] + ": first_block " + std::to_string(first) +
-                         ": a stream reaches " + std::to_string(spec.max_stream_frames) +
-                         " latent frames (blocks 0 to " + std::to_string(wan_trt::reachable_blocks(spec) - 1) + ")");
+  // before any block arithmetic, which would overflow
+  wan_trt::check_within_reach(spec, "--inputs " + args["--inputs"] + ": first_block", first, 1);
   if (args.count("--start-block") && integer(args, "--start-block") != first)
     throw wan_trt::Error("--start-block " + args["--start-block"] + ": the inputs hold the stream from block " +
                          std::to_string(first));

@@ -765,10 +765,10 @@ def test_the_library_refuses_what_its_runners_and_sessions_cannot_run(aoti, deco
     assert re.fullmatch(message + ".*", _api_refusal(wan_stream, case, aoti[1], decoder_aoti))
 
 
-def _api_refusal(wan_stream, case, engine, decoder):
+def _api_refusal(wan_stream, case, engine, decoder, *actions):
     """The message with which the library refused ``case`` of engines/cpp/tests/api_refusals.cpp."""
     import subprocess
-    run = subprocess.run([str(wan_stream.parent / "api_refusals"), case, str(engine), str(decoder)],
+    run = subprocess.run([str(wan_stream.parent / "api_refusals"), case, str(engine), str(decoder), *map(str, actions)],
                          capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.startswith("refused: "), run.stdout + run.stderr[-2000:]
     return run.stdout.strip().removeprefix("refused: ")
@@ -802,8 +802,9 @@ def test_the_library_refuses_an_engine_built_for_another_kind_of_device(aoti, de
     assert "\ndevice cpu\n" in text
     engine = _engine_file(tmp_path / "cuda", aoti[1].name, aoti[1].read_bytes(),
                           resealed(text.replace("\ndevice cpu\n", "\ndevice cuda\n")))
-    assert _api_refusal(wan_stream, "load", engine, decoder_aoti) == (f"engine {engine}: built for cuda, but asked to "
-                                                                      "run on cpu; run it on cuda, or build one for cpu")
+    assert _api_refusal(wan_stream, "load", engine, decoder_aoti) == (f"engine {engine}: built for cuda, but asked "
+                                                                      "to run on cpu; run it on cuda, or build one for "
+                                                                      "cpu")
 
 
 def test_the_library_refuses_a_tensorrt_plan_given_to_the_aoti_runner(aoti, decoder_aoti, wan_stream, tmp_path):
@@ -812,6 +813,25 @@ def test_the_library_refuses_a_tensorrt_plan_given_to_the_aoti_runner(aoti, deco
     loads, saying what the file is and what to do (here a file that is no zip beside a runtime file written for it)."""
     plan = tensorrt_plan_stand_in(aoti[1], tmp_path / "plan")
     assert _api_refusal(wan_stream, "load", plan, decoder_aoti) == TENSORRT_PLAN.format(plan)
+
+
+REACH = "a stream reaches 268435456 latent frames (blocks 0 to 89478484)"
+
+
+@pytest.mark.parametrize("case, message", [
+    ("actions-before", f"first_block -1: {REACH}; start at one of them"),
+    ("actions-beyond", f"first_block 89478485: {REACH}; start at one of them"),
+    ("actions-past", f"first_block 89478484, 2 blocks: {REACH}; ask for at most 1 block(s) from block 89478484"),
+    ("actions-none", "first_block 0, 0 blocks: expected 1 block or more"),
+])
+def test_the_library_reads_actions_only_of_blocks_a_stream_reaches(aoti, decoder_aoti, wan_stream, tmp_path, case,
+                                                                   message):
+    """read_actions took any first_block and number of blocks (wan_stream checked its inputs' first block itself): a
+    block before 0 or past a stream's reach, or no block at all, read without a word. The library checks them in one
+    place (check_within_reach), for read_actions, the session's start and wan_stream's inputs."""
+    keys = Manifest.read(aoti[0]).spec.config.model.action_config.keyboard_dim_in
+    actions = _actions_file(tmp_path / "actions.jsonl", [{"mouse": [0, 0], "keyboard": [0] * keys}] * 2)
+    assert _api_refusal(wan_stream, case, aoti[1], decoder_aoti, actions) == f"--actions {actions}: {message}"
 
 
 TENSORRT_PLAN = ("engine {} is a TensorRT plan, not an AOTInductor package (a zip file): run it with the TensorRT "

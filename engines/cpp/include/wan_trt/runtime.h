@@ -159,6 +159,11 @@ int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block);
 // as wan_trt.stream.max_stream_blocks.
 int64_t reachable_blocks(const RuntimeSpec& spec);
 
+// Refuse ``blocks`` blocks from ``first_block`` (named ``what``: "start_block", "--actions FILE: first_block") unless
+// a stream reaches them all: first_block >= 0, blocks >= 1 and the last below reachable_blocks(spec). The one check of
+// a first block: the session's start, read_actions and wan_stream's inputs call it before any block arithmetic.
+void check_within_reach(const RuntimeSpec& spec, const std::string& what, int64_t first_block, int64_t blocks);
+
 // Seeded noise per (block, step), the same draws as wan_trt.stream.NoiseSource.
 at::Tensor noise(int64_t seed, int64_t block, int64_t step, at::IntArrayRef shape, at::Device device,
                  at::ScalarType dtype);
@@ -249,7 +254,8 @@ class StreamingSession {
   // Keeps a copy of ``spec``. decoder: optional; when given, every block is also decoded to frames. A decoder serves
   // one session at a time (it carries that stream's histories): one that another living session was given is refused.
   StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed, DecoderStream* decoder = nullptr);
-  // start_block: absolute index of the first block (its position and noise), with empty caches.
+  // start_block: absolute index of the first block (its position and noise), with empty caches; one a stream does
+  // not reach is refused (check_within_reach).
   void start(const at::Tensor& visual_context, int64_t start_block = 0);
   // cond: [1, C, F, H, W]; mouse/keyboard: this block's raw frames [1, n, D] (empty if the config has none).
   // Throws Error on a bad input (nothing changed), or on a non-finite input or block (its passes ran, overwriting
@@ -301,8 +307,9 @@ std::string read_bytes(const std::string& path, const std::string& what, size_t 
 
 // Raw action frames of blocks first_block .. first_block + blocks - 1 from a JSON-lines actions file
 // (one line per block from first_block on; the format of wan_trt/actions.py): name -> fp32 [1, N, D]
-// for each action input of the spec. Every defect of the lines read is refused with its line number, a number
-// whose nearest double lies beyond the range of the spec's dtype (fp16: 65504) too, before any block runs.
+// for each action input of the spec. Blocks a stream does not reach are refused (check_within_reach), and so is
+// every defect of the lines read, with its line number, a number whose nearest double lies beyond the range of the
+// spec's dtype (fp16: 65504) too, before any block runs.
 std::map<std::string, at::Tensor> read_actions(const std::string& path, const RuntimeSpec& spec,
                                                int64_t first_block, int64_t blocks);
 
