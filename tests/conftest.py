@@ -96,6 +96,14 @@ def aoti(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wan_stream(tmp_path_factory):
+    """The C++ runtime's wan_stream executable and its test drivers beside it, built once for every test module
+    that runs them (~40 s on two cores)."""
+    from wan_trt.engines.runtime.cpp import build_cpp
+    return build_cpp(tmp_path_factory.mktemp("cpp") / "build", tests=True)
+
+
+@pytest.fixture(scope="session")
 def plain_export(tmp_path_factory):
     """universal-small fp32 export without an ONNX graph (seconds), seed 2. Read-only: a test that
     changes an export copies this one first."""

@@ -19,12 +19,6 @@ BLOCKS = 8
 
 
 @pytest.fixture(scope="module")
-def wan_stream(tmp_path_factory):
-    """The C++ runtime's wan_stream executable (built once: ~20 s)."""
-    return build_cpp(tmp_path_factory.mktemp("cpp") / "build", tests=True)
-
-
-@pytest.fixture(scope="module")
 def aoti_fp16(tmp_path_factory):
     """universal-small fp16 export (no ONNX graph) and its CPU AOTInductor package (built once: ~40 s): a
     stream whose dtype holds up to 65504."""
@@ -284,19 +278,34 @@ def test_cpp_runtime_refuses_a_decoder_that_is_not_the_streams(aoti, decoder_aot
     refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 6\\), not wan_trt_decoder 5")
 
 
-def test_cpp_runtime_refuses_a_decoder_pair_of_two_weights_as_python_does(aoti, decoder_aoti, wan_stream, tmp_path):
+@pytest.fixture(scope="module")
+def overflowing_decoder(aoti, tmp_path_factory):
+    """The steady engine of a decoder pair (CPU AOTInductor, built once: ~40 s) of other weights than
+    ``decoder_aoti``'s: upstream's key names with a head of 3e38s, finite weights whose frames overflow to
+    NaN/Inf."""
+    from wan_trt.engines.build import BuildOptions, build_engine
+    from wan_trt.export.decoder import export_decoder
+    from wan_trt.model import build_decoder
+    root = tmp_path_factory.mktemp("overflowing_decoder")
+    cfg = Manifest.read(aoti[0]).spec.config
+    state = build_decoder(cfg, seed=4).state_dict()
+    state["decoder.head.2.weight"] = torch.full_like(state["decoder.head.2.weight"], 3e38)  # finite: loads
+    torch.save(state, root / "vae.pth")
+    export_decoder(cfg, root / "dec", "fp32", weights=str(root / "vae.pth"), seed=4, onnx=False)
+    return build_engine(str(root / "dec"), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))
+
+
+def test_cpp_runtime_refuses_a_decoder_pair_of_two_weights_as_python_does(aoti, decoder_aoti, overflowing_decoder,
+                                                                          wan_stream, tmp_path):
     """first/ of one decoder export beside steady/ of another, exported from other weights (a copy, or a re-export
     with another checkpoint stopped between its two graphs): Python refused the pair, the C++ runtime streamed it
     (the runtime files recorded no weights). Both refuse it before any block runs, and nothing is written."""
     import shutil
 
-    from wan_trt.engines.build import BuildOptions, build_engine
     from wan_trt.engines.runtime.decoder import DecoderStream
-    from wan_trt.export.decoder import export_decoder
     export_dir, engine = aoti
     cfg = Manifest.read(export_dir).spec.config
-    export_decoder(cfg, tmp_path / "other", "fp32", seed=5, onnx=False)
-    other = build_engine(str(tmp_path / "other"), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))
+    other = overflowing_decoder
     mixed = _copy_pair(decoder_aoti, tmp_path / "mixed")
     for f in other.parent.glob(other.name + "*"):  # steady/'s engine, metadata and runtime file: the other weights'
         shutil.copy(f, mixed.parent / f.name)
@@ -618,22 +627,14 @@ def test_complex_inputs_are_refused_by_both_runtimes(aoti, wan_stream, tmp_path,
         run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, tmp_path / "out.pt")
 
 
-def test_cpp_runtime_refuses_frames_that_come_out_non_finite(aoti, wan_stream, tmp_path):
+def test_cpp_runtime_refuses_frames_that_come_out_non_finite(aoti, overflowing_decoder, wan_stream, tmp_path):
     """A decoder whose frames come out NaN/Inf (finite weights that overflow: a head of 3e38s): uint8 would
     turn them into black frames. wan_stream refuses the block naming the frames, exits 1 and writes neither
     latents nor frames."""
     from pathlib import Path
-
-    from wan_trt.engines.build import BuildOptions, build_engine
-    from wan_trt.export.decoder import export_decoder
-    from wan_trt.model import build_decoder
     export_dir, engine = aoti
     cfg = Manifest.read(export_dir).spec.config
-    state = build_decoder(cfg, seed=4).state_dict()  # upstream's key names
-    state["decoder.head.2.weight"] = torch.full_like(state["decoder.head.2.weight"], 3e38)  # finite: loads
-    torch.save(state, tmp_path / "vae.pth")
-    export_decoder(cfg, tmp_path / "dec", "fp32", weights=str(tmp_path / "vae.pth"), seed=4, onnx=False)
-    decoder = build_engine(str(tmp_path / "dec"), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))
+    decoder = overflowing_decoder
     out = tmp_path / "out.pt"
     inputs = write_stream_inputs(synthetic_stream(cfg, 2, seed=9), tmp_path / "in.pt")
     with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: the decoder's frames \(rgb\) came out "

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import torch
 
-from tests.engines.runtime.test_cpp import TENSORRT_PLAN, tensorrt_plan_stand_in, wan_stream  # noqa: F401
+from tests.engines.runtime.test_cpp import TENSORRT_PLAN, tensorrt_plan_stand_in
 from wan_trt.engines.runtime.cpp import write_stream_inputs
 from wan_trt.engines.runtime.runtime_file import sealed
 from wan_trt.export.manifest import Manifest
