@@ -423,10 +423,14 @@ void check_built_for(const GraphIO& io, const std::string& engine, at::Device de
                 "; run it on " + io.device + ", or build one for " + kind);
 }
 
+bool is_aoti_package(const std::string& engine) {
+  return read_bytes(engine, "engine", 4) == "PK\x03\x04";  // a zip's first local file header
+}
+
 // Refuse a verified engine (one `wan-trt build` wrote for its runtime file) that is no zip file, as an AOTInductor
 // package is: the other kind of engine it builds, a TensorRT plan, which AOTInductor's loader fails on with a page.
 static void check_package(const std::string& engine) {
-  if (read_bytes(engine, "engine", 4) != "PK\x03\x04")  // a zip's first local file header
+  if (!is_aoti_package(engine))
     throw Error("engine " + engine + " is a TensorRT plan, not an AOTInductor package (a zip file): run it with the "
                 "TensorRT runner, in a runtime built with -DWAN_TRT_WITH_TENSORRT=ON (make_tensorrt_runner; "
                 "wan_stream --tensorrt)");

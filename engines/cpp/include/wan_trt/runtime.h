@@ -120,6 +120,10 @@ void verify_engine(const std::string& engine, const GraphIO& io);
 void check_built_for(const GraphIO& io, const std::string& engine, at::Device device,
                      const std::string& what = "engine");
 
+// Whether ``engine`` is a zip file, as an AOTInductor package is; a TensorRT plan is not. Of a verified engine (one
+// `wan-trt build` wrote for its runtime file), this tells which runner runs it: each refuses the other's.
+bool is_aoti_package(const std::string& engine);
+
 // Refuse ``feeds`` that are not ``io``'s inputs as an engine on ``device`` reads them, naming every input missing,
 // unexpected, of another shape or dtype, on another device or not contiguous: an engine takes its inputs by address,
 // in the layout it was built for (a feed of another device crashed the process, a strided one ran with wrong
