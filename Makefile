@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up, then run the main job on the small built-in config
 #   make test   set up, then run the test suite (what .ci/run calls)
-ROOT := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
+ROOT := $(dir $(lastword $(MAKEFILE_LIST)))
 # the Python (3.10+) that makes $(VENV); clean asks it, from this folder, for wan-trt's marker file name
 BASE_PY ?= python3
 VENV ?= .venv
@@ -43,7 +43,7 @@ test-slow: setup
 # folder is to be judged, so that a fresh clone cleans with no Python; where none answers, nothing is removed.
 clean:
 	for d in $(DEMO_OUT)/export $(DEMO_OUT)/stream; do if [ -d "$$d" ]; then \
-	  marker=$$(cd "$(ROOT)" && $(BASE_PY) -m wan_trt.outputs) && [ -n "$$marker" ] || { \
+	  marker=$$(PYTHONPATH="$(ROOT)" $(BASE_PY) -m wan_trt.outputs) && [ -n "$$marker" ] || { \
 	    echo "make clean: '$(BASE_PY) -m wan_trt.outputs' gave no marker file name to tell wan-trt's output" \
 	      "folders from others: nothing removed; install Python 3.10+ or name one with BASE_PY=/path/to/python3" >&2; \
 	    exit 1; }; \

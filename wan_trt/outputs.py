@@ -358,7 +358,7 @@ def marked_kind(folder: Path) -> str | None:
         return None
     head, tail = MARKER_TEXT.split("{what}")
     what = text[len(head):len(text) - len(tail)]
-    return what if what and text == marker_text(what) else None
+    return what if what and "\n" not in what and text == marker_text(what) else None
 
 
 def _a(what: str) -> str:

@@ -79,3 +79,16 @@ def test_make_clean_needs_no_python_with_nothing_to_judge_and_removes_nothing_wi
     run = _make_clean(tmp_path, absent)
     assert run.returncode != 0 and "nothing removed" in run.stderr and "BASE_PY=" in run.stderr, run.stderr
     assert all(p.exists() for p in kept)
+
+
+def test_make_clean_works_in_a_checkout_whose_path_has_a_space(tmp_path):
+    """The Makefile found its own folder as an absolute path, which make splits at a space: in a checkout under
+    "a b/", `make clean` ran `cd` into a folder that does not exist and said to install Python."""
+    checkout = tmp_path / "a b"
+    shutil.copytree(ROOT / "wan_trt", checkout / "wan_trt", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "Makefile", checkout / "Makefile")
+    ours, theirs = checkout / f"out/demo/export/{MARKER}", checkout / "out/mine/notes.txt"
+    _write([ours, theirs])
+    run = subprocess.run(["make", "-s", "clean"], cwd=checkout, capture_output=True, text=True)  # as a user runs it
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not ours.parent.exists() and theirs.read_text() == "x"

@@ -18,7 +18,7 @@ from wan_trt.export.manifest import Manifest
 from wan_trt.export.transformer import export_transformer
 from wan_trt.model import build_model
 from wan_trt.model.checkpoint import save_checkpoint
-from wan_trt.outputs import MARKER, OUTPUT_KINDS, marked_kind, staged_dir
+from wan_trt.outputs import MARKER, OUTPUT_KINDS, marked_kind, marker_text, staged_dir
 
 CFG = "universal-small"
 
@@ -356,6 +356,8 @@ def test_the_marker_of_every_kind_of_output_reads_back_as_that_kind(tmp_path, ca
         pass
     assert any(r.getMessage().endswith(f".again.partial-killed, left by an interrupted {kind}") for r in caplog.records)
     (tmp_path / "run" / MARKER).write_text(f"{kind} folder\n")  # not as wan-trt writes it
+    assert marked_kind(tmp_path / "run") is None
+    (tmp_path / "run" / MARKER).write_text(marker_text(kind) + marker_text(kind))  # two markers' lines: no kind
     assert marked_kind(tmp_path / "run") is None
 
 

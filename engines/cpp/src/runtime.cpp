@@ -416,11 +416,12 @@ void verify_engine(const std::string& engine, const GraphIO& io) {
     throw Error("engine " + engine + ": its sha256 is not that of the engine its runtime file was written for" + fix);
 }
 
-void check_built_for(const GraphIO& io, const std::string& engine, at::Device device, const std::string& what) {
+void check_built_for(const GraphIO& io, const std::string& engine, at::Device device, const std::string& what,
+                     const std::string& asked) {
   const std::string kind = c10::DeviceTypeName(device.type(), /*lower_case=*/true);
   if (kind != io.device)
-    throw Error(what + " " + engine + ": built for " + io.device + ", but asked to run on " + device.str() +
-                "; run it on " + io.device + ", or build one for " + kind);
+    throw Error(what + " " + engine + ": built for " + io.device + ", but asked to run on " +
+                (asked.empty() ? device.str() : asked) + "; run it on " + io.device + ", or build one for " + kind);
 }
 
 bool is_aoti_package(const std::string& engine) {
@@ -471,11 +472,11 @@ void check_feeds(const GraphIO& io, const std::map<std::string, at::Tensor>& fee
 }
 
 AotiRunner::AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph)
-    : io_(io), device_(concrete(device)), cuda_graph_(cuda_graph) {
+    // the engine's kind of device is judged first: concrete() asks libtorch for the current device of that kind
+    : io_(io), device_((check_built_for(io, package, device), concrete(device))), cuda_graph_(cuda_graph) {
 #ifndef WAN_TRT_WITH_CUDA
   if (cuda_graph) throw Error("CUDA graphs need a CUDA build of libtorch");
 #endif
-  check_built_for(io, package, device);
   verify_engine(package, io);
   check_package(package);
   impl_ = std::make_unique<Impl>(package, cuda_graph);

@@ -4,7 +4,7 @@
 //
 // Misuses the API as a program that embeds the runtime may, over the DiT package ENGINE and the decoder engine pair
 // of DECODER (either engine) on the CPU, and prints the refusal: "refused: <message>". CASE:
-//   load            the runner alone, over an ENGINE the test made (one whose runtime file says it was built for cuda)
+//   load            the runner alone, over an ENGINE the test made (a runtime file saying cuda, a plan that is no zip)
 //   strided         a feed of the right shape and dtype that is not contiguous (an engine reads it by address)
 //   meta            a feed on another device than the runner's
 //   missing         feeds without one of the engine's inputs
@@ -16,6 +16,7 @@
 //   actions-beyond  ... from the first block a stream does not reach
 //   actions-past    ... 2 blocks from the last block a stream reaches
 //   actions-none    ... 0 blocks from block 0
+//   step-past       a session started at the last block a stream reaches, stepped twice
 // Exits 0 when refused with wan_trt::Error, 1 when not refused or refused otherwise.
 #include <iostream>
 
@@ -72,6 +73,13 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     wan_trt::read_actions(actions, spec, wan_trt::reachable_blocks(spec) - 1, 2);
   } else if (what == "actions-none") {
     wan_trt::read_actions(actions, spec, 0, 0);
+  } else if (what == "step-past") {
+    wan_trt::StreamingSession session(runner, spec, 0);
+    const int64_t last = wan_trt::reachable_blocks(spec) - 1, n = spec.ratio * spec.block_frames;  // a later block's raw frames
+    session.start(feeds.at("visual_context"), last);
+    auto mouse = at::zeros({1, n, 2}), keyboard = at::zeros({1, n, spec.input("keyboard_window").shape.back()});
+    session.step(feeds.at("cond_concat"), mouse, keyboard);
+    session.step(feeds.at("cond_concat"), mouse, keyboard);
   } else {
     throw std::invalid_argument("unknown case " + what);
   }

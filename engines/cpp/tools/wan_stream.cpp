@@ -429,12 +429,13 @@ int run(int argc, char** argv) {
   const std::string engine = args["--engine"];
   const std::string runtime = args.count("--runtime") ? args["--runtime"] : engine + ".runtime.txt";
   const auto spec = wan_trt::RuntimeSpec::load(runtime);
-  wan_trt::check_built_for(spec, engine, device, "--engine");  // as the runners will, but before any other work
+  // as the runners will, but before any other work
+  wan_trt::check_built_for(spec, engine, device, "--engine", "--device " + args["--device"]);
   std::optional<wan_trt::DecoderEngines> pair;  // every file is read and checked before any engine loads
   if (args.count("--decoder")) {
     pair = wan_trt::DecoderEngines::load(args["--decoder"]);
     for (const auto* io : {&pair->first_spec, &pair->steady_spec})
-      wan_trt::check_built_for(*io, args["--decoder"], device, "--decoder");
+      wan_trt::check_built_for(*io, args["--decoder"], device, "--decoder", "--device " + args["--device"]);
   }
   check_device_available(device, args["--device"]);  // the engines' devices first: the more telling refusal
   const int64_t blocks = integer(args, "--blocks");
@@ -457,8 +458,9 @@ int run(int argc, char** argv) {
   const at::Tensor &visual = inputs.visual, &cond = inputs.cond;
   at::Tensor mouse = inputs.mouse, keyboard = inputs.keyboard;
   const int64_t first = inputs.first;
-  // before any block arithmetic, which would overflow
+  // before any block arithmetic, which would overflow; then the blocks asked, before any block runs
   wan_trt::check_within_reach(spec, "--inputs " + args["--inputs"] + ": first_block", first, 1);
+  wan_trt::check_within_reach(spec, "--blocks: from first_block", first, blocks);
   if (args.count("--start-block") && integer(args, "--start-block") != first)
     throw wan_trt::Error("--start-block " + args["--start-block"] + ": the inputs hold the stream from block " +
                          std::to_string(first));

@@ -194,17 +194,25 @@ def test_cpp_runtime_refuses_a_start_block_its_inputs_do_not_hold(aoti, wan_stre
                        start_block=0)
 
 
-def test_cpp_runtime_runs_to_the_last_reachable_block_and_refuses_the_next(aoti, wan_stream, tmp_path):
+def test_cpp_runtime_runs_to_the_last_reachable_block_and_refuses_the_next(aoti, decoder_aoti, wan_stream, tmp_path):
+    """wan_stream asked for 2 blocks from the last one a stream reaches ran that block, then failed at the next:
+    the blocks asked are judged before any block runs, naming --blocks, and nothing is written. The session's
+    own refusal of the step past the reach is the library's (api_refusals' step-past)."""
     from wan_trt.stream import max_stream_blocks
     export_dir, engine = aoti
     cfg = Manifest.read(export_dir).spec.config
     last = max_stream_blocks(cfg) - 1
     inputs = synthetic_stream(cfg, 2, seed=9, first_block=last)
     out = tmp_path / "out.pt"
-    with pytest.raises(WanTrtError, match=r"block 89478485 would end past the 268435456 latent frames"):
+    with pytest.raises(WanTrtError, match=re.escape(f"error: --blocks: from first_block {last}, 2 blocks: a stream "
+                                                    f"reaches 268435456 latent frames (blocks 0 to {last}); ask for "
+                                                    f"at most 1 block(s) from block {last}")) as refused:
         run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 2, out)
+    assert "block 0:" not in str(refused.value) and not out.exists()
     run = run_wan_stream(wan_stream, engine, write_stream_inputs(inputs, tmp_path / "in.pt"), 1, out)
     assert len(run.block_ms) == 1 and torch.isfinite(run.latents).all()
+    assert _api_refusal(wan_stream, "step-past", engine, decoder_aoti) == (
+        f"block {last + 1} would end past the 268435456 latent frames a stream can reach: start a new stream")
 
 
 # ---- with the decoder engine pair, and actions from a file ----------------------------------------
@@ -351,7 +359,7 @@ def test_cpp_runtime_refuses_a_decoder_built_for_another_kind_of_device(decoder_
         runtime.write_text(resealed(runtime.read_text().replace("\ndevice cpu\n", "\ndevice cuda\n")))
     inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
     with pytest.raises(WanTrtError, match=re.escape(f"error: --decoder {steady}: built for cuda, but asked to run on "
-                                                    "cpu; run it on cuda, or build one for cpu")):
+                                                    "--device cpu; run it on cuda, or build one for cpu")):
         run_wan_stream(wan_stream, engine, inputs, 1, tmp_path / "out.pt", decoder=steady)
     assert not (tmp_path / "out.pt").exists()
 

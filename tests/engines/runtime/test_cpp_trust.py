@@ -335,8 +335,8 @@ def test_an_engine_run_on_another_kind_of_device_is_refused_naming_its_device(ao
     it: the runtime file named no device. It does now, and wan_stream refuses it before the libtorch's devices
     are judged (a CPU-only libtorch has no CUDA device either: that is not what is wrong)."""
     code, stderr = _refused(wan_stream, aoti[1], _inputs(aoti, tmp_path), tmp_path, "--device", device)
-    assert code == 1 and stderr == (f"error: --engine {aoti[1]}: built for cpu, but asked to run on {device}; run it "
-                                    "on cpu, or build one for cuda"), stderr
+    assert code == 1 and stderr == (f"error: --engine {aoti[1]}: built for cpu, but asked to run on --device {device}; "
+                                    "run it on cpu, or build one for cuda"), stderr
 
 
 def test_a_tensorrt_plan_without_tensorrt_is_refused_saying_what_it_is(aoti, wan_stream, tmp_path):

@@ -116,9 +116,10 @@ void verify_engine(const std::string& engine, const GraphIO& io);
 
 // Refuse running ``engine`` (given as ``what``: "engine", a flag) on ``device`` where its runtime file says it was
 // built for another kind of device (io.device: cpu or cuda), as Python's EngineMetadata.check_runs_on refuses it: its
-// code is compiled for that kind. The runners call it first, before they read the engine file.
+// code is compiled for that kind. ``asked``: how the caller named the device (a flag and its value; the device by
+// default). The runners call it first, before they read the engine file or look for a device.
 void check_built_for(const GraphIO& io, const std::string& engine, at::Device device,
-                     const std::string& what = "engine");
+                     const std::string& what = "engine", const std::string& asked = "");
 
 // Whether ``engine`` is a zip file, as an AOTInductor package is; a TensorRT plan is not. Of a verified engine (one
 // `wan-trt build` wrote for its runtime file), this tells which runner runs it: each refuses the other's.
@@ -164,8 +165,8 @@ int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block);
 int64_t reachable_blocks(const RuntimeSpec& spec);
 
 // Refuse ``blocks`` blocks from ``first_block`` (named ``what``: "start_block", "--actions FILE: first_block") unless
-// a stream reaches them all: first_block >= 0, blocks >= 1 and the last below reachable_blocks(spec). The one check of
-// a first block: the session's start, read_actions and wan_stream's inputs call it before any block arithmetic.
+// a stream reaches them all: first_block >= 0, blocks >= 1 and the last below reachable_blocks(spec). The session's
+// start, read_actions and wan_stream (its inputs' first block, its --blocks) call it before any block arithmetic.
 void check_within_reach(const RuntimeSpec& spec, const std::string& what, int64_t first_block, int64_t blocks);
 
 // Seeded noise per (block, step), the same draws as wan_trt.stream.NoiseSource.
