@@ -14,6 +14,7 @@ import torch
 from wan_trt.cli import main
 from wan_trt.config_load import load_config
 from wan_trt.decoder_spec import RGB, DecoderSpec
+from wan_trt.engines.backends import ALL_BACKENDS
 from wan_trt.export.manifest import Manifest
 from wan_trt.spec import LATENTS, VISUAL_CONTEXT, PassSpec
 from wan_trt.stream import synthetic_stream
@@ -126,6 +127,7 @@ def test_the_embedding_examples_shapes_are_the_full_configs():
 # ---- "What you run" ---------------------------------------------------------------------------------
 
 WHAT_YOU_RUN = "What you run"
+BACKEND_LISTS = ("--backends", "--end-to-end")  # options whose value is backend names, comma-separated
 
 
 def commands_of(code: str) -> list[tuple[str, str]]:
@@ -146,7 +148,7 @@ def commands_of(code: str) -> list[tuple[str, str]]:
 
 class CliUse:
     """Checks of the README's words against the click commands of `wan-trt`: the command, its long options, and
-    the values given to an option of fixed choices. Collects every problem found."""
+    the values given to an option of fixed choices or to one that takes backend names. Collects every problem found."""
 
     def __init__(self, where: str):
         self.where, self.problems, self.seen = where, [], set()
@@ -168,7 +170,8 @@ class CliUse:
 
     def options(self, cmd: click.Command, words: list[str], line: str, alternatives_only: bool = False) -> None:
         """Every `--option` of ``words`` (each word that starts with `--`) is one of ``cmd``'s, and the value after
-        an option of fixed choices is one of them (with ``alternatives_only``, as in prose, only a value of `a|b`
+        an option of fixed choices is one of them, and so is each backend named to an option that takes their list
+        (with ``alternatives_only``, as in prose, only a value of `a|b`
         alternatives is read: each is)."""
         by_name = {o: p for p in cmd.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
         for i, word in enumerate(words):
@@ -181,6 +184,12 @@ class CliUse:
                 continue
             if not value and i + 1 < len(words) and not (param.is_flag or param.count):
                 value = words[i + 1]
+            if flag in BACKEND_LISTS and value and not alternatives_only:
+                wrong = [name for name in value.split(",") if name not in ALL_BACKENDS]
+                if wrong:
+                    self.problems.append(f"{self.where}: `{line}`: {flag} {','.join(wrong)}: no such backend "
+                                         f"({', '.join(ALL_BACKENDS)})")
+                continue
             if not isinstance(param.type, click.Choice) or not value or (alternatives_only and "|" not in value):
                 continue
             wrong = [v for v in value.split("|") if v not in param.type.choices]
