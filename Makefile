@@ -42,12 +42,12 @@ test-slow: setup
 # marker's name is the package's (wan_trt/outputs.py, standard library only: no $(VENV) needed), asked only where a
 # folder is to be judged, so that a fresh clone cleans with no Python; where none answers, nothing is removed.
 clean:
-	for d in $(DEMO_OUT)/export $(DEMO_OUT)/stream; do if [ -d "$$d" ]; then \
+	if [ -d $(DEMO_OUT)/export ] || [ -d $(DEMO_OUT)/stream ]; then \
 	  marker=$$(PYTHONPATH="$(ROOT)" $(BASE_PY) -m wan_trt.outputs) && [ -n "$$marker" ] || { \
 	    echo "make clean: '$(BASE_PY) -m wan_trt.outputs' gave no marker file name to tell wan-trt's output" \
 	      "folders from others: nothing removed; install Python 3.10+ or name one with BASE_PY=/path/to/python3" >&2; \
 	    exit 1; }; \
-	  if [ -e "$$d/$$marker" ]; then rm -rf "$$d"; fi; fi; done
+	  for d in $(DEMO_OUT)/export $(DEMO_OUT)/stream; do if [ -e "$$d/$$marker" ]; then rm -rf "$$d"; fi; done; fi
 	rm -rf $(VENV)
 	if grep -qs '"backends"' $(DEMO_OUT)/bench.json; then rm -f $(DEMO_OUT)/bench.json; fi
 	rmdir $(DEMO_OUT) 2> /dev/null || true

@@ -30,6 +30,12 @@ std::map<std::string, at::Tensor> zeros(const wan_trt::GraphIO& io) {
   return feeds;
 }
 
+// Zero mouse and keyboard raw frames [1, n, D] of ``block`` (n: the raw frames it adds).
+std::pair<at::Tensor, at::Tensor> zero_actions(const wan_trt::RuntimeSpec& spec, int64_t block) {
+  const int64_t n = wan_trt::first_raw_frame(spec, block + 1) - wan_trt::first_raw_frame(spec, block);
+  return {at::zeros({1, n, 2}), at::zeros({1, n, spec.input("keyboard_window").shape.back()})};
+}
+
 void run(const std::string& what, const std::string& engine, const std::string& decoder, const std::string& actions) {
   const at::Device cpu("cpu");
   const auto spec = wan_trt::RuntimeSpec::load(engine + ".runtime.txt");
@@ -58,8 +64,7 @@ void run(const std::string& what, const std::string& engine, const std::string& 
   } else if (what == "visual-shape" || what == "cond-shape" || what == "mouse-shape") {
     wan_trt::StreamingSession session(runner, spec, 0);
     auto visual = feeds.at("visual_context"), cond = feeds.at("cond_concat");
-    const int64_t n = wan_trt::first_raw_frame(spec, 1);  // block 0's raw frames
-    auto mouse = at::zeros({1, n, 2}), keyboard = at::zeros({1, n, spec.input("keyboard_window").shape.back()});
+    auto [mouse, keyboard] = zero_actions(spec, 0);
     if (what == "visual-shape") visual = visual.narrow(1, 0, 1);
     session.start(visual);
     if (what == "cond-shape") cond = cond.narrow(2, 0, 1);
@@ -75,9 +80,9 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     wan_trt::read_actions(actions, spec, 0, 0);
   } else if (what == "step-past") {
     wan_trt::StreamingSession session(runner, spec, 0);
-    const int64_t last = wan_trt::reachable_blocks(spec) - 1, n = spec.ratio * spec.block_frames;  // a later block's raw frames
+    const int64_t last = wan_trt::reachable_blocks(spec) - 1;
     session.start(feeds.at("visual_context"), last);
-    auto mouse = at::zeros({1, n, 2}), keyboard = at::zeros({1, n, spec.input("keyboard_window").shape.back()});
+    const auto [mouse, keyboard] = zero_actions(spec, last);  // the block past it takes as many
     session.step(feeds.at("cond_concat"), mouse, keyboard);
     session.step(feeds.at("cond_concat"), mouse, keyboard);
   } else {
