@@ -21,20 +21,9 @@
 #include <iostream>
 
 #include "wan_trt/runtime.h"
+#include "zero_feeds.h"
 
 namespace {
-
-std::map<std::string, at::Tensor> zeros(const wan_trt::GraphIO& io) {
-  std::map<std::string, at::Tensor> feeds;
-  for (const auto& t : io.inputs) feeds[t.name] = at::zeros(t.shape, at::TensorOptions().dtype(t.dtype));
-  return feeds;
-}
-
-// Zero mouse and keyboard raw frames [1, n, D] of ``block`` (n: the raw frames it adds).
-std::pair<at::Tensor, at::Tensor> zero_actions(const wan_trt::RuntimeSpec& spec, int64_t block) {
-  const int64_t n = wan_trt::first_raw_frame(spec, block + 1) - wan_trt::first_raw_frame(spec, block);
-  return {at::zeros({1, n, 2}), at::zeros({1, n, spec.input("keyboard_window").shape.back()})};
-}
 
 void run(const std::string& what, const std::string& engine, const std::string& decoder, const std::string& actions) {
   const at::Device cpu("cpu");

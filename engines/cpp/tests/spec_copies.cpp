@@ -13,21 +13,14 @@
 #include <iostream>
 
 #include "wan_trt/runtime.h"
+#include "zero_feeds.h"
 
 namespace {
 
-std::map<std::string, at::Tensor> zeros(const wan_trt::GraphIO& io) {
-  std::map<std::string, at::Tensor> feeds;
-  for (const auto& t : io.inputs) feeds[t.name] = at::zeros(t.shape, at::TensorOptions().dtype(t.dtype));
-  return feeds;
-}
-
 // Block ``block``'s latents [1, 16, 3, h, w] and frames (with a decoder) from zero conditioning and actions.
 wan_trt::Block step(wan_trt::StreamingSession& session, const wan_trt::RuntimeSpec& spec, int64_t block) {
-  const int64_t n = wan_trt::first_raw_frame(spec, block + 1) - wan_trt::first_raw_frame(spec, block);
-  const at::Tensor cond = at::zeros(spec.input("cond_concat").shape);
-  return session.step(cond, at::zeros({1, n, spec.input("mouse_window").shape.back()}),
-                      at::zeros({1, n, spec.input("keyboard_window").shape.back()}));
+  const auto [mouse, keyboard] = zero_actions(spec, block);
+  return session.step(at::zeros(spec.input("cond_concat").shape), mouse, keyboard);
 }
 
 // What ``what`` checked, or what went wrong (exit 1).
