@@ -111,8 +111,10 @@ class DecoderStream:
         next call: a runner may reuse its output buffers); not checked: NaN/Inf come out as they are."""
         return self._decode(latents, lambda rgb: rgb)
 
+    @torch.no_grad()
     def _decode(self, latents: torch.Tensor, frames_of, checked: bool = False) -> torch.Tensor:
-        """Run the call, make its frames, then carry the histories: a failure before that changes nothing."""
+        """Run the call, make its frames, then carry the histories: a failure before that changes nothing. The
+        latents' values are copied in (an autograd graph they are part of is not kept)."""
         if not self.active:
             raise WanTrtError("the decoder is not active: use it in a `with decoder:` block, or attach it to a "
                               "session, whose start() activates it")

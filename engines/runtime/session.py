@@ -189,11 +189,13 @@ class StreamingSession:
     def start_frame(self) -> int:
         return self.block * self.cfg.block_frames
 
+    @torch.no_grad()
     def start(self, visual_context: torch.Tensor, *, start_block: int = 0) -> None:
         """Begin a new stream conditioned on CLIP features [1, 257, 1280]; clears every cache.
 
         Args:
-            visual_context: [1, 257, 1280] CLIP features, checked once per stream.
+            visual_context: [1, 257, 1280] CLIP features, checked once per stream; their values are copied (an
+                autograd graph they are part of is not kept).
             start_block: absolute index of the first block (its RoPE position and noise draws);
                 the stream starts with empty caches and its action history padded with the
                 first raw frame it is given. Defaults to 0.

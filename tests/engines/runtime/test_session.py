@@ -461,3 +461,25 @@ def test_a_session_refuses_arguments_of_the_wrong_kind_naming_them():
                             (dict(runner=runner, decoder="out/dec"), "decoder: expected a DecoderStream")):
         with pytest.raises(WanTrtError, match=message):
             StreamingSession(**kwargs)
+
+
+def test_an_image_context_with_an_autograd_graph_is_taken_as_its_values():
+    """A CLIP encoder run without torch.no_grad() gives a context that is part of its autograd graph: start()
+    copied it into the session's feed under autograd, so the feed kept the encoder's graph (the activations its
+    backward would read) alive, and each new stream's start() chained that stream's graph onto the last: memory
+    that grew with every stream. The feed takes the values only; the stream is the one of the plain tensor."""
+    import gc
+    import weakref
+    cfg, session, inputs = _started("universal-small")
+    mouse, keyboard = inputs.block_actions(cfg, 0)
+    plain = session.step(inputs.block_cond(cfg, 0), mouse, keyboard).latents
+    kept = []
+    for _ in range(2):  # two streams: the second start() must not chain the first's graph either
+        activation = inputs.visual_context.clone().requires_grad_(True) * 1.0  # what the encoder's backward reads
+        kept.append(weakref.ref(activation))
+        session.start(activation.abs() * activation.sign())  # the context's values; abs() saves the activation
+        del activation
+        gc.collect()
+        assert not session.feeds["visual_context"].requires_grad
+        assert torch.equal(session.step(inputs.block_cond(cfg, 0), mouse, keyboard).latents, plain)
+    assert [ref() for ref in kept] == [None, None]

@@ -125,3 +125,25 @@ def test_frames_that_come_out_non_finite_refuse_the_block():
     bias.copy_(kept)  # the same block again, now decodable: as if never refused
     again = [session.step(inputs.block_cond(cfg, b), *inputs.block_actions(cfg, b)) for b in (1, 2)]
     assert all(torch.equal(a.frames, g.frames) and torch.equal(a.latents, g.latents) for a, g in zip(again, good[1:]))
+
+
+def test_latents_with_an_autograd_graph_are_decoded_as_their_values():
+    """decode() copied latents that are part of an autograd graph into its feed under autograd: the feed kept the
+    caller's graph alive, each call chaining the next onto it (memory that grew with every block decoded)."""
+    import gc
+    import weakref
+    cfg = load_config(CFG)
+    module, decoder = _decoder(cfg)
+    latents = torch.randn(1, 16, 3, 4, 6, generator=torch.Generator().manual_seed(0))
+    with decoder:
+        plain = [decoder.decode(latents).clone() for _ in range(2)]
+        decoder.reset()
+        kept = []
+        for expected in plain:
+            activation = latents.clone().requires_grad_(True) * 1.0
+            kept.append(weakref.ref(activation))
+            frames = decoder.decode(activation.abs() * activation.sign())  # the values; abs() saves the activation
+            del activation
+            gc.collect()
+            assert torch.equal(frames, expected) and not decoder.feeds["latents"].requires_grad
+    assert [ref() for ref in kept] == [None, None]
