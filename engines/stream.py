@@ -61,9 +61,8 @@ def check_stream_request(cfg: WanConfig, *, blocks: int, precision: str, device:
         raise WanTrtError(f"--precision {precision!r}: expected one of {', '.join(PIPELINE_TOLERANCE)}")
     check_device(device)
     files = input_files(weights, vae_weights, actions)
-    for flag in ("--weights", "--vae-weights"):  # the actions file is judged as it is read
-        if flag in files:
-            check_input_file(files[flag], flag)
+    for flag, path in files.items():  # before run_stream takes their identity (a missing file named no flag)
+        check_input_file(path, flag)
     if out is not None:
         check_out_dir(out, owned_stream_files, overwrite=overwrite, protect=list(files.values()), what=OUTPUT)
 

@@ -310,6 +310,15 @@ def test_an_input_that_is_a_pipe_or_a_folder_is_named_as_such(tmp_path):
         read_actions(tmp_path / "missing.jsonl", cfg, 1)
 
 
+def test_a_missing_actions_file_is_named_by_its_flag(tmp_path, monkeypatch):
+    """`stream --actions missing.jsonl` said 'error: missing.jsonl: No such file or directory (errno ENOENT); check
+    the path, its permissions and the free space': the file's identity was taken before the file was judged, and
+    the message named no flag. It is judged with --weights and --vae-weights, before any work."""
+    missing = tmp_path / "missing.jsonl"
+    message = _refused(tmp_path, monkeypatch, "--blocks", "1", "--actions", str(missing))
+    assert message.strip() == f"error: --actions {missing}: no such file", message
+
+
 def test_the_report_says_what_the_stream_was_made_from_and_the_log_that_it_is_not_a_scene(tmp_path):
     """report.json held no word of the weights: a stream of random weights could not be told from one of the
     model's checkpoints, and `--overwrite` could replace one with the other without a trace. With both
