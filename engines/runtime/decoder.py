@@ -27,6 +27,7 @@ from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import check_pair
 from wan_trt.export.manifest import Manifest
+from wan_trt.outputs import check_input_file
 from wan_trt.spec import LATENTS, PassSpec
 from wan_trt.video import to_uint8_frames
 
@@ -139,6 +140,7 @@ class DecoderStream:
 def decoder_engines(engine: Path) -> dict[str, Path]:
     """A decoder engine is one file per graph, same name, in the decoder export's first/ and steady/."""
     engine = Path(engine)
+    check_input_file(engine, "decoder engine")  # a mistyped path is no pair's missing half
     folder = engine.resolve().parent
     if folder.name not in CALLS:  # a DiT's engine, say: no pair to look for (a pair may be copied without exports)
         raise WanTrtError(f"decoder engine {engine}: {folder} is not first/ or steady/ of a decoder export (`wan-trt "

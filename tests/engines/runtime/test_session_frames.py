@@ -147,3 +147,14 @@ def test_latents_with_an_autograd_graph_are_decoded_as_their_values():
             gc.collect()
             assert torch.equal(frames, expected) and not decoder.feeds["latents"].requires_grad
     assert [ref() for ref in kept] == [None, None]
+
+
+def test_a_decoder_engine_that_is_not_there_is_named_as_missing(tmp_path):
+    """DecoderStream.from_engine with a mistyped engine path said its 'other graph's engine' was missing, listing the
+    path given among the other's, or, outside first/ and steady/, that the folder was no decoder export."""
+    steady = tmp_path / "dec" / "steady"
+    steady.mkdir(parents=True)
+    (tmp_path / "dec" / "first").mkdir()
+    for engine in (steady / "engine_aoti_cpu.pt2", tmp_path / "engine_aoti_cpu.pt2"):
+        with pytest.raises(WanTrtError, match=f"^decoder engine {engine}: no such file$"):
+            DecoderStream.from_engine(engine, "aoti", "cpu")
