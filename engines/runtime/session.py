@@ -39,7 +39,8 @@ from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, progress
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.scheduler import BlockSchedule, flow_to_x0, renoise
-from wan_trt.spec import ACTION_WINDOWS, COND_CONCAT, FLOW, LATENTS, TIMESTEP, VALID_FRAMES, VISUAL_CONTEXT
+from wan_trt.spec import (ACTION_WINDOWS, COND_CONCAT, FLOW, LATENTS, TIMESTEP, VALID_FRAMES, VISUAL_CONTEXT,
+                          PassSpec)
 from wan_trt.stream import ActionHistory, NoiseSource, first_raw_frame, max_stream_blocks, raw_frames_in_block
 
 
@@ -127,6 +128,10 @@ class StreamingSession:
                  decoder: DecoderStream | None = None):
         prefer_workspace_free_gemms()  # effective where no GEMM ran in this process yet (see its module)
         _require_kind("runner", runner, Runner, "a runner from wan_trt.engines.backends.make_runner")
+        if not isinstance(runner.spec, PassSpec):  # a decoder call's runner, say
+            raise WanTrtError(f"runner: {runner.name} runs the {runner.spec.KIND} graph, not the DiT's pass: give the "
+                              "session a runner of a DiT export (`wan-trt export`), and a decoder engine pair as "
+                              "decoder=DecoderStream.from_engine(ENGINE, BACKEND, DEVICE)")
         _require_kind("noise", noise, NoiseSource, "NoiseSource(seed), or leave it out", optional=True)
         _require_kind("decoder", decoder, DecoderStream, "DecoderStream.from_engine(ENGINE), or leave it out",
                       optional=True)

@@ -483,3 +483,14 @@ def test_an_image_context_with_an_autograd_graph_is_taken_as_its_values():
         assert not session.feeds["visual_context"].requires_grad
         assert torch.equal(session.step(inputs.block_cond(cfg, 0), mouse, keyboard).latents, plain)
     assert [ref() for ref in kept] == [None, None]
+
+
+def test_a_runner_of_the_decoders_graph_is_refused_naming_it():
+    """A decoder call's runner given as the session's runner (a Runner, of another graph) failed with an
+    AttributeError from deep inside ('DecoderSpec' object has no attribute 'rotaries')."""
+    from wan_trt.decoder_spec import DecoderSpec
+    from wan_trt.model import build_decoder
+    cfg = load_config("universal-small")
+    decoder_runner = TorchRunner(build_decoder(cfg, seed=1), DecoderSpec.from_config(cfg, "fp32", "steady"))
+    with pytest.raises(WanTrtError, match=r"runner: torch runs the decoder graph, not the DiT's pass"):
+        StreamingSession(decoder_runner)
