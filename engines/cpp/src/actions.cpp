@@ -335,6 +335,9 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
     try {
       entry = Parser(lines[k].second).document();
     } catch (const Error& e) {
+      if (lines[k].second.rfind("\xEF\xBB\xBF", 0) == 0)  // 'Expecting value at column 1' of a line that looks right
+        throw Error(where + ": not JSON (it begins with a UTF-8 byte-order mark, which some editors write); save the "
+                            "file as UTF-8 without one");
       throw Error(where + ": not JSON (" + e.what() + ")");
     }
     if (entry.kind == Json::kObject && !entry.repeated.empty())

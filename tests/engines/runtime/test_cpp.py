@@ -423,6 +423,9 @@ def test_cpp_runtime_reads_actions_from_a_json_lines_file_as_python_does(aoti, w
      r"line 2 \(block 1\), mouse: expected 2 finite numbers"),
     ([{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}, '{"mouse": [0, ' + "9" * 4400 + '], "keyboard": [0, 0, 0, 0]}'],
      r"line 2 \(block 1\), mouse: expected 2 finite numbers"),  # Python: 'not a JSON line wan-trt reads'
+    (['\ufeff{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}', {"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}],
+     r"line 1 \(block 0\): not JSON \(it begins with a UTF-8 byte-order mark, which some editors write\); save the "
+     r"file as UTF-8 without one"),  # C++ said 'Expecting value at column 1' of a line that looks right
 ])
 def test_cpp_runtime_refuses_the_actions_python_refuses(aoti, wan_stream, tmp_path, lines, message):
     from wan_trt.actions import read_actions
