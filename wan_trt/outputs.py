@@ -228,12 +228,20 @@ def written_by_build(meta: Path) -> bool:
     return json_with_keys(meta, {"backend", "key", "spec_fingerprint", "export_dir"}) is not None
 
 
+def engine_of_metadata(meta: Path) -> Path | None:
+    """The engine ``E`` whose metadata ``meta`` would be (``E.json`` beside it), or None where ``meta`` is named as no
+    engine's metadata: not ``*.json``, or ``.json`` itself (an engine of no name)."""
+    if not meta.name.endswith(".json") or meta.name == ".json":
+        return None
+    return meta.with_name(meta.name[:-len(".json")])
+
+
 def engine_files_in(directory: Path) -> list[Path]:
     """Engines built by wan-trt in ``directory`` with their metadata and runtime files."""
     found = []
     for meta in directory.glob("*.json"):
-        engine = meta.with_name(meta.name[: -len(".json")])
-        if written_by_build(meta):
+        engine = engine_of_metadata(meta)
+        if engine is not None and written_by_build(meta):
             found += [p for p in (engine, meta, engine.with_name(engine.name + ".runtime.txt")) if p.is_file()]
     return found
 

@@ -521,3 +521,16 @@ def test_an_output_of_another_command_is_refused_as_such(tmp_path, plain_export)
     assert res.exit_code == 1 and f"--out {export} holds a wan-trt export, which a stream output does not " \
                                   "replace" in res.output, res.output
     assert _tree(export) == before
+
+
+def test_overwrite_refuses_an_export_holding_a_file_named_dot_json(tmp_path, plain_export):
+    """A user's file named `.json` in an export folder crashed `export --overwrite` with a ValueError traceback
+    (it was read as the metadata of an engine of no name) instead of refusing the folder."""
+    out = tmp_path / "e"
+    shutil.copytree(plain_export, out)
+    (out / ".json").write_text(json.dumps({"backend": "aoti", "key": "k", "spec_fingerprint": "s", "export_dir": "d"}))
+    res = CliRunner().invoke(main, ["export", "--config", CFG, "--precision", "fp32", "--no-onnx", "--out", str(out),
+                                    "--overwrite"])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "holds files or folders wan-trt did not write (.json)" in res.output, res.output
+    assert (out / ".json").is_file()
