@@ -30,8 +30,8 @@ from wan_trt.export.manifest import MANIFEST, Manifest, tool_versions
 from wan_trt.export.manifest_schema import OPS, recorded_files
 from wan_trt.log import logger
 from wan_trt.model.fp8 import FP8_SCHEME
-from wan_trt.outputs import (check_parent_chain, remove_stale_partials, usual_file_mode, write_file,
-                             written_by_build)
+from wan_trt.outputs import (check_parent_chain, engine_of_metadata, remove_stale_partials, usual_file_mode,
+                             write_file, written_by_build)
 
 REBUILD = "rebuild it with `wan-trt build`"
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # the devices an engine is built for
@@ -149,8 +149,8 @@ class EngineMetadata:
     def not_an_engine(cls, engine: Path) -> str:
         """Why ``engine``, a file without metadata beside it, is refused, and what to give instead: an engine's own
         metadata file or a file of an export was told to be rebuilt, which no build does."""
-        built = engine.with_name(engine.name[:-len(".json")])
-        if engine.name.endswith(".json") and built.is_file() and cls.path_for(built) == engine:
+        built = engine_of_metadata(engine)
+        if built is not None and built.is_file():
             return f"{engine} is the metadata of the engine {built}, not an engine: give {built}"
         names = recorded_files(engine.parent / MANIFEST)
         if names is not None and engine.name in (MANIFEST, *names):

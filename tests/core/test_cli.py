@@ -269,6 +269,16 @@ def test_a_file_that_is_no_engine_is_refused_saying_what_to_give(plain_export, t
         assert "rebuild it" not in res.output, res.output
 
 
+@pytest.mark.parametrize("name", ["e.pt2", "a.b", "x"])
+def test_a_file_with_a_short_name_that_is_no_engine_is_refused_not_a_crash(tmp_path, name):
+    """`inspect e.pt2` (a copied engine without its metadata; any name of 5 characters or fewer) crashed with a
+    ValueError traceback while the refusal was worded."""
+    engine = tmp_path / name
+    engine.write_bytes(b"an engine")
+    for command in (["inspect"], ["check"]):
+        _one_error_line(_run([*command, str(engine)]), f"engine {engine} has no {name}.json beside it")
+
+
 def test_an_export_directory_that_is_missing_or_a_file_is_refused_as_such(plain_export, tmp_path):
     """`build out/typo` said the folder "holds no manifest.json", and `Manifest.read(EXPORT/manifest.json)` that the
     file held none: neither said that the path was missing or a file, nor how to make an export."""
