@@ -298,9 +298,10 @@ def check_engine_out(engine: Path) -> None:
                           f"`wan-trt build` (no valid {meta.name}); pick another --out or move them away yourself")
 
 
-def export_for_engine(engine: Path, meta: EngineMetadata) -> tuple[Path, Manifest]:
-    """The export ``engine`` was built from: its recorded ``export_dir``, else the engine's own folder,
-    whichever holds the manifest.json with the recorded hash; logged, and verified."""
+def export_for_engine(engine: Path, meta: EngineMetadata, verify: bool = True) -> tuple[Path, Manifest]:
+    """The export ``engine`` was built from: its recorded ``export_dir``, else the engine's own folder (an export
+    moved with its engines), whichever holds the manifest.json with the recorded hash; logged, and with ``verify``
+    its files verified."""
     candidates = list(dict.fromkeys([Path(meta.export_dir), engine.resolve().parent]))
     seen = []
     for directory in candidates:
@@ -312,8 +313,9 @@ def export_for_engine(engine: Path, meta: EngineMetadata) -> tuple[Path, Manifes
             seen.append(f"{directory}: another export (manifest sha256 {manifest.sha256[:12]}, engine built from "
                         f"{meta.manifest_sha256[:12]})")
             continue
-        manifest.verify_files(directory)
+        if verify:
+            manifest.verify_files(directory)
         logger.info("engine %s: checking against its export %s", engine, directory)
         return directory, manifest
     raise WanTrtError(f"engine {engine}: the export it was built from is not found ({'; '.join(seen)}); "
-                      f"{REBUILD} on the export to check against")
+                      f"{REBUILD} on the export to run it with")

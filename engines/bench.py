@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from wan_trt.config import WanConfig
-from wan_trt.engines.artifact import EngineMetadata
+from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, ENGINE_FLAGS, RunnerSources, Unavailable, get_backend,
                                      make_runner, parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
@@ -48,7 +48,7 @@ from wan_trt.engines.runtime.runner import Runner, check_device
 from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.errors import WanTrtError, failure_text
 from wan_trt.export.decoder import read_decoder, read_transformer
-from wan_trt.export.manifest import Manifest, reference_model
+from wan_trt.export.manifest import reference_model
 from wan_trt.log import logger, stage
 from wan_trt.model import decoder_config
 from wan_trt.pipeline import ReferencePipeline
@@ -211,10 +211,8 @@ class OtherEngine:
         engine of an export of ``config`` (every field, not only its name) that still exists."""
         meta = EngineMetadata.read(engine)
         meta.check_runs_on(device, engine, "--also-engine")
-        export = Path(meta.export_dir)
-        if not (export / "manifest.json").exists():
-            raise WanTrtError(f"--also-engine {engine}: its export {export} is gone; rebuild the engine")
-        spec = Manifest.read(export, verify=False).spec
+        export, manifest = export_for_engine(engine, meta, verify=False)  # verified when it is benched
+        spec = manifest.spec
         if spec.KIND != "pass" or meta.config != config.name:
             raise WanTrtError(f"--also-engine {engine}: a {meta.config} {spec.KIND} engine; this run benches "
                               f"{config.name} denoising passes")

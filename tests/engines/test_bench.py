@@ -129,6 +129,30 @@ def test_an_engine_of_another_export_is_benched_beside_the_runs_rows(plain_expor
         assert res.exit_code == 1 and message in res.output, res.output
 
 
+def test_an_engine_whose_export_was_moved_with_it_is_benched_beside_the_runs_rows(plain_export, aoti, tmp_path):
+    """--also-engine of an engine moved with its export (`mv out/uni16 out/uni16-v1`) was refused, "its export is
+    gone; rebuild the engine", while the verified export lay beside it (check and --aoti-engine take it there)."""
+    export, engine = aoti
+    moved = tmp_path / "moved"
+    shutil.copytree(export, moved)
+    meta = moved / (engine.name + ".json")  # as `mv before moved` leaves it: built in a folder that is gone
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "export_dir": str(tmp_path / "before")}))
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager",
+                  "--also-engine", str(moved / engine.name), "--out", str(tmp_path / "b.json")])
+    assert res.exit_code == 0, res.output
+    row = json.loads((tmp_path / "b.json").read_text())["backends"]["aoti@fp32"]
+    assert row["export"] == str(moved)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    shutil.copy(engine, gone)
+    shutil.copy(engine.with_name(engine.name + ".json"), gone)
+    meta = gone / (engine.name + ".json")
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "export_dir": str(tmp_path / "nowhere")}))
+    res = _bench([str(plain_export), "--device", "cpu", "--backends", "torch-eager", "--also-engine",
+                  str(gone / engine.name)])
+    assert res.exit_code == 1 and "the export it was built from is not found" in res.output, res.output
+
+
 def test_out_and_chart_never_replace_a_file_bench_did_not_write(plain_export, tmp_path):
     """bench --out EXPORT/manifest.json wrote its report over the export's manifest, exit 0."""
     import shutil
@@ -384,6 +408,7 @@ def test_an_engine_of_another_model_under_the_configs_name_is_refused(plain_expo
     from dataclasses import replace
 
     from wan_trt.config_load import load_config
+    from wan_trt.export.manifest import Manifest
     from wan_trt.export.transformer import export_transformer
 
     cfg = load_config("universal-small")
@@ -392,7 +417,8 @@ def test_an_engine_of_another_model_under_the_configs_name_is_refused(plain_expo
                        onnx=False)
     engine = _as_if_built_for(aoti[1], "cpu", other)  # its metadata pointed at the other model's export
     meta = engine.with_name(engine.name + ".json")
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "export_dir": str(other.resolve())}))
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "export_dir": str(other.resolve()),
+                                "manifest_sha256": Manifest.digest_at(other)}))
     out = tmp_path / "b.json"
     res = _bench([str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager",
                   "--also-engine", str(engine), "--out", str(out)])
