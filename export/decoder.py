@@ -14,6 +14,7 @@ from wan_trt.decoder_spec import CALLS, DecoderSpec
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import MANIFEST, Manifest
 from wan_trt.export.writer import export_graphs
+from wan_trt.outputs import marked_kind
 
 
 def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", weights: str | None = None,
@@ -24,9 +25,11 @@ def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", wei
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise WanTrtError(f"--out {out}: exists and is not a folder; the decoder export is a folder of two exports")
-    if (out / MANIFEST).is_file():
-        raise WanTrtError(f"--out {out} holds a single-graph export ({MANIFEST}); the decoder's two graphs go into "
-                          "a folder of their own: pick another --out")
+    other = marked_kind(out)  # an output folder of wan-trt's (a stream's): no place for the graphs either
+    if (out / MANIFEST).is_file() or other is not None:
+        held = f"a single-graph export ({MANIFEST})" if (out / MANIFEST).is_file() else f"a wan-trt {other}"
+        raise WanTrtError(f"--out {out} holds {held}; the decoder's two graphs go into a folder of their own: pick "
+                          "another --out")
     graphs = [(DecoderSpec.from_config(cfg, precision, call), out / call) for call in CALLS]
     manifests = export_graphs(graphs, weights=weights, seed=seed, opset=opset, overwrite=overwrite, onnx=onnx)
     return dict(zip(CALLS, manifests))

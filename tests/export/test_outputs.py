@@ -534,3 +534,17 @@ def test_overwrite_refuses_an_export_holding_a_file_named_dot_json(tmp_path, pla
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert "holds files or folders wan-trt did not write (.json)" in res.output, res.output
     assert (out / ".json").is_file()
+
+
+def test_a_decoder_export_into_a_stream_output_is_refused(tmp_path):
+    """`export --graph decoder --out S` of a stream output S wrote S/first and S/steady into it, after which
+    `stream --out S --overwrite` refused S as holding 'files or folders wan-trt did not write'."""
+    stream = tmp_path / "s"
+    res = CliRunner().invoke(main, ["stream", "--config", CFG, "--blocks", "1", "--no-video", "--out", str(stream)])
+    assert res.exit_code == 0, res.output
+    before = _tree(stream)
+    for overwrite in ([], ["--overwrite"]):
+        res = CliRunner().invoke(main, ["export", "--config", CFG, "--precision", "fp32", "--graph", "decoder",
+                                        "--no-onnx", "--out", str(stream), *overwrite])
+        assert res.exit_code == 1 and f"--out {stream} holds a wan-trt stream output" in res.output, res.output
+        assert _tree(stream) == before
