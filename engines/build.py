@@ -37,6 +37,12 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
         precision = precision or DEFAULT_PRECISION
         path = Path(f"out/{cfg.name}_{precision}_{ops}")
         if not (path / "manifest.json").is_file():
+            empty_folder = path.is_dir() and not any(path.iterdir())
+            if (path.exists() or path.is_symlink()) and not empty_folder:  # the export would be refused there
+                raise WanTrtError(f"--config {config_name}: build exports it into {path} first, which holds no export "
+                                  "(files of yours, or another command's output); move them away, or export it "
+                                  f"yourself: `wan-trt export --config {config_name} --precision {precision} --ops "
+                                  f"{ops} --out DIR`, then `wan-trt build DIR`")
             if before_export is not None:
                 before_export(precision)
             export_transformer(cfg, path, precision, weights, 0 if seed is None else seed, ops)

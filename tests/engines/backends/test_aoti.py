@@ -315,6 +315,23 @@ def test_an_engine_out_without_the_pt2_suffix_is_refused_before_an_export_is_mad
     assert not list(tmp_path.iterdir())  # no export made
 
 
+def test_build_config_where_its_export_folder_holds_no_export_says_what_to_do(tmp_path, monkeypatch):
+    """`build --config C` where out/C_fp32_native held a user's files said "--out out/C_fp32_native is not a wan-trt
+    export ...; --overwrite replaces only wan-trt exports: pick another --out": build's --out names the engine and
+    build has no --overwrite, so neither flag moved the export it makes."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "out" / "universal-small_fp32_native"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine")
+    res = CliRunner().invoke(main, ["build", "--config", "universal-small", "--backend", "aoti", "--device", "cpu",
+                                    "--fp32"])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "out/universal-small_fp32_native" in res.output and "wan-trt export --config universal-small" in \
+        res.output and "--out DIR`, then `wan-trt build DIR`" in res.output, res.output
+    assert "--overwrite" not in res.output and "pick another --out" not in res.output, res.output
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: the package runs")
 def test_checking_a_cuda_package_without_a_gpu_says_what_to_do(aoti, tmp_path):
     """A CUDA package on a machine without a GPU: `check` advised `--device cpu / --provider cpu`, which it does not
