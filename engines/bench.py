@@ -292,6 +292,9 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
             rows = ", ".join(b.name for b in BACKENDS if b.engine_key == key)
             raise WanTrtError(f"{ENGINE_FLAGS[key]} {engine}: --backends has no {key} row ({rows}); add one, or "
                               "drop the flag")
+    if o.overwrite and o.out is None and o.chart is None:  # an option the run would not use is refused, never dropped
+        raise WanTrtError("--overwrite: the bench writes no file without --out or --chart for it to replace; give one "
+                          "or drop --overwrite")
     if o.chart is not None and importlib.util.find_spec("matplotlib") is None:
         raise WanTrtError(f"--chart {o.chart}: drawing it needs matplotlib, which is not installed "
                           "(`pip install matplotlib`); drop --chart or install it")

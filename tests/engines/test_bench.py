@@ -153,6 +153,14 @@ def test_an_engine_whose_export_was_moved_with_it_is_benched_beside_the_runs_row
     assert res.exit_code == 1 and "the export it was built from is not found" in res.output, res.output
 
 
+def test_overwrite_without_out_or_chart_is_refused_before_any_work(plain_export):
+    """`bench --overwrite` without --out or --chart benched every row and wrote nothing for it to replace, without a
+    word (`stream --overwrite` without --out is refused)."""
+    res = _bench([str(plain_export), "--device", "cpu", "--backends", "torch-eager", "--overwrite"])
+    assert res.exit_code == 1 and "--overwrite" in res.output and "--out or --chart" in res.output, res.output
+    assert "bench torch-eager" not in res.output, res.output  # refused before any row ran
+
+
 def test_out_and_chart_never_replace_a_file_bench_did_not_write(plain_export, tmp_path):
     """bench --out EXPORT/manifest.json wrote its report over the export's manifest, exit 0."""
     import shutil
