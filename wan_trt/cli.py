@@ -398,6 +398,9 @@ def build(directory, config_name, backend, precision, precision_alias, ops, devi
                                       ("--weak-typing", weak_typing or None)) if value is not None]
     if given and backend != "tensorrt":  # they would be dropped without a word
         raise WanTrtError(f"{', '.join(given)}: TensorRT build options; --backend {backend} has none")
+    if backend == "tensorrt" and device != "cuda":  # likewise: a plan is built for CUDA whatever --device says
+        raise WanTrtError(f"--device {device}: a TensorRT engine runs on CUDA only; drop --device, or build an "
+                          f"AOTInductor package for the CPU with --backend aoti --device {device}")
     options = BuildOptions(backend=backend, precision=pick_precision(precision, precision_alias, None), ops=ops,
                            device=device, timing_cache=timing_cache, opt_level=3 if opt_level is None else opt_level,
                            weak_typing=weak_typing, out=out, force=force)

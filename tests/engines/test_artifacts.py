@@ -29,9 +29,14 @@ def _build(*args):
     return CliRunner().invoke(main, ["build", *args])
 
 
+def _device(backend, device):
+    """``--device DEVICE`` for an AOTInductor build; none for TensorRT, which refuses any but cuda."""
+    return ["--device", device] if backend == "aoti" else []
+
+
 @pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
 def test_build_refuses_a_seed_the_export_was_not_made_with(plain_export, backend):
-    res = _build(str(plain_export), "--fp32", "--backend", backend, "--device", "cpu", "--seed", "5")
+    res = _build(str(plain_export), "--fp32", "--backend", backend, *_device(backend, "cpu"), "--seed", "5")
     assert res.exit_code == 1 and "--seed 5" in res.output and "exported with --seed 2" in res.output, res.output
 
 
@@ -64,7 +69,8 @@ def test_build_with_a_config_edited_since_its_export_refuses_the_old_export(plai
 @pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
 def test_build_refuses_a_config_the_export_was_not_made_with(plain_export, backend):
     """build DIR --config OTHER built DIR's config and said nothing."""
-    res = _build(str(plain_export), "--config", "gta_drive-small", "--fp32", "--backend", backend, "--device", "cpu")
+    res = _build(str(plain_export), "--config", "gta_drive-small", "--fp32", "--backend", backend,
+                 *_device(backend, "cpu"))
     assert res.exit_code == 1 and res.output.startswith("error: --config gta_drive-small"), res.output
     assert CFG in res.output and not list(plain_export.glob("engine*"))
 
@@ -75,7 +81,7 @@ def test_engine_out_never_replaces_a_file_build_did_not_write(plain_export, tmp_
     notes.write_text("mine")
     for target in (notes, plain_export / "manifest.json"):
         before = target.read_bytes()
-        res = _build(str(plain_export), "--fp32", "--backend", backend, "--device", "cpu", "--out", str(target))
+        res = _build(str(plain_export), "--fp32", "--backend", backend, *_device(backend, "cpu"), "--out", str(target))
         entry = get_backend(backend)
         named = target.suffix == entry.engine_suffix or entry.any_engine_name
         why = "were not written by" if named else f"writes a {entry.engine_suffix} file"
@@ -239,6 +245,14 @@ def test_tensorrt_options_with_another_backend_are_refused(plain_export, flag):
     res = _build(str(plain_export), "--backend", "aoti", "--fp32", "--device", "cpu", *flag)
     assert res.exit_code == 1 and f"{flag[0]}: TensorRT build options; --backend aoti has none" in res.output, \
         res.output
+
+
+def test_a_cpu_device_with_the_tensorrt_backend_is_refused(plain_export):
+    """`build --backend tensorrt --device cpu` dropped --device without a word: a TensorRT plan is always built for
+    CUDA (where TensorRT is missing, the missing TensorRT was all it said)."""
+    res = _build(str(plain_export), "--backend", "tensorrt", "--fp32", "--device", "cpu")
+    assert res.exit_code == 1 and "--device cpu: a TensorRT engine runs on CUDA only" in res.output, res.output
+    assert "Traceback" not in res.output
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -74,8 +74,9 @@ def test_every_buildable_backend_refuses_an_out_it_does_not_write_before_any_wor
     if name.endswith(entry.engine_suffix) or (entry.any_engine_name and not name.endswith(".pt2")):
         pytest.skip(f"{name} is a name --backend {backend} writes (test_the_engine_names_are_the_default_ones)")
     monkeypatch.chdir(tmp_path)
-    res = CliRunner().invoke(main, ["build", "--config", "universal-small", "--fp32", "--backend", backend,
-                                    "--device", "cpu", "--out", str(tmp_path / name)])
+    device = [] if backend == "tensorrt" else ["--device", "cpu"]  # TensorRT refuses any device but cuda
+    res = CliRunner().invoke(main, ["build", "--config", "universal-small", "--fp32", "--backend", backend, *device,
+                                    "--out", str(tmp_path / name)])
     expected = (f"writes a {entry.engine_suffix} file" if not entry.any_engine_name
                 else "a .pt2 file is an engine of --backend aoti")
     assert res.exit_code == 1 and res.output.startswith(f"error: --out {tmp_path / name}: ") and expected in \
