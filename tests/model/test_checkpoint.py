@@ -227,6 +227,15 @@ def test_a_misnamed_file_is_named_by_its_format(tmp_path):
     assert read_state_dict(st).keys() == read_state_dict(pt).keys()
 
 
+@pytest.mark.parametrize("name", ["w.pt", "w.safetensors"])
+def test_an_empty_checkpoint_is_named_as_empty(tmp_path, name):
+    """An empty file (a copy or download that did not finish) was refused as "cannot read it (EOFError: )" (or a
+    safetensors error), which named no cause and no fix."""
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(WanTrtError, match=rf"--weights {re.escape(str(tmp_path / name))}: an empty file"):
+        read_state_dict(tmp_path / name)
+
+
 def test_overflow_advice_names_only_precisions_that_hold_the_values(tmp_path):
     """An fp32 3.4e38 loaded at bf16 was told to pass --precision bf16; a float64 1e300 was told bf16 or fp32."""
     from wan_trt.model.checkpoint import check_values

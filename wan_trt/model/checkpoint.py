@@ -35,6 +35,9 @@ def read_state_dict(path: str | Path, flag: str = "--weights") -> dict[str, torc
     suffix = path.suffix.lower()
     if suffix not in SAFETENSORS + TORCH_SAVE:
         raise WanTrtError(f"{flag} {path}: expected a {', '.join(SAFETENSORS + TORCH_SAVE)} file")
+    if path.stat().st_size == 0:  # the loaders' messages name no cause ("EOFError: ")
+        raise WanTrtError(f"{flag} {path}: an empty file (a copy or download that did not finish?); give the whole "
+                          "checkpoint")
     kind = _format(path)
     if kind is not None and suffix not in kind:  # misnamed: the other loader's message would mislead
         raise WanTrtError(f"{flag} {path}: a {'safetensors' if kind is SAFETENSORS else 'torch.save'} file named "
