@@ -8,7 +8,7 @@ from typing import Any, Callable
 from wan_trt.config import WanConfig
 from wan_trt.config_load import load_config
 from wan_trt.decoder_spec import DecoderSpec
-from wan_trt.digest import file_digest, verify_file
+from wan_trt.digest import verify_file
 from wan_trt.engines.artifact import REBUILD, EngineMetadata
 from wan_trt.engines.backends import BUILDABLE, DEFAULT_BUILD, backend_module, check_engine_name, get_backend
 from wan_trt.errors import WanTrtError
@@ -102,7 +102,7 @@ def check_weight_flags(path: Path, manifest: Manifest, weights: str | None, seed
                               f"{recorded['seed']}), not from a checkpoint; {fix}")
         if not Path(weights).is_file():
             raise WanTrtError(f"--weights {weights}: no such file")
-        if file_digest(weights)["sha256"] != recorded["file_sha256"]:
+        if not manifest.made_from(weights):
             raise WanTrtError(f"--weights {weights}: {path} was exported from another checkpoint "
                               f"({recorded['path']}, other contents); {fix}")
     if seed is not None and seed != recorded["seed"]:

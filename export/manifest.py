@@ -85,6 +85,12 @@ class Manifest:
         self.sha256 = bytes_digest(text.encode())
         return path
 
+    def made_from(self, checkpoint: str | Path) -> bool:
+        """Whether the file ``checkpoint`` holds the bytes this export's weights were read from (their recorded
+        sha256)."""
+        return self.weights["source"] == "checkpoint" and \
+            file_digest(checkpoint)["sha256"] == self.weights["file_sha256"]
+
     def graph_path(self, directory: str | Path) -> Path:
         """The ONNX graph's path; a clear error for an export made without one."""
         if self.graph is None:
@@ -154,6 +160,10 @@ def reference_model(manifest: "Manifest", dtype, device):
     if path and not Path(path).is_file():
         raise WanTrtError(f"the graph's checkpoint {path} is not on this machine; the check needs it to "
                           "rebuild the PyTorch reference")
+    if path and not manifest.made_from(path):  # the weights in the graph's precision alone miss a rewrite below it
+        raise WanTrtError(f"the graph's checkpoint {path} has changed since it was exported (its sha256 is not the "
+                          "one recorded): a PyTorch model rebuilt from it is not the graph's; put the exported "
+                          "checkpoint back, or re-export")
     return graph_kind(manifest.spec).build(manifest.spec.config, dtype, device, path, w.get("seed", 0))
 
 

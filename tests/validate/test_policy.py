@@ -225,3 +225,21 @@ def test_a_backend_whose_output_has_another_shape_is_refused_saying_which(export
                                                     f"{shape}")):
         check_runner(export_dir, manifest, backend, CheckOptions(blocks=1, save_results=False))
     assert not (export_dir / "check" / "report_torch.json").exists()
+
+
+def test_a_checkpoint_rewritten_since_its_export_is_not_taken_for_the_fp32_reference(tmp_path):
+    """Only the weights in the graph's precision were verified: the exported fp32 checkpoint rewritten as its own
+    fp16 rounding (the fp16 model's weights unchanged) gave an fp16 check another fp32 reference, and it passed
+    against it, its report giving errors against a model that was not the graph's. The check refuses it."""
+    from safetensors.torch import load_file, save_file
+
+    from wan_trt.model import build_model
+    from wan_trt.model.checkpoint import save_checkpoint
+    cfg = load_config("universal-small")
+    checkpoint = save_checkpoint(build_model(cfg, seed=11), tmp_path / "ckpt.safetensors")
+    export_transformer(cfg, tmp_path / "export", "fp16", weights=str(checkpoint), onnx=False)
+    manifest = Manifest.read(tmp_path / "export")
+    backend = TorchRunner(build_model(cfg, torch.float16, weights=checkpoint), manifest.spec)
+    save_file({k: v.half().float() for k, v in load_file(checkpoint).items()}, str(checkpoint))
+    with pytest.raises(WanTrtError, match=re.escape(f"checkpoint {checkpoint.resolve()} has changed since")):
+        check_runner(tmp_path / "export", manifest, backend, CheckOptions(stream=False, save_results=False))
