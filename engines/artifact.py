@@ -235,11 +235,13 @@ def check_unchanged(engine: Path, verified: tuple) -> None:
 def install_engine(partial: Path, engine: Path, meta: EngineMetadata) -> None:
     """Record ``partial``'s size and sha256 in ``meta``, write ``engine``.json, then rename ``partial`` to ``engine``.
 
-    The metadata goes first: an interruption in between leaves metadata that the old file does not
-    match, so the next build rebuilds instead of reusing it. Refused, with nothing installed, when the
+    The earlier checks' reports of ``engine`` go first, then the metadata: an interruption in between leaves
+    metadata that the old file does not match, so the next build rebuilds instead of reusing it. Refused, with nothing installed, when the
     export it was built from is no longer at its folder (an `export --overwrite` while it built).
     """
     check_export_unchanged(meta)
+    from wan_trt.validate.check import clear_checks_of  # deferred: the check imports the engines
+    clear_checks_of(engine, Path(meta.export_dir))  # they vouch for the file replaced
     meta.engine_file = file_digest(partial)
     write_file(meta.path_for(engine), json.dumps(asdict(meta), indent=2).encode())  # the usual file mode
     if partial.is_file():  # mkstemp's files are private: a serving account could not read the engine

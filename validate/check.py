@@ -38,7 +38,8 @@ from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.errors import WanTrtError
-from wan_trt.export.decoder import read_transformer
+from wan_trt.decoder_spec import CALLS
+from wan_trt.export.decoder import decoder_dirs, read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
 from wan_trt.outputs import (CHECK_REPORT_KEYS, json_values, json_with_keys, output_lock, place_staged, run_results,
@@ -110,6 +111,33 @@ def clear_report(*paths: Path) -> None:
             if staged_by_check(staging):
                 staging.unlink(missing_ok=True)
                 logger.info("%s: removed, left by a check of the same target that was killed", staging)
+
+
+def clear_checks_of(engine: Path, export: Path) -> None:
+    """Remove the reports (and their RunResults) of earlier checks that ran ``engine``, built from ``export`` (their
+    target, or an engine they ran, is its path): a build replacing the engine calls it, as no check ran the new
+    file. A rebuilt engine's path kept its old report, saying ok: true. Reports of the export's other targets stay."""
+    dirs = decoder_dirs(export.parent) if export.name in CALLS else None  # a decoder's report is in steady/
+    directories = list(dirs.values()) if dirs else [export]
+    path = str(Path(engine).resolve())
+    for directory in directories:
+        for report in sorted((directory / RESULTS_DIR).glob("report_*.json")):
+            data = json_with_keys(report, CHECK_REPORT_KEYS) if not report.is_symlink() else None
+            if data is None or path not in _paths_run(data):
+                continue
+            name = report.name.removeprefix("report_").removesuffix(".json")
+            for results in (results_path(d, name) for d in directories):
+                if run_results(results):
+                    results.unlink()
+            report.unlink()
+            logger.info("%s: removed, the report of the engine this build replaces", report)
+
+
+def _paths_run(report: dict[str, Any]) -> list[Any]:
+    """The files a check ``report`` (as read) names as checked: its target, and a decoder's two engines."""
+    engines = report.get("engines")
+    pair = [e.get("path") for e in engines.values() if isinstance(e, dict)] if isinstance(engines, dict) else []
+    return [report.get("target"), *pair]
 
 
 @contextlib.contextmanager

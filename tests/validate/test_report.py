@@ -2,6 +2,7 @@
 earlier check, and strict JSON."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -331,3 +332,23 @@ def test_a_second_check_of_a_target_being_checked_is_refused_and_the_first_keeps
     assert json.loads((export / "check" / "report_engine_a.pt2.json").read_text())["options"]["blocks"] == 1
     assert sorted(p.name for p in (export / "check").iterdir()) == ["report_engine_a.pt2.json",
                                                                     "run_results_engine_a.pt2.json"]  # no lock left
+
+
+def test_a_rebuilt_engine_keeps_no_report_of_the_engine_it_replaced(two_engines, monkeypatch):
+    """A build that replaced a checked engine (`build --force`, or a rebuild for newer tools) left the old engine's
+    report and RunResults in check/, still saying ok: true for the engine's path, which now held an engine no check
+    had run. They go with the engine they were of; another engine's stay."""
+    import torch
+
+    from wan_trt.engines.backends.aoti import build_aoti
+    export, engines = two_engines
+    for engine in engines:
+        check_engine(engine, CheckOptions(stream=False, save_results=True))
+    rebuilt = engines[0].read_bytes() + b"\0"  # another build's bytes: Inductor is not under test
+
+    def compile_stand_in(program, package_path):
+        Path(package_path).write_bytes(rebuilt)
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_stand_in)
+    build_aoti(export, engines[0], device="cpu", force=True)
+    assert sorted(p.name for p in (export / "check").iterdir()) == ["report_engine_b.pt2.json",
+                                                                    "run_results_engine_b.pt2.json"]
