@@ -31,14 +31,15 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from wan_trt.engines.artifact import EngineMetadata, export_for_engine
+from wan_trt.decoder_spec import CALLS
+from wan_trt.digest import file_identity
+from wan_trt.engines.artifact import EngineMetadata, check_unchanged, export_for_engine
 from wan_trt.engines.backends import backend_module, get_backend
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.errors import WanTrtError
-from wan_trt.decoder_spec import CALLS
 from wan_trt.export.decoder import decoder_dirs, read_transformer
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import logger, stage
@@ -576,6 +577,18 @@ def check_export(directory: str | Path, options: CheckOptions = CheckOptions()) 
     return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass, identity=identity)
 
 
+def verified_runners(engine: Path, meta: EngineMetadata, manifest: Manifest) -> tuple[Runner, Any]:
+    """The check's runners of ``engine`` (its backend's ``check_runners``), the file verified against ``meta``
+    first, before any deserialization: the report gives that sha256. Refused if the file was replaced before the
+    runners took it (their own verification reads the metadata again): a build installing another engine meanwhile
+    had it run, and pass, under the sha256 of the one it replaced."""
+    verified = file_identity(engine)
+    meta.check_against(manifest, engine)
+    runners = backend_module(get_backend(meta.backend)).check_runners(engine, manifest)
+    check_unchanged(engine, verified)
+    return runners
+
+
 def check_engine(engine: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
     """Check a built engine (any registered backend that builds one) against PyTorch.
 
@@ -587,8 +600,7 @@ def check_engine(engine: str | Path, options: CheckOptions = CheckOptions()) -> 
     meta = EngineMetadata.read(engine)
     directory, manifest = export_for_engine(engine, meta)
     identity = identities_of_read({directory: manifest}, "it")  # before the engine is verified and loaded
-    meta.check_against(manifest, engine)  # the engine file itself, before any deserialization
     require_polygraphy()
-    backend, single_pass = backend_module(get_backend(meta.backend)).check_runners(engine, manifest)
+    backend, single_pass = verified_runners(engine, meta, manifest)
     return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass, target=engine,
                         engine_sha256=meta.engine_file.get("sha256"), identity=identity)

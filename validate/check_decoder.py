@@ -36,7 +36,8 @@ from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (DEFAULT_BLOCKS, CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                     check_single_pass, clear_report, engine_report_name, folder_identities,
                                     former_report_name, identities_of_read, report_locked, report_path,
-                                    require_blocks_fit, require_polygraphy, results_path, results_staged, write_report)
+                                    require_blocks_fit, require_polygraphy, results_path, results_staged,
+                                    verified_runners, write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
@@ -200,9 +201,6 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
     require_history_check(options)
     pair = paired_engines(target)  # the two engines, of one decoder's two exports
     identity = identities_of_read({e.directory: e.manifest for e in pair.values()}, "the decoder")  # before loading
-    for e in pair.values():
-        e.meta.check_against(e.manifest, e.path)
-    runners = {call: backend_module(get_backend(e.meta.backend)).check_runners(e.path, e.manifest)[0]
-               for call, e in pair.items()}
+    runners = {call: verified_runners(e.path, e.meta, e.manifest)[0] for call, e in pair.items()}
     return check_decoder({c: e.directory for c, e in pair.items()}, {c: e.manifest for c, e in pair.items()},
                          runners, options, pair, target, identity)

@@ -352,3 +352,29 @@ def test_a_rebuilt_engine_keeps_no_report_of_the_engine_it_replaced(two_engines,
     build_aoti(export, engines[0], device="cpu", force=True)
     assert sorted(p.name for p in (export / "check").iterdir()) == ["report_engine_b.pt2.json",
                                                                     "run_results_engine_b.pt2.json"]
+
+
+def test_an_engine_replaced_once_the_check_verified_it_is_not_run_under_the_replaced_ones_sha256(two_engines,
+                                                                                                 monkeypatch):
+    """The check verified the engine against its metadata, then its runner read the metadata again and verified and
+    loaded what was there by then: an engine a build installed in between ran, and passed, under the sha256 of the
+    one it replaced. The check refuses it now."""
+    import zipfile
+
+    import wan_trt.engines.backends.aoti as aoti
+    from wan_trt.engines.artifact import EngineMetadata, install_engine
+    export, engines = two_engines
+    rebuild = shutil.copy(engines[0], export / "rebuild.pt2")
+    with zipfile.ZipFile(rebuild) as pkg:
+        folder = pkg.namelist()[0].split("/")[0]
+    with zipfile.ZipFile(rebuild, "a") as pkg:  # another build of the same package: other bytes, it loads
+        pkg.writestr(f"{folder}/rebuilt.txt", "another build")
+    real = aoti.check_runners
+
+    def rebuilt_meanwhile(engine, manifest):
+        install_engine(rebuild, engines[0], EngineMetadata.read(engines[0]))
+        return real(engine, manifest)
+    monkeypatch.setattr(aoti, "check_runners", rebuilt_meanwhile)
+    with pytest.raises(WanTrtError, match="engine_a.pt2 was replaced or rewritten since it was verified"):
+        check_engine(engines[0], CheckOptions(stream=False, save_results=False))
+    assert not (export / "check" / "report_engine_a.pt2.json").exists()
