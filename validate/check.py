@@ -446,7 +446,8 @@ DEFAULT_BLOCKS = {"pass": 8, "decoder": 3}
 
 def folder_identities(*directories: Path) -> dict[Path, tuple[int, int] | None]:
     """(device, inode) of each folder: `export --overwrite` swaps a new folder in under the same path. A check
-    takes them before it reads a manifest, so that what it reads and what it vouches for are of one folder."""
+    takes them before it reads a manifest, so that what it reads and what it vouches for are of one folder; and
+    of an engine file, which a build replaces the same way."""
     return {d: _folder_identity(d) for d in directories}
 
 
@@ -476,10 +477,12 @@ def identities_of_read(manifests: dict[Path, Manifest], checked: str) -> dict[Pa
 
 
 def _refuse_replaced(replaced: list[Path], checked: str) -> None:
+    folders = [Path(p).resolve() for p in replaced]
+    replaced = [p for p in replaced if not any(f in Path(p).resolve().parents for f in folders)]  # an engine inside one
     if replaced:
         raise WanTrtError(f"{', '.join(map(str, replaced))} {'was' if len(replaced) == 1 else 'were'} replaced while "
-                          f"{checked} was checked (by an `export --overwrite`?): this check's numbers are not those of "
-                          "what is there now, so no report was written; check it again")
+                          f"{checked} was checked (by an `export --overwrite` or a build?): this check's numbers are not "
+                          "those of what is there now, so no report was written; check it again")
 
 
 class StagedResults(NamedTuple):
@@ -599,7 +602,9 @@ def check_engine(engine: str | Path, options: CheckOptions = CheckOptions()) -> 
     engine = Path(engine)
     meta = EngineMetadata.read(engine)
     directory, manifest = export_for_engine(engine, meta)
-    identity = identities_of_read({directory: manifest}, "it")  # before the engine is verified and loaded
+    # before the engine is verified and loaded: its export folder and the engine file itself (a build renames a new
+    # one over it) must be those read when the report is written
+    identity = {**identities_of_read({directory: manifest}, "it"), **folder_identities(engine)}
     require_polygraphy()
     backend, single_pass = verified_runners(engine, meta, manifest)
     return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass, target=engine,

@@ -200,7 +200,8 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
         return check_engine(target, options)
     require_history_check(options)
     pair = paired_engines(target)  # the two engines, of one decoder's two exports
-    identity = identities_of_read({e.directory: e.manifest for e in pair.values()}, "the decoder")  # before loading
+    identity = {**identities_of_read({e.directory: e.manifest for e in pair.values()}, "the decoder"),  # before loading
+                **folder_identities(*(e.path for e in pair.values()))}
     runners = {call: verified_runners(e.path, e.meta, e.manifest)[0] for call, e in pair.items()}
     return check_decoder({c: e.directory for c, e in pair.items()}, {c: e.manifest for c, e in pair.items()},
                          runners, options, pair, target, identity)

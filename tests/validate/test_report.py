@@ -378,3 +378,26 @@ def test_an_engine_replaced_once_the_check_verified_it_is_not_run_under_the_repl
     with pytest.raises(WanTrtError, match="engine_a.pt2 was replaced or rewritten since it was verified"):
         check_engine(engines[0], CheckOptions(stream=False, save_results=False))
     assert not (export / "check" / "report_engine_a.pt2.json").exists()
+
+
+def test_a_check_whose_engine_a_build_replaced_while_it_ran_writes_no_report(two_engines, monkeypatch):
+    """A build that installed another engine while a check of its path ran (the check had loaded the old one) left
+    the check's report, written at its end, saying ok: true for the path, which held an engine no check had run."""
+    import zipfile
+
+    import wan_trt.validate.check as check
+    from wan_trt.engines.artifact import EngineMetadata, install_engine
+    export, engines = two_engines
+    rebuild = shutil.copy(engines[0], export / "rebuild.pt2")
+    with zipfile.ZipFile(rebuild, "a") as pkg:  # another build's bytes
+        pkg.writestr("rebuilt.txt", "another build")
+    real = check.check_single_pass
+
+    def rebuilt_meanwhile(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        install_engine(rebuild, engines[0], EngineMetadata.read(engines[0]))
+        return rows
+    monkeypatch.setattr(check, "check_single_pass", rebuilt_meanwhile)
+    with pytest.raises(WanTrtError, match="engine_a.pt2 was replaced while it was checked"):
+        check_engine(engines[0], CheckOptions(stream=False, save_results=True))
+    assert not list((export / "check").glob("*engine_a*"))
