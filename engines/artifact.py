@@ -236,8 +236,9 @@ def install_engine(partial: Path, engine: Path, meta: EngineMetadata) -> None:
     """Record ``partial``'s size and sha256 in ``meta``, write ``engine``.json, then rename ``partial`` to ``engine``.
 
     The earlier checks' reports of ``engine`` go first, then the metadata: an interruption in between leaves
-    metadata that the old file does not match, so the next build rebuilds instead of reusing it. Refused, with nothing installed, when the
-    export it was built from is no longer at its folder (an `export --overwrite` while it built).
+    metadata that the old file does not match, so the next build rebuilds instead of reusing it. Refused, with
+    nothing installed, when the export it was built from is no longer at its folder (an `export --overwrite` while
+    it built).
     """
     check_export_unchanged(meta)
     from wan_trt.validate.check import clear_checks_of  # deferred: the check imports the engines

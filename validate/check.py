@@ -477,12 +477,12 @@ def identities_of_read(manifests: dict[Path, Manifest], checked: str) -> dict[Pa
 
 
 def _refuse_replaced(replaced: list[Path], checked: str) -> None:
-    folders = [Path(p).resolve() for p in replaced]
-    replaced = [p for p in replaced if not any(f in Path(p).resolve().parents for f in folders)]  # an engine inside one
+    folders = [Path(p).resolve() for p in replaced]  # an engine inside a replaced folder goes without saying
+    replaced = [p for p in replaced if not any(f in Path(p).resolve().parents for f in folders)]
     if replaced:
         raise WanTrtError(f"{', '.join(map(str, replaced))} {'was' if len(replaced) == 1 else 'were'} replaced while "
-                          f"{checked} was checked (by an `export --overwrite` or a build?): this check's numbers are not "
-                          "those of what is there now, so no report was written; check it again")
+                          f"{checked} was checked (by an `export --overwrite` or a build?): this check's numbers are "
+                          "not those of what is there now, so no report was written; check it again")
 
 
 class StagedResults(NamedTuple):
