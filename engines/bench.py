@@ -54,7 +54,7 @@ from wan_trt.model import decoder_config
 from wan_trt.pipeline import ReferencePipeline
 from wan_trt.profiling import (allocated_memory_gib, op_class_profile, peak_memory_gib, provenance,
                                reset_peak_memory, summarize_ms, synchronize)
-from wan_trt.outputs import check_out_file, json_with_keys, write_file
+from wan_trt.outputs import json_with_keys, locked_out_file, write_file
 from wan_trt.spec import LATENTS
 from wan_trt.stream import NoiseSource, synthetic_stream
 
@@ -342,12 +342,21 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
                           f"timed apart from the steady ones; give --blocks {warmup + 1} or more")
     if out is not None and chart is not None and Path(out).resolve() == Path(chart).resolve():
         raise WanTrtError(f"--out and --chart are both {out}: the chart would replace the report; give two files")
-    for flag, path, written, what in (("--out", out, is_report, "wan-trt bench report"),
-                                      ("--chart", chart, is_chart,
-                                       "chart wan-trt bench drew (an older wan-trt's charts carry no mark)")):
-        if path is not None:
-            check_out_file(Path(path), flag, written, what, overwrite=o.overwrite)
-    bench = Bench(Path(directory), o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
+    with contextlib.ExitStack() as locks:  # held to the end: a second bench writing one of them fails at once
+        for flag, path, written, what in (("--out", out, is_report, "wan-trt bench report"),
+                                          ("--chart", chart, is_chart,
+                                           "chart wan-trt bench drew (an older wan-trt's charts carry no mark)")):
+            if path is not None:
+                locks.enter_context(locked_out_file(Path(path), flag, written, what, overwrite=o.overwrite,
+                                                    writer="bench"))
+        return _bench_rows(Path(directory), o, backends, named, other_rows, backend_profiles, decoder_spec)
+
+
+def _bench_rows(directory: Path, o: BenchOptions, backends: list[str], named: bool, other_rows: dict[str, Any],
+                backend_profiles: list[str], decoder_spec: Any) -> dict[str, Any]:
+    """:func:`run_bench` once its request is judged and its outputs locked: every row, saved after each."""
+    blocks, out, chart = o.blocks, o.out, o.chart
+    bench = Bench(directory, o.device, {k: Path(v) if v else None for k, v in o.engines.items()})
     cfg = bench.spec.config
     if o.end_to_end:
         check_attachable(decoder_spec, bench.spec)

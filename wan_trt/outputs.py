@@ -317,6 +317,15 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
     return owned + stale
 
 
+def make_parent(path: Path, flag: str) -> None:
+    """The folder ``path`` goes in, made if missing (where it can be: :func:`check_parent_chain`)."""
+    check_parent_chain(path.resolve(), flag)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error_message(exc, f"creating the folder of {flag} {path}", f"pick another {flag}") or exc
+
+
 @contextlib.contextmanager
 def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: Sequence[Path] = (),
                what: str = "export") -> Iterator[Path]:
@@ -328,11 +337,7 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
     OSErrors a user can fix (disk full, permissions) become one WanTrtError naming ``out``.
     """
     out = followed(out)
-    check_parent_chain(out.resolve(), "--out")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise os_error_message(exc, f"creating the folder of --out {out}", "pick another --out") or exc
+    make_parent(out, "--out")
     with output_lock(out, what):
         old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect, what=what)  # again, now locked
         _remove_stale_staging(out)
@@ -461,6 +466,17 @@ def check_out_file(path: Path, flag: str, written: Callable[[Path], bool], what:
                           "away yourself")
     if not overwrite:
         raise WanTrtError(f"{flag} {path} holds an earlier {what}; pass --overwrite to replace it")
+
+
+@contextlib.contextmanager
+def locked_out_file(path: Path, flag: str, written: Callable[[Path], bool], what: str, *, overwrite: bool,
+                    writer: str) -> Iterator[None]:
+    """Hold ``path``'s lock while a ``writer`` run writes it, once :func:`check_out_file` allows it under the lock:
+    a second run writing the same file fails at once."""
+    make_parent(path, flag)
+    with output_lock(path, writer):
+        check_out_file(path, flag, written, what, overwrite=overwrite)
+        yield
 
 
 def write_file(path: Path, data: bytes) -> None:

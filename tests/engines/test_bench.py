@@ -1,6 +1,9 @@
 """``wan-trt bench``: names checked before any work, named backends must run, failures are failures."""
 import json
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -524,3 +527,23 @@ def test_a_dit_engine_given_as_the_decoder_engine_is_refused_as_such(plain_expor
     assert res.exit_code == 1 and f"decoder engine {engine}" in res.output, res.output
     assert "is not first/ or steady/ of a decoder export" in res.output, res.output
     assert f"wan-trt build {tmp_path}`" not in res.output, res.output
+
+
+def test_a_second_bench_writing_the_same_report_fails_at_once(plain_export, tmp_path):
+    """Two benches given one --out (and --overwrite) both wrote it: the rows of one run went into the other's
+    progress file, and the report left was whichever finished last. The second now fails at once, as a second export
+    to one folder does; the first runs on and writes its report."""
+    out = tmp_path / "bench.json"
+    args = [str(plain_export), "--device", "cpu", "--blocks", "40", "--backends", "torch-eager", "--out", str(out)]
+    first = subprocess.Popen([sys.executable, "-m", "wan_trt.cli", "bench", *args], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until its first save: it holds its lock and is benching
+        assert first.poll() is None, first.stderr.read()
+        res = _bench(args[:-6] + ["--blocks", "2", "--backends", "torch-eager", "--out", str(out), "--overwrite"])
+        assert res.exit_code == 1 and "another wan-trt bench is writing" in res.output, res.output
+    finally:
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert json.loads(out.read_text())["blocks"] == 40 and json.loads(out.read_text())["complete"]
