@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from wan_trt.digest import bytes_digest, file_digest, verify_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest_schema import FORMAT, parse_manifest, recorded_files
@@ -154,7 +156,22 @@ class Manifest:
 def reference_model(manifest: "Manifest", dtype, device):
     """The PyTorch module holding the graph's weights (same seed or checkpoint), in ``dtype`` on ``device``:
     the DiT for a pass, the video decoder for a decoder graph."""
+    return _build_reference(manifest, _reference_checkpoint(manifest), dtype, device)
 
+
+def reference_models(manifest: "Manifest", device) -> tuple[Any, Any]:
+    """The graph's PyTorch module in the graph's precision, its weights verified to be the graph's, and in fp32 (the
+    same module for an fp32 graph): a check's yardstick and reference. A checkpoint is read and hashed once for
+    both."""
+    path = _reference_checkpoint(manifest)
+    low = _build_reference(manifest, path, manifest.spec.dtype, device)
+    verify_weights(manifest, low)
+    fp32 = low if manifest.spec.precision == "fp32" else _build_reference(manifest, path, torch.float32, device)
+    return low, fp32
+
+
+def _reference_checkpoint(manifest: "Manifest") -> str | None:
+    """The checkpoint the graph's weights were read from (None: seeded), checked to be here and unchanged."""
     w = manifest.weights
     path = w.get("path") if w["source"] == "checkpoint" else None
     if path and not Path(path).is_file():
@@ -164,7 +181,11 @@ def reference_model(manifest: "Manifest", dtype, device):
         raise WanTrtError(f"the graph's checkpoint {path} has changed since it was exported (its sha256 is not the "
                           "one recorded): a PyTorch model rebuilt from it is not the graph's; put the exported "
                           "checkpoint back, or re-export")
-    return graph_kind(manifest.spec).build(manifest.spec.config, dtype, device, path, w.get("seed", 0))
+    return path
+
+
+def _build_reference(manifest: "Manifest", path: str | None, dtype, device):
+    return graph_kind(manifest.spec).build(manifest.spec.config, dtype, device, path, manifest.weights.get("seed", 0))
 
 
 def verify_weights(manifest: "Manifest", model) -> None:

@@ -41,7 +41,7 @@ from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.finite import NonFiniteBlock
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import decoder_dirs, read_transformer
-from wan_trt.export.manifest import Manifest, reference_model, verify_weights
+from wan_trt.export.manifest import Manifest, reference_models
 from wan_trt.log import logger, stage
 from wan_trt.outputs import (CHECK_REPORT_KEYS, json_values, json_with_keys, output_lock, place_staged, run_results,
                              staged_by_check, staging_file, write_file, writing, written_by_check)
@@ -544,9 +544,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
         clear_report(path, results, *((report_path(directory, former), results_path(directory, former)) if former
                                       else ()))
         with stage("rebuild the PyTorch references"):
-            low = reference_model(manifest, spec.dtype, device)
-            verify_weights(manifest, low)
-            fp32 = low if spec.precision == "fp32" else reference_model(manifest, torch.float32, device)
+            low, fp32 = reference_models(manifest, device)
         report = CheckReport(backend.name, spec.precision, target=str(Path(target or directory).resolve()),
                              engine_sha256=engine_sha256, device=device, options=dataclasses.asdict(o))
         reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))

@@ -29,7 +29,7 @@ from wan_trt.engines.runtime.decoder import DecoderStream, PairedEngine, paired_
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import decoder_dirs, read_decoder
-from wan_trt.export.manifest import MANIFEST, Manifest, reference_model, verify_weights
+from wan_trt.export.manifest import MANIFEST, Manifest, reference_models
 from wan_trt.export.manifest_schema import recorded_files
 from wan_trt.log import logger, stage
 from wan_trt.spec import LATENTS
@@ -76,9 +76,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
         clear_report(path, *results.values(), *((report_path(dirs["steady"], former),
                                                  *(results_path(dirs[c], former) for c in CALLS)) if former else ()))
         with stage("rebuild the PyTorch decoders"):
-            low = reference_model(manifests["steady"], spec.dtype, device)
-            verify_weights(manifests["steady"], low)
-            fp32 = low if spec.precision == "fp32" else reference_model(manifests["steady"], torch.float32, device)
+            low, fp32 = reference_models(manifests["steady"], device)
         engines = {c: {"path": str(e.path.resolve()), "sha256": e.meta.engine_file.get("sha256")}
                    for c, e in (pair or {}).items()}
         target = Path(named if named is not None else
