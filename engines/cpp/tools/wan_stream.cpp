@@ -19,10 +19,10 @@
 // --cuda-graph on the CPU, --tensorrt with a flag its runner does not honour (--cuda-graph, a --device other than
 // the current CUDA device), an --engine or --decoder built for another kind of device than --device's (the library's
 // check_built_for, asked as soon as their runtime files are read), a TensorRT plan without --tensorrt (by the
-// library's AotiRunner, once it has verified the plan),
-// --out or --frames that is a folder, lies in no folder, is a file the run reads (or the other output), or exists
-// (--overwrite replaces only a tensor file such as a run writes), more --blocks than the inputs hold or a stream reaches from their first block, a --seed outside
-// 0..2^32-1, a defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504),
+// library's AotiRunner, once it has verified the plan), --out or --frames that is a folder, lies in no folder, is a
+// file the run reads (or the other output), or exists (--overwrite replaces only a tensor file such as a run writes),
+// more --blocks than the inputs hold or a stream reaches from their first block, a --seed outside 0..2^32-1, a
+// defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504),
 // an --inputs file that is not one (a folder, a pipe, unreadable, no file torch.save wrote or one libtorch cannot load,
 // not a dict, keys missing or unknown, actions the engine takes missing (unless --actions gives them) or ones it does
 // not take, a field of another type or of another shape than the engine's) or whose first_block lies beyond a stream's
