@@ -317,13 +317,27 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
     return owned + stale
 
 
-def make_parent(path: Path, flag: str) -> None:
-    """The folder ``path`` goes in, made if missing (where it can be: :func:`check_parent_chain`)."""
+def make_parent(path: Path, flag: str) -> list[Path]:
+    """The folder ``path`` goes in, made if missing (where it can be: :func:`check_parent_chain`). Returns the
+    folders made, deepest first (for :func:`remove_made`)."""
     check_parent_chain(path.resolve(), flag)
+    parent = path.resolve().parent
+    missing = [p for p in (parent, *parent.parents) if not p.exists()]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise os_error_message(exc, f"creating the folder of {flag} {path}", f"pick another {flag}") or exc
+    return missing
+
+
+def remove_made(folders: list[Path]) -> None:
+    """Remove the folders :func:`make_parent` made (deepest first) that are still empty: a refused or failed
+    write leaves none of them behind."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # something is in it now (another output), or it is gone: leave it and those above
+            return
 
 
 @contextlib.contextmanager
@@ -337,24 +351,28 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
     OSErrors a user can fix (disk full, permissions) become one WanTrtError naming ``out``.
     """
     out = followed(out)
-    make_parent(out, "--out")
-    with output_lock(out, what):
-        old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect, what=what)  # again, now locked
-        _remove_stale_staging(out)
-        staging = None
-        try:
-            staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-            staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export gets the usual mode
-            (staging / MARKER).write_text(marker_text(what))
-            yield staging
-            _swap_into_place(staging, out, old, what)
-        except OSError as exc:
-            raise os_error_message(exc, f"writing the {what} --out {out}",
-                                   f"free space there or pick another --out; the previous {what}, if any, "
-                                   "is unchanged") or exc
-        finally:
-            if staging is not None and staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+    made = make_parent(out, "--out")
+    try:
+        with output_lock(out, what):
+            old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect, what=what)  # again, locked
+            _remove_stale_staging(out)
+            staging = None
+            try:
+                staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+                staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export gets the usual mode
+                (staging / MARKER).write_text(marker_text(what))
+                yield staging
+                _swap_into_place(staging, out, old, what)
+            except OSError as exc:
+                raise os_error_message(exc, f"writing the {what} --out {out}",
+                                       f"free space there or pick another --out; the previous {what}, if any, "
+                                       "is unchanged") or exc
+            finally:
+                if staging is not None and staging.exists():
+                    shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        remove_made(made)
+        raise
 
 
 def marker_text(what: str) -> str:
@@ -472,11 +490,15 @@ def check_out_file(path: Path, flag: str, written: Callable[[Path], bool], what:
 def locked_out_file(path: Path, flag: str, written: Callable[[Path], bool], what: str, *, overwrite: bool,
                     writer: str) -> Iterator[None]:
     """Hold ``path``'s lock while a ``writer`` run writes it, once :func:`check_out_file` allows it under the lock:
-    a second run writing the same file fails at once."""
-    make_parent(path, flag)
-    with output_lock(path, writer):
-        check_out_file(path, flag, written, what, overwrite=overwrite)
-        yield
+    a second run writing the same file fails at once. A run that fails leaves no folder this made, if still empty."""
+    made = make_parent(path, flag)
+    try:
+        with output_lock(path, writer):
+            check_out_file(path, flag, written, what, overwrite=overwrite)
+            yield
+    except BaseException:
+        remove_made(made)
+        raise
 
 
 def write_file(path: Path, data: bytes) -> None:

@@ -250,6 +250,20 @@ def test_a_refused_decoder_re_export_leaves_both_graphs_as_they_were(tmp_path):
     assert _decoder_seeds(out) == {"first": 4, "steady": 4}
 
 
+@pytest.mark.parametrize("graph", ["decoder", "dit"])
+def test_an_export_refused_for_its_checkpoint_leaves_no_folder_it_made(tmp_path, graph):
+    """A decoder export (or one into a folder not there yet) whose checkpoint was refused after its staging began
+    left the --out folder it had made, empty: the decoder's OUT (it holds first/ and steady/), a DiT export's
+    missing parent folders."""
+    wrong = tmp_path / "wrong.pth"
+    torch.save({"decoder.1.weight": torch.zeros(256, 16, 3, 3)}, wrong)  # neither a VAE nor a DiT checkpoint
+    out = tmp_path / "new" / "deeper" / "out"
+    flags = ["--graph", "decoder", "--vae-weights"] if graph == "decoder" else ["--weights"]
+    res = CliRunner().invoke(main, ["export", "--config", CFG, "--no-onnx", "--out", str(out), *flags, str(wrong)])
+    assert res.exit_code == 1 and "missing key(s)" in res.output, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wrong.pth"]
+
+
 def test_a_decoder_re_export_that_fails_midway_changes_neither_graph(tmp_path, monkeypatch):
     """A write that fails while the second graph is exported (a full disk, a kill) left the first replaced."""
     import errno

@@ -548,3 +548,16 @@ def test_a_decoder_export_into_a_stream_output_is_refused(tmp_path):
                                         "--no-onnx", "--out", str(stream), *overwrite])
         assert res.exit_code == 1 and f"--out {stream} holds a wan-trt stream output" in res.output, res.output
         assert _tree(stream) == before
+
+
+def test_a_run_that_fails_under_a_locked_out_file_leaves_no_folder_it_made(tmp_path):
+    """`wan-trt bench --out new/folder/bench.json` that failed left new/folder behind, empty."""
+    from wan_trt.outputs import locked_out_file
+    (tmp_path / "kept").mkdir()
+    for parent in (tmp_path / "new" / "folder", tmp_path / "kept"):
+        with pytest.raises(RuntimeError, match="the run failed"):
+            with locked_out_file(parent / "bench.json", "--out", lambda p: True, "bench report", overwrite=False,
+                                 writer="bench"):
+                assert parent.is_dir()
+                raise RuntimeError("the run failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # the folder that was there stays
