@@ -35,7 +35,6 @@ from wan_trt.errors import WanTrtError, failure_text
 from wan_trt.export.decoder import read_decoder
 from wan_trt.export.manifest import Manifest, reference_model
 from wan_trt.log import logger, stage
-from wan_trt.model.vae import VideoDecoder
 from wan_trt.profiling import op_class_profile, peak_memory_gib, reset_peak_memory, summarize_ms, synchronize
 from wan_trt.validate.check_decoder import stream_latents
 
@@ -79,7 +78,7 @@ def time_blocks(decode: Callable[[int, torch.Tensor], Any], latents: torch.Tenso
     return seconds
 
 
-def reference_decode(module: VideoDecoder, compile: bool) -> Callable[[int, torch.Tensor], None]:
+def reference_decode(module: torch.nn.Module, compile: bool) -> Callable[[int, torch.Tensor], None]:
     """Upstream's way: one latent frame per call, the stream's first frame by the first-frame rule."""
     fn = torch.compile(module) if compile else module
     state = {}
@@ -159,7 +158,7 @@ def bench_decoder(directory: Path, engine: Path | None, device: str, blocks: int
                        if len(variants) == 1 and f"{variants[0]}+cudagraph" in BY_NAME else {})
         for name in variants:
             run_row(name, lambda: bench_engine(name), f"bench decoder {name}")
-    report = {"export": str(directory), "precision": spec.precision, "flops_per_block": flops,
+    report = {"export": str(directory), "graph": spec.KIND, "precision": spec.precision, "flops_per_block": flops,
               "roofline_ms_dense_bf16_h100": roofline_ms(flops["steady"]), "rows": rows, "skipped": skipped,
               "failed": failed}
     if profile and (done := run_row("profile", lambda: profile_decode(engine, device, spec),

@@ -76,7 +76,7 @@ def export_command(manifest: Manifest, out: Path | None = None, **changed: Any) 
     command makes both of its graphs, into the folder above its own."""
     spec, recorded = manifest.spec, manifest.weights
     decoder = isinstance(spec, DecoderSpec)
-    flags = {"config": spec.config.name, "graph": "decoder" if decoder else None, "precision": spec.precision,
+    flags = {"config": spec.config.name, "graph": spec.KIND if decoder else None, "precision": spec.precision,
              "ops": None if decoder else manifest.ops, "weights": recorded.get("path"), "seed": recorded["seed"],
              **{k: v for k, v in changed.items() if v is not None}}
     names = {"weights": graph_kind(spec).weights_flag}
@@ -157,7 +157,10 @@ def build_decoder_engines(directory: Path, backend, options: BuildOptions, *, se
     if options.out is not None:
         raise WanTrtError(f"--out {options.out}: a decoder's engines are written beside its two graphs "
                           f"({directory}/first, {directory}/steady); drop --out")
-    read_decoder(directory)  # both exports verified, and one decoder's
+    kind = graph_kind(read_decoder(directory)["steady"].spec)  # both exports verified, and one decoder's
+    if options.ops != "native" and not kind.fused_ops:
+        raise WanTrtError(f"--ops {options.ops}: {directory} holds the {kind.name}, which has no fused ops; build it "
+                          "with --ops native (the default)")
     engines = {}
     for call, export_dir in decoder_dirs(directory).items():
         resolve_export(str(export_dir), None, options.precision, options.ops, seed=seed, backend=backend.name)

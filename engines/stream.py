@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from wan_trt.actions import action_magnitudes, read_actions
+from wan_trt.cli_options import DECODERS
 from wan_trt.config import WanConfig
-from wan_trt.decoder_spec import CALLS, DecoderSpec
+from wan_trt.decoder_spec import CALLS
 from wan_trt.engines.backends import RunnerSources, make_runner
 from wan_trt.engines.backends.torch import TorchRunner
 from wan_trt.engines.runtime.decoder import DecoderStream
@@ -25,7 +26,8 @@ from wan_trt.digest import file_digest, file_identity, require_unchanged
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
 from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_values, json_with_keys, staged_dir
-from wan_trt.model import build_decoder, build_model
+from wan_trt.graphs import GRAPH_KINDS
+from wan_trt.model import build_model
 from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.rotary import MAX_STREAM_FRAMES
 from wan_trt.sizes import require_blocks, require_host_room
@@ -88,7 +90,10 @@ class StreamOptions:
         out: write latents.pt, report.json and (with ``video``) video.mp4 here.
         backend: the registered backend that runs the passes.
         video: decode the latents to frames and write them as ``out/video.mp4``.
-        vae_weights: the Wan2.1 VAE checkpoint for the decoder; seeded random weights when None.
+        vae_weights: the decoder's checkpoint (the Wan2.1 VAE, or taew2_1.pth for the tiny decoder); seeded random
+            weights when None.
+        decoder: which video decoder makes the frames (:data:`wan_trt.cli_options.DECODERS`): 'wan' (Wan2.1's VAE
+            decoder) or 'tiny' (TAEHV's: about a tenth of the work, coarser frames).
         actions: a JSON-lines file of the blocks' actions (:mod:`wan_trt.actions`); synthetic when None.
         overwrite: replace an earlier stream output at ``out`` (a folder with other files is never replaced).
     """
@@ -105,6 +110,7 @@ class StreamOptions:
     vae_weights: str | None = None
     actions: Path | None = None
     overwrite: bool = False
+    decoder: str = "wan"
 
 
 def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
@@ -121,6 +127,11 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     if o.vae_weights is not None and (out is None or not o.video):  # the decoder would never be built
         raise WanTrtError(f"--vae-weights {o.vae_weights}: the video decoder runs only when the stream writes its "
                           "video (--out, without --no-video); write the video or drop --vae-weights")
+    if o.decoder not in DECODERS:
+        raise WanTrtError(f"--decoder {o.decoder}: expected one of {', '.join(DECODERS)}")
+    if o.decoder != "wan" and (out is None or not o.video):
+        raise WanTrtError(f"--decoder {o.decoder}: the video decoder runs only when the stream writes its video "
+                          "(--out, without --no-video); write the video or drop --decoder")
     files = input_files(o.weights, o.vae_weights, o.actions)
     read = {flag: file_identity(path) for flag, path in files.items()}  # before any is read
     actions = {} if o.actions is None else read_actions(o.actions, cfg, blocks, precision_dtype(precision))  # first
@@ -183,6 +194,7 @@ def stream_inputs(cfg: WanConfig, o: StreamOptions, decoded: bool) -> dict[str, 
     def source(path: str | Path | None, otherwise: str) -> dict[str, Any] | str:
         return otherwise if path is None else {"path": str(Path(path).resolve()), **file_digest(path)}
     return {"config": cfg.to_dict(), "weights": source(o.weights, f"random (seed {o.seed})"),
+            "decoder": DECODERS[o.decoder] if decoded else None,
             "vae_weights": source(o.vae_weights, f"random (seed {o.seed})") if decoded else None,
             "actions": source(o.actions, f"synthetic (seed {o.seed})"),
             "conditioning": f"seeded noise (seed {o.seed})", "seed": o.seed}
@@ -213,12 +225,13 @@ def owned_stream_files(directory: Path) -> list[Path] | None:
 
 def stream_decoder(cfg: WanConfig, o: StreamOptions) -> DecoderStream:
     """The PyTorch video decoder (its two calls) in the stream's precision and device."""
-    with stage("build the video decoder"):
-        decoder = build_decoder(cfg, precision_dtype(o.precision), o.device, o.vae_weights, o.seed)
+    kind = GRAPH_KINDS[DECODERS[o.decoder]]
+    with stage(f"build the video decoder ({kind.name})"):
+        decoder = kind.build(cfg, precision_dtype(o.precision), o.device, o.vae_weights, o.seed)
     if o.weights is None or o.vae_weights is None:
         logger.warning("random %s weights: the video is noise (pass --weights and --vae-weights for the model's "
                        "frames)", "DiT and VAE" if o.weights is None and o.vae_weights is None else
                        "DiT" if o.weights is None else "VAE")
     logger.warning("the stream's conditioning (the first frame's latent and the image context) is seeded noise: "
                    "`wan-trt stream` takes no start image, so its frames show no scene of yours")
-    return DecoderStream(*(TorchRunner(decoder, DecoderSpec.from_config(cfg, o.precision, call)) for call in CALLS))
+    return DecoderStream(*(TorchRunner(decoder, kind.spec.from_config(cfg, o.precision, call)) for call in CALLS))

@@ -1,4 +1,4 @@
-"""``wan-trt export --graph decoder``: the video decoder's two graphs (:mod:`wan_trt.decoder_spec`).
+"""``wan-trt export --graph decoder`` (or ``tiny-decoder``): a video decoder's two graphs (:mod:`wan_trt.decoder_spec`).
 
 ``OUT/first`` and ``OUT/steady`` are each a complete export (manifest, graph, sample inputs; the
 manifest's spec says which call it serves), written and replaced under the same rules as the DiT's, and
@@ -14,14 +14,19 @@ from wan_trt.decoder_spec import CALLS, DecoderSpec
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import MANIFEST, Manifest
 from wan_trt.export.writer import export_graphs
+from wan_trt.graphs import GRAPH_KINDS
 from wan_trt.outputs import marked_kind
 
 
 def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", weights: str | None = None,
-                   seed: int = 0, opset: int = 23, overwrite: bool = False, onnx: bool = True
-                   ) -> dict[str, Manifest]:
-    """Export the decoder of ``cfg`` into ``out/first`` and ``out/steady``; ``weights``: a Wan2.1 VAE
-    checkpoint (seeded random weights when None). Returns the manifests by call."""
+                   seed: int = 0, opset: int = 23, overwrite: bool = False, onnx: bool = True,
+                   kind: str = DecoderSpec.KIND) -> dict[str, Manifest]:
+    """Export the decoder of ``cfg`` (``kind``: 'decoder', Wan2.1's VAE decoder, or 'tiny-decoder') into
+    ``out/first`` and ``out/steady``; ``weights``: its checkpoint (a Wan2.1 VAE, or TAEHV's taew2_1.pth; seeded
+    random weights when None). Returns the manifests by call."""
+    decoders = [name for name, k in GRAPH_KINDS.items() if issubclass(k.spec, DecoderSpec)]
+    if kind not in decoders:
+        raise WanTrtError(f"--graph {kind}: not a video decoder; expected one of {', '.join(decoders)}")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise WanTrtError(f"--out {out}: exists and is not a folder; the decoder export is a folder of two exports")
@@ -30,7 +35,7 @@ def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", wei
         held = f"a single-graph export ({MANIFEST})" if (out / MANIFEST).is_file() else f"a wan-trt {other}"
         raise WanTrtError(f"--out {out} holds {held}; the decoder's two graphs go into a folder of their own: pick "
                           "another --out")
-    graphs = [(DecoderSpec.from_config(cfg, precision, call), out / call) for call in CALLS]
+    graphs = [(GRAPH_KINDS[kind].spec.from_config(cfg, precision, call), out / call) for call in CALLS]
     manifests = export_graphs(graphs, weights=weights, seed=seed, opset=opset, overwrite=overwrite, onnx=onnx)
     return dict(zip(CALLS, manifests))
 
@@ -79,9 +84,14 @@ def check_pair(manifests: dict[str, Manifest], where: str) -> None:
     for call, m in manifests.items():
         if not isinstance(m.spec, DecoderSpec) or m.spec.call != call:
             raise WanTrtError(f"{where}: its {call} export does not hold the decoder's {call} graph; re-export with "
-                              "`wan-trt export --graph decoder`")
+                              "`wan-trt export --graph decoder` (or tiny-decoder)")
+    kinds = {call: m.spec.KIND for call, m in manifests.items()}
+    if kinds["first"] != kinds["steady"]:
+        raise WanTrtError(f"{where}: first/ holds a graph of the {kinds['first']} and steady/ one of the "
+                          f"{kinds['steady']}; re-export both with `wan-trt export --graph {kinds['steady']} "
+                          "--overwrite`")
     made_from = {call: (m.spec.config.to_dict(), m.spec.precision, m.weights["sha256"])
                  for call, m in manifests.items()}
     if made_from["first"] != made_from["steady"]:
         raise WanTrtError(f"{where}: first/ and steady/ were exported from different configs, precisions or "
-                          "weights; re-export both with `wan-trt export --graph decoder --overwrite`")
+                          f"weights; re-export both with `wan-trt export --graph {kinds['steady']} --overwrite`")

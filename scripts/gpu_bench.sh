@@ -56,8 +56,9 @@
 #                                            the commit, copy that folder there and pass REV=<rev> as printed
 #   scripts/gpu_bench.sh all RESULTS         build, bench, check in turn
 #
-# CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6), BACKENDS (bench) and ROUNDS (ab-runtime, 3) can be set in
-# the environment. Each step logs to RESULTS/<step>.log; the engine lives under out/. Every step runs with
+# CONFIG (default universal), PRECISION (bf16), BLOCKS (bench, 6), BACKENDS (bench), ROUNDS (ab-runtime, 3) and
+# DECODER_GRAPH (decoder steps and cpp: decoder, or tiny-decoder) can be set in the environment. Each step logs to
+# RESULTS/<step>.log; the engine lives under out/. Every step runs with
 # CUBLASLT_WORKSPACE_SIZE=0 unless it is set (as wan-trt's runtime sets it up), runtimes of commits before it too.
 set -euo pipefail
 export CUBLASLT_WORKSPACE_SIZE=${CUBLASLT_WORKSPACE_SIZE-0}
@@ -69,8 +70,9 @@ BACKENDS=${BACKENDS:-aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eag
 EXPORT=out/${CONFIG}_${PRECISION}_aoti
 ENGINE=$EXPORT/engine_aoti_plugins_cuda.pt2
 ONNX_EXPORT=out/${CONFIG}_${PRECISION}_onnx
-DECODER=out/${CONFIG}_${PRECISION}_decoder
-DECODER_OPS=${DECODER_OPS:-plugins}
+DECODER_GRAPH=${DECODER_GRAPH:-decoder}  # or tiny-decoder (no fused ops: DECODER_OPS=native)
+DECODER=out/${CONFIG}_${PRECISION}_${DECODER_GRAPH}
+DECODER_OPS=${DECODER_OPS:-$([ "$DECODER_GRAPH" = decoder ] && echo plugins || echo native)}
 DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
 step=${1:?"step: setup | site | build | build-rev | ab | ab-runtime | ab-env | bench | check | ort-check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
@@ -119,14 +121,14 @@ case "$step" in
     tail -3 "$results/check_ort.log"
     ;;
   decoder)
-    run_step export_decoder wan-trt export --config "$CONFIG" --graph decoder --precision "$PRECISION" --no-onnx \
-      --out "$DECODER" --overwrite
+    run_step export_decoder wan-trt export --config "$CONFIG" --graph "$DECODER_GRAPH" --precision "$PRECISION" \
+      --no-onnx --out "$DECODER" --overwrite
     run_step build_decoder wan-trt build "$DECODER" --backend aoti --ops "$DECODER_OPS" --precision "$PRECISION" \
       --device cuda
     [ "${DECODER_CHECK:-1}" = 0 ] && exit 0  # the engines only
     rc=0; wan-trt check "$DECODER_ENGINE" --blocks 3 --json --no-save-results \
-      > "$results/check_${tag}_decoder_aoti.json.partial" 2> "$results/check_decoder.log" || rc=$?
-    keep_result "$results/check_${tag}_decoder_aoti.json" "$rc" "$results/check_decoder.log"
+      > "$results/check_${tag}_${DECODER_GRAPH}_aoti.json.partial" 2> "$results/check_decoder.log" || rc=$?
+    keep_result "$results/check_${tag}_${DECODER_GRAPH}_aoti.json" "$rc" "$results/check_decoder.log"
     tail -1 "$results/check_decoder.log"
     ;;
   decoder-bench)
@@ -137,7 +139,8 @@ case "$step" in
     fi
     run_step bench_decoder wan-trt bench "$EXPORT" --device cuda --blocks "$BLOCKS" --aoti-plugins-engine "$ENGINE" \
       --backends aoti-plugins+cudagraph --decoder "$DECODER" --decoder-engine "$DECODER_ENGINE" \
-      --end-to-end aoti-plugins+cudagraph --profile decoder --overwrite --out "$results/bench_${tag}_decoder.json"
+      --end-to-end aoti-plugins+cudagraph --profile decoder --overwrite \
+      --out "$results/bench_${tag}_${DECODER_GRAPH}.json"
     ;;
   cpp)
     baseline=()

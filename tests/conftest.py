@@ -124,3 +124,17 @@ def decoder_export(tmp_path_factory):
 def decoder_aoti(decoder_export):
     """The CPU AOTInductor engine pair of ``decoder_export`` (built once: ~40 s); the steady graph's engine."""
     return build_engine(str(decoder_export), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder_export(tmp_path_factory):
+    """fp32 ONNX export of universal-small's tiny decoder (both graphs), seed 6. Read-only."""
+    out = tmp_path_factory.mktemp("tiny_decoder") / "dec"
+    export_decoder(load_config("universal-small"), out, "fp32", seed=6, kind="tiny-decoder")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder_aoti(tiny_decoder_export):
+    """The CPU AOTInductor engine pair of ``tiny_decoder_export`` (built once: ~45 s); the steady graph's engine."""
+    return build_engine(str(tiny_decoder_export), None, BuildOptions(backend="aoti", precision="fp32", device="cpu"))

@@ -441,7 +441,7 @@ class CheckOptions:
 
 # the stream check's blocks by default, by graph kind: the DiT pass's 8 cross two windows; the decoder's reference is
 # the whole clip decoded at once, whose fp32 activations at full size fill most of an 80 GB GPU at 3 blocks
-DEFAULT_BLOCKS = {"pass": 8, "decoder": 3}
+DEFAULT_BLOCKS = {"pass": 8, "decoder": 3, "tiny-decoder": 3}
 
 
 def folder_identities(*directories: Path) -> dict[Path, tuple[int, int] | None]:

@@ -90,7 +90,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
         with results_staged(results if options.save_results else {}, identity, "the decoder") as staging:
             for call in CALLS:
                 call_spec = manifests[call].spec
-                reference = TorchRunner(fp32, DecoderSpec.from_config(spec.config, "fp32", call))
+                reference = TorchRunner(fp32, type(spec).from_config(spec.config, "fp32", call))
                 reference.name = "torch-fp32"
                 yardstick = TorchRunner(low, call_spec)
                 yardstick.name = f"torch-{spec.precision}"
@@ -118,7 +118,8 @@ def stream_latents(spec: DecoderSpec, blocks: int, seed: int) -> torch.Tensor:
 def decode_whole_clip(decoder, latents: torch.Tensor) -> torch.Tensor:
     """The reference: the whole clip decoded in one call from empty histories, fp32 [1, 3, T', H, W] on the CPU.
     One that does not fit in the GPU's memory is refused saying so (it grows with --blocks)."""
-    dtype, device = decoder.conv2.weight.dtype, decoder.conv2.weight.device
+    weight = next(decoder.parameters())
+    dtype, device = weight.dtype, weight.device
     history = decoder.empty_history(latents.shape[0], *latents.shape[-2:])
     try:
         rgb, _ = decoder(latents.to(device, dtype), history, first=True)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import click
 from click.core import ParameterSource
 
-from wan_trt.cli_options import (MAX_SEED, PathArg, config_option, device_option, pick_device, pick_precision,
+from wan_trt.cli_options import (DECODERS, MAX_SEED, PathArg, config_option, device_option, pick_device, pick_precision,
                                  precision_aliases, precision_option, seed_option, weights_option)
 from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, BUILDABLE, BY_NAME, DEFAULT_BUILD, ENGINE_FLAGS,
                                       parse_backends)
@@ -234,13 +234,16 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
               help="Replace --out if it holds an earlier stream output (a folder with other files is never replaced).")
 @click.option("--video/--no-video", default=None, help="With --out: decode and write video.mp4 (the default) or not.")
 @click.option("--vae-weights", type=PathArg(dir_okay=False), default=None,
-              help="Wan2.1 VAE checkpoint (Wan2.1_VAE.pth) for the video decoder; seeded random if omitted.")
+              help="The video decoder's checkpoint (see --decoder); seeded random if omitted.")
 @click.option("--actions", type=PathArg(dir_okay=False), default=None,
               help="JSON-lines file, one line per block: {\"mouse\": [dx, dy], \"keyboard\": [...]}, each one "
                    "action held for the block or one row per video frame (9, then 12). Synthetic if omitted.")
+@click.option("--decoder", type=click.Choice(list(DECODERS)), default="wan", show_default=True,
+              help="The video decoder: wan (Wan2.1's VAE decoder; --vae-weights Wan2.1_VAE.pth) or tiny (TAEHV's "
+                   "for Wan2.1's latents: about a tenth of the work, coarser frames; --vae-weights taew2_1.pth).")
 @user_errors
 def stream(config_name, weights, precision, device, seed, blocks, reference, out, overwrite, video, vae_weights,
-           actions) -> None:
+           actions, decoder) -> None:
     """Stream blocks of synthetic input through the static-cache runtime (PyTorch backend)."""
     from wan_trt.config_load import load_config
     from wan_trt.engines.stream import StreamOptions, run_stream
@@ -251,7 +254,7 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
     options = StreamOptions(blocks=blocks, precision=precision, device=pick_device(device), weights=weights,
                             seed=seed, reference=reference, out=Path(out) if out else None, video=video is not False,
                             vae_weights=vae_weights, actions=Path(actions) if actions else None,
-                            overwrite=overwrite)
+                            overwrite=overwrite, decoder=decoder)
     report = run_stream(load_config(config_name), options)
     click.echo(json.dumps(json_values(report["summary"]), indent=2))
     if reference and not report["summary"]["reference_match"]:
@@ -273,11 +276,13 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
               help="Replace --out if it holds a wan-trt export (a folder with other files is never replaced).")
 @click.option("--no-onnx", is_flag=True,
               help="Manifest and sample inputs only, no ONNX graph: enough for `build --backend aoti`.")
-@click.option("--graph", type=click.Choice(["dit", "decoder"]), default="dit", show_default=True,
+@click.option("--graph", type=click.Choice(["dit", "decoder", "tiny-decoder"]), default="dit", show_default=True,
               help="dit: one denoising pass. decoder: the video decoder's two graphs (first block, later blocks) "
-                   "into OUT/first and OUT/steady.")
+                   "into OUT/first and OUT/steady. tiny-decoder: the same for the tiny decoder (TAEHV's for "
+                   "Wan2.1's latents: about a tenth of the decoder's work, coarser frames).")
 @click.option("--vae-weights", type=PathArg(dir_okay=False), default=None,
-              help="With --graph decoder: Wan2.1 VAE checkpoint (Wan2.1_VAE.pth); seeded random if omitted.")
+              help="With --graph decoder: Wan2.1 VAE checkpoint (Wan2.1_VAE.pth); with --graph tiny-decoder: TAEHV's "
+                   "taew2_1.pth. Seeded random if omitted.")
 @user_errors
 def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no_onnx, graph, vae_weights) -> None:
     """ONNX of one denoising pass (KV caches as static-shaped inputs and outputs), or of the video decoder."""
@@ -286,22 +291,23 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
     if no_onnx and given("opset"):  # the opset is the ONNX graph's: nothing would use it
         raise WanTrtError(f"--opset {opset}: --no-onnx writes no ONNX graph for it to apply to; drop one of them")
     cfg = load_config(config_name)
-    if graph == "decoder":
+    if graph != "dit":
         from wan_trt.export.decoder import export_decoder
 
         if weights is not None:
-            raise WanTrtError("--graph decoder: the decoder's checkpoint is given with --vae-weights, not --weights")
+            raise WanTrtError(f"--graph {graph}: the decoder's checkpoint is given with --vae-weights, not --weights")
         if ops != "native":
-            raise WanTrtError(f"--graph decoder: the decoder's ONNX graph has no fused ops (its AOTInductor engine "
+            raise WanTrtError(f"--graph {graph}: the decoder's ONNX graph has no fused ops (its AOTInductor engine "
                               f"takes them at build: `wan-trt build DIR --ops plugins`); drop --ops {ops}")
-        out = Path(out or f"out/{cfg.name}_{precision}_decoder")
-        manifests = export_decoder(cfg, out, precision, vae_weights, seed, int(opset), overwrite, onnx=not no_onnx)
+        out = Path(out or f"out/{cfg.name}_{precision}_{graph}")
+        manifests = export_decoder(cfg, out, precision, vae_weights, seed, int(opset), overwrite, onnx=not no_onnx,
+                                   kind=graph)
         for call, manifest in manifests.items():
             nodes = f"{sum(manifest.op_counts.values())} nodes" if manifest.graph else "no ONNX graph"
             click.echo(f"{out / call}: {nodes}, spec {manifest.spec.fingerprint()}")
         return
     if vae_weights is not None:
-        raise WanTrtError("--vae-weights goes with --graph decoder")
+        raise WanTrtError("--vae-weights goes with --graph decoder or tiny-decoder")
     from wan_trt.export.transformer import export_transformer
 
     out = Path(out or f"out/{cfg.name}_{precision}_{ops}")

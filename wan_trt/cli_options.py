@@ -13,6 +13,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.precisions import PRECISIONS as PRECISION_DTYPES
 
 
+DECODERS = {"wan": "decoder", "tiny": "tiny-decoder"}  # `stream --decoder NAME` -> its graph kind (wan_trt.graphs)
 MAX_SEED = 2 ** 32 - 1  # 32 bits: PyTorch's CPU generator keeps the low 32 bits of a seed (random weights)
 
 

@@ -1,4 +1,5 @@
-"""The I/O contract of the video decoder's graphs: one :class:`DecoderSpec` per graph.
+"""The I/O contract of the video decoders' graphs: one :class:`DecoderSpec` per graph (the tiny decoder's:
+:class:`TinyDecoderSpec`, the same contract with its own histories).
 
 A stream's latents are decoded block by block (F = frames per block, h x w latents, 8h x 8w
 pixels). The first block of a stream decodes differently (upstream's first-frame rule: its first
@@ -14,6 +15,9 @@ layout the engines' convolutions run in, so carrying a history is a plain copy. 
 starts from empty histories (a stream's start) and so has no history inputs; after any call,
 ``history_NN <- history_NN_next`` feeds the next steady call. The unit is one block (a call per
 block): on an H100 one 3-frame call ran faster than three 1-frame calls (141 vs 157 ms eager bf16).
+
+The tiny decoder's graphs (:class:`TinyDecoderSpec`, kind ``tiny-decoder``) yield the same frames per call
+and carry 9 histories: ``history_NN`` [1, h', w', C] is the last input frame of its NN-th memory block.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import torch
 from wan_trt.config import WanConfig
 from wan_trt.errors import WanTrtError
 from wan_trt.model import decoder_config
+from wan_trt.model.taehv import TinyDecoder
 from wan_trt.model.vae import VideoDecoder
 from wan_trt.precisions import ENGINE_ONLY
 from wan_trt.spec import DTYPE_NAMES, LATENTS, SPEC_VERSION, GraphSpec, TensorSpec, precision_dtype
@@ -33,7 +38,11 @@ from wan_trt.spec import DTYPE_NAMES, LATENTS, SPEC_VERSION, GraphSpec, TensorSp
 CALLS = ("first", "steady")
 RGB = "rgb"
 PIXELS_PER_LATENT = 8  # the decoder's spatial upsampling
-HISTORY_IO_ORDER = (0, 2, 3, 4, 1)  # a history [B, C, 2, h, w] as graph I/O: [B, 2, h, w, C]
+
+
+def history_io_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A history's shape as graph I/O: the module's [B, C, ...] channels last, [B, ..., C]."""
+    return (shape[0], *shape[2:], shape[1])
 
 
 def history_name(index: int, next_value: bool = False) -> str:
@@ -48,6 +57,12 @@ class DecoderSpec(GraphSpec):
     histories: tuple[tuple[str, str], ...]  # (input, output) name pairs in call order; inputs only when steady
 
     KIND = "decoder"
+    HISTORY = "last 2 input frames"  # what a history holds
+
+    @staticmethod
+    def module(cfg: WanConfig) -> torch.nn.Module:
+        """The decoder's module for ``cfg``, unallocated (build it under the meta device)."""
+        return VideoDecoder(decoder_config(cfg))
 
     @classmethod
     def from_config(cls, cfg: WanConfig, precision: str = "bf16", call: str = "steady") -> "DecoderSpec":
@@ -57,20 +72,20 @@ class DecoderSpec(GraphSpec):
             raise WanTrtError(f"--precision {precision}: the video decoder has no {precision} graph; export it with "
                               "--precision bf16 (the latents of an fp8 DiT engine are bf16)")
         dt = DTYPE_NAMES[precision_dtype(precision)]
-        dcfg = decoder_config(cfg)
         f, h, w = cfg.block_frames, cfg.inference.latent_height, cfg.inference.latent_width
         with torch.device("meta"):  # the layout only: no weights allocated
-            layout = VideoDecoder(dcfg).history_layout(1, h, w)
-        frames = dcfg.video_frames(f, first=call == "first")
+            module = cls.module(cfg)
+        layout = module.history_layout(1, h, w)
+        frames = module.video_frames(f, first=call == "first")
         p = PIXELS_PER_LATENT
-        inputs = [TensorSpec(LATENTS, (1, dcfg.z_dim, f, h, w), dt, "the block's denoised latents (normalised)")]
+        inputs = [TensorSpec(LATENTS, (1, cfg.model.out_dim, f, h, w), dt, "the block's denoised latents (normalised)")]
         outputs = [TensorSpec(RGB, (1, 3, frames, p * h, p * w), "float32", "the block's video frames in [-1, 1]")]
         pairs = []
         for i, (path, shape) in enumerate(layout):
             pairs.append((history_name(i), history_name(i, True)))
-            shape = tuple(shape[d] for d in HISTORY_IO_ORDER)
+            shape = history_io_shape(shape)
             if call == "steady":
-                inputs.append(TensorSpec(history_name(i), shape, dt, f"last 2 input frames of {path}, channels last"))
+                inputs.append(TensorSpec(history_name(i), shape, dt, f"{cls.HISTORY} of {path}, channels last"))
             outputs.append(TensorSpec(history_name(i, True), shape, dt,
                                       f"{path}'s history after this call, channels last"))
         return cls(cfg, precision, tuple(inputs), tuple(outputs), call, tuple(pairs))
@@ -98,3 +113,16 @@ class DecoderSpec(GraphSpec):
             "outputs": [dataclasses.asdict(t) for t in self.outputs],
             "histories": [list(p) for p in self.histories],
         }
+
+
+@dataclass(frozen=True)
+class TinyDecoderSpec(DecoderSpec):
+    """One call of the tiny decoder (:mod:`wan_trt.model.taehv`): the same contract, its histories the last
+    input frame of each of its 9 memory blocks, ``[1, h', w', C]``."""
+
+    KIND = "tiny-decoder"
+    HISTORY = "last input frame"
+
+    @staticmethod
+    def module(cfg: WanConfig) -> torch.nn.Module:
+        return TinyDecoder(cfg.model.out_dim)

@@ -13,9 +13,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from wan_trt.decoder_spec import DecoderSpec
+from wan_trt.decoder_spec import DecoderSpec, TinyDecoderSpec
 from wan_trt.errors import WanTrtError
-from wan_trt.model import build_decoder, build_model
+from wan_trt.model import build_decoder, build_model, build_tiny_decoder
 from wan_trt.model.static_decode import StaticDecode
 from wan_trt.model.static_pass import StaticPass
 from wan_trt.spec import LATENTS, GraphSpec, PassSpec
@@ -39,6 +39,8 @@ class GraphKind:
         channels_last_convolutions: its prepared module's 3-D convolutions run channels-last (their
             weights are): a CUDA AOTInductor build keeps them so
             (``inductor_fixes.channels_last_3d_convolutions``).
+        fused_ops: ``prepare`` has a form with fused ops (``ops == 'plugins'``); a build asking for it of a kind
+            without is refused.
     """
 
     name: str
@@ -49,6 +51,7 @@ class GraphKind:
     prepare: Callable[[nn.Module, str], nn.Module]
     weights_flag: str
     channels_last_convolutions: bool = False
+    fused_ops: bool = True
 
 
 def _prepare_pass(model: nn.Module, ops: str, precision: str) -> nn.Module:
@@ -65,6 +68,10 @@ def _prepare_decoder(decoder: nn.Module, ops: str, precision: str) -> nn.Module:
     return decoder.use_engine_form(fused=ops == "plugins")
 
 
+def _prepare_tiny_decoder(decoder: nn.Module, ops: str, precision: str) -> nn.Module:
+    return decoder.use_engine_form()  # no fused ops of its own (fused_ops=False: builds refuse --ops plugins)
+
+
 def _pass_samples(model: nn.Module, spec: PassSpec, seed: int) -> dict[str, torch.Tensor]:
     return spec.sample_inputs(seed)
 
@@ -77,7 +84,7 @@ def _decoder_samples(decoder: nn.Module, spec: DecoderSpec, seed: int) -> dict[s
     shape = spec.tensor(LATENTS).shape
     feeds = {LATENTS: torch.randn(shape, generator=gen).to(spec.dtype)}
     if not spec.first:
-        start = DecoderSpec.from_config(spec.config, spec.precision, "first")
+        start = type(spec).from_config(spec.config, spec.precision, "first")
         outputs = StaticDecode(decoder, start)(torch.randn(shape, generator=gen).to(device, spec.dtype))
         nexts = dict(zip(start.output_names, outputs))
         feeds.update({name: nexts[out].cpu() for name, out in spec.histories})
@@ -88,6 +95,8 @@ GRAPH_KINDS: dict[str, GraphKind] = {k.name: k for k in (
     GraphKind("pass", PassSpec, build_model, StaticPass, _pass_samples, _prepare_pass, "--weights"),
     GraphKind("decoder", DecoderSpec, build_decoder, StaticDecode, _decoder_samples, _prepare_decoder,
               "--vae-weights", channels_last_convolutions=True),
+    GraphKind("tiny-decoder", TinyDecoderSpec, build_tiny_decoder, StaticDecode, _decoder_samples,
+              _prepare_tiny_decoder, "--vae-weights", fused_ops=False),
 )}
 
 

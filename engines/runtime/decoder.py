@@ -40,6 +40,9 @@ class DecoderStream:
             if not isinstance(runner.spec, DecoderSpec) or runner.spec.call != call:
                 raise WanTrtError(f"the decoder's {call} runner ({runner.name}) does not run the {call} decoder graph")
         a, b = first.spec, steady.spec
+        if a.KIND != b.KIND:
+            raise WanTrtError(f"the decoder's first runner ({first.name}) runs a graph of the {a.KIND}, its steady "
+                              f"runner ({steady.name}) one of the {b.KIND}: give both of one decoder")
         if (a.config.to_dict(), a.precision) != (b.config.to_dict(), b.precision) or first.device != steady.device:
             raise WanTrtError("the decoder's first and steady runners are for different configs, precisions or "
                               "devices")

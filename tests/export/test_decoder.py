@@ -72,9 +72,13 @@ def test_block_by_block_decode_equals_the_whole_clip_at_once():
     assert error_stats(restarted[:, :, 1:], whole[:, :, 13:21]).rel_l2 > 1e-2  # without its history it differs
 
 
-def test_onnx_export_passes_the_check_on_onnxruntime(decoder_export):
+@pytest.mark.parametrize("export, kind", [("decoder_export", "decoder"), ("tiny_decoder_export", "tiny-decoder")])
+def test_onnx_export_passes_the_check_on_onnxruntime(export, kind, request):
+    """Both graphs on ONNX Runtime, and 8 blocks through them (histories carried) against one decode of the whole
+    clip in fp32 PyTorch; the Wan decoder and the tiny one."""
+    decoder_export = request.getfixturevalue(export)
     manifests = read_decoder(decoder_export)
-    assert {c: m.spec.call for c, m in manifests.items()} == {"first": "first", "steady": "steady"}
+    assert {c: (m.spec.call, m.spec.KIND) for c, m in manifests.items()} == {c: (c, kind) for c in CALLS}
     res = CliRunner().invoke(main, ["check", str(decoder_export), "--blocks", "8", "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.output[res.output.index("{"):])

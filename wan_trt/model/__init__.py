@@ -6,9 +6,10 @@ from pathlib import Path
 import torch
 
 from wan_trt.config import WanConfig, validate
-from wan_trt.model.checkpoint import load_checkpoint, load_vae_decoder
+from wan_trt.model.checkpoint import load_checkpoint, load_tiny_decoder, load_vae_decoder
 from wan_trt.model.init import random_init
 from wan_trt.model.rope import RopeTables
+from wan_trt.model.taehv import TinyDecoder
 from wan_trt.model.transformer import CausalWanModel
 from wan_trt.model.vae import DecoderConfig, VideoDecoder, latent_statistics
 
@@ -60,6 +61,19 @@ def build_decoder(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: st
     return decoder.eval().requires_grad_(False)
 
 
+def build_tiny_decoder(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                       weights: str | Path | None = None, seed: int = 0) -> TinyDecoder:
+    """The tiny video decoder of ``cfg`` (TAEHV's, over the DiT's latent channels) in eval mode: the decoder
+    part of a ``taew2_1.pth`` checkpoint, or seeded random weights (their frames are noise)."""
+    with torch.device("meta"):
+        decoder = TinyDecoder(cfg.model.out_dim)
+    if weights is not None:
+        load_tiny_decoder(decoder, weights, dtype=dtype, device=device)
+    else:
+        decoder = random_init(decoder.to_empty(device="cpu"), seed).to(device=device, dtype=dtype)
+    return decoder.eval().requires_grad_(False)
+
+
 def count_parameters(cfg: WanConfig) -> int:
     """Parameters of the model for ``cfg`` (built on the meta device, no memory)."""
     with torch.device("meta"):
@@ -67,4 +81,5 @@ def count_parameters(cfg: WanConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["CausalWanModel", "VideoDecoder", "build_decoder", "build_model", "decoder_config", "count_parameters"]
+__all__ = ["CausalWanModel", "TinyDecoder", "VideoDecoder", "build_decoder", "build_model", "build_tiny_decoder",
+           "decoder_config", "count_parameters"]

@@ -234,6 +234,23 @@ def load_vae_decoder(model: nn.Module, path: str | Path, dtype: torch.dtype = to
     return model
 
 
+TINY_ENCODER_PREFIX = "encoder."
+
+
+def load_tiny_decoder(model: nn.Module, path: str | Path, dtype: torch.dtype = torch.float32,
+                      device: str | torch.device = "cpu") -> nn.Module:
+    """Load the decoder part (``decoder.*``) of a TAEHV checkpoint for Wan2.1 (``taew2_1.pth``) strictly into
+    ``model``. The encoder's keys are skipped; any other key, a missing one or a wrong shape fails, listed."""
+    raw = read_state_dict(path, "--vae-weights")
+    state = {k: v for k, v in raw.items() if not k.startswith(TINY_ENCODER_PREFIX)}
+    check_keys(model, state, str(path), "--vae-weights",
+               "the tiny decoder takes TAEHV's checkpoint for Wan2.1's latents (taew2_1.pth); the Wan2.1 VAE "
+               "(Wan2.1_VAE.pth) goes with the Wan decoder")
+    check_values(state, str(path), dtype, "--vae-weights")
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
+    return model
+
+
 def _other_width(model: nn.Module, state: Mapping[str, torch.Tensor]) -> str | None:
     """The fix where the file is a decoder of another width than the config's (a full-size Wan2.1 VAE given
     with a -small config): judged by the first convolution's output channels, 4 x the config's vae_dim."""

@@ -1,21 +1,19 @@
 """One decoder call in static form: spec-named tensors in, spec-named tensors out (the function the
-decoder's graphs export and its engines run; see :mod:`wan_trt.decoder_spec`)."""
+decoders' graphs export and their engines run; see :mod:`wan_trt.decoder_spec`)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from wan_trt.decoder_spec import HISTORY_IO_ORDER, DecoderSpec
-from wan_trt.model.vae import VideoDecoder
+from wan_trt.decoder_spec import DecoderSpec
 from wan_trt.spec import LATENTS
-
-TO_MODULE = tuple(HISTORY_IO_ORDER.index(d) for d in range(5))  # a history as graph I/O -> as the module takes it
 
 
 class StaticDecode(nn.Module):
-    """Wraps a :class:`VideoDecoder` as ``forward(*inputs) -> tuple(outputs)`` per ``spec``."""
+    """Wraps a decoder (:class:`~wan_trt.model.vae.VideoDecoder`, :class:`~wan_trt.model.taehv.TinyDecoder`)
+    as ``forward(*inputs) -> tuple(outputs)`` per ``spec``."""
 
-    def __init__(self, decoder: VideoDecoder, spec: DecoderSpec):
+    def __init__(self, decoder: nn.Module, spec: DecoderSpec):
         super().__init__()
         self.decoder = decoder
         self.spec = spec
@@ -30,6 +28,6 @@ class StaticDecode(nn.Module):
                   for _, out in self.spec.histories]
         else:
             io = [feeds[name] for name, _ in self.spec.histories]
-        # [B, 2, h, w, C] -> [B, C, 2, h, w] views, channels-last in memory, and back (no copy in an engine)
-        rgb, history = self.decoder(latents, [t.permute(TO_MODULE) for t in io], first=self.spec.first)
-        return (rgb, *(t.permute(HISTORY_IO_ORDER).contiguous() for t in history))
+        # [B, ..., C] -> [B, C, ...] views, channels-last in memory, and back (no copy in an engine)
+        rgb, history = self.decoder(latents, [t.movedim(-1, 1) for t in io], first=self.spec.first)
+        return (rgb, *(t.movedim(1, -1).contiguous() for t in history))

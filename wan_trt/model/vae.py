@@ -503,6 +503,10 @@ class VideoDecoder(nn.Module):
                 block.residual[6].split_outputs()
         return self
 
+    def video_frames(self, latent_frames: int, first: bool) -> int:
+        """Video frames a call yields (:meth:`DecoderConfig.video_frames`)."""
+        return self.cfg.video_frames(latent_frames, first)
+
     def history_layout(self, batch: int, height: int, width: int) -> list[tuple[str, tuple[int, ...]]]:
         """(module path, [B, C, 2, h', w']) of each causal convolution's history, in call order, for
         latents h x w."""

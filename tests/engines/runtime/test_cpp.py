@@ -227,10 +227,12 @@ def _copy_pair(decoder_engine, to):
     return to / "steady" / decoder_engine.name
 
 
-def test_cpp_and_python_stream_the_same_frames(aoti, decoder_aoti, wan_stream, tmp_path):
-    """DiT engine + decoder engine pair over 8 blocks: the C++ runtime yields exactly the Python session's
-    uint8 frames (9 + 12 * 7), and times the decode with the other stages."""
+@pytest.mark.parametrize("pair", ["decoder_aoti", "tiny_decoder_aoti"])
+def test_cpp_and_python_stream_the_same_frames(aoti, pair, wan_stream, tmp_path, request):
+    """DiT engine + decoder engine pair (the Wan decoder's, the tiny decoder's) over 8 blocks: the C++ runtime
+    yields exactly the Python session's uint8 frames (9 + 12 * 7), and times the decode with the other stages."""
     from wan_trt.engines.runtime.decoder import DecoderStream
+    decoder_aoti = request.getfixturevalue(pair)
     export_dir, engine = aoti
     manifest = Manifest.read(export_dir)
     inputs = synthetic_stream(manifest.spec.config, BLOCKS, seed=9)
