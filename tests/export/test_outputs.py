@@ -258,15 +258,23 @@ def test_an_old_export_that_cannot_be_removed_after_the_swap_is_reported_as_kept
     assert len(kept) == 1 and any("could not remove" in r.message and str(kept[0]) in r.message for r in caplog.records)
 
 
-def test_weights_in_an_external_file_the_manifest_does_not_record_are_refused(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def external_export(tmp_path_factory):
+    """An fp32 export whose every weight lies in model.onnx.data (read-only: tests edit a copy)."""
+    import wan_trt.export.writer as writer
+    out = tmp_path_factory.mktemp("external") / "ext"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(writer, "PROTOBUF_LIMIT", 0)  # every weight into model.onnx.data
+        export_transformer(load_config(CFG), out, "fp32", seed=2)
+    assert Manifest.read(out).external_data == "model.onnx.data"
+    return out
+
+
+def test_weights_in_an_external_file_the_manifest_does_not_record_are_refused(tmp_path, external_export):
     """The external-data file is hashed by its recorded name, but the graph names its own files: a graph whose
     tensors point at another, unhashed file (its weights changed) passed verification and the check."""
-    import wan_trt.export.writer as writer
     from tests.conftest import edited_graph
-    monkeypatch.setattr(writer, "PROTOBUF_LIMIT", 0)  # every weight into model.onnx.data
-    out = tmp_path / "ext"
-    export_transformer(load_config(CFG), out, "fp32", seed=2)
-    assert Manifest.read(out).external_data == "model.onnx.data"
+    out = shutil.copytree(external_export, tmp_path / "ext")
 
     def read_weights_from_w_bin(model):
         for tensor in model.graph.initializer:
@@ -291,16 +299,13 @@ def _external_tensor(name: str, location: str):
 
 
 @pytest.mark.parametrize("where", ["subgraph", "function", "sparse", "tensors"])
-def test_weights_in_an_unrecorded_file_anywhere_in_the_graph_are_refused(tmp_path, monkeypatch, where):
+def test_weights_in_an_unrecorded_file_anywhere_in_the_graph_are_refused(tmp_path, external_export, where):
     """Only the main graph's initializers and single-tensor attributes were looked at: a tensor read from
     another, unhashed file inside a subgraph, a local function, a sparse initializer or a list-of-tensors
     attribute passed verification."""
     import onnx
-    import wan_trt.export.writer as writer
     from tests.conftest import edited_graph
-    monkeypatch.setattr(writer, "PROTOBUF_LIMIT", 0)  # every weight into model.onnx.data
-    out = tmp_path / "ext"
-    export_transformer(load_config(CFG), out, "fp32", seed=2)
+    out = shutil.copytree(external_export, tmp_path / "ext")
 
     def read_one_tensor_from_w_bin(model):
         stray = _external_tensor("stray", "w.bin")
