@@ -498,13 +498,22 @@ def results_staged(results: dict[str, Path], identity: dict[Path, tuple[int, int
     """Staging files for a check's RunResults, by the keys of ``results`` (where they go; empty where none are
     saved), each renamed there whole (RunResults of a full-size pass are ~4 GB) only once the check's work is
     done and its folders are found unreplaced (:func:`require_unreplaced`, ``checked`` as there). A check that
-    fails or finds a folder replaced leaves none: they would be the results of a graph that is not there."""
+    fails or finds a folder replaced leaves none: they would be the results of a graph that is not there. A check
+    that fails with a folder replaced meanwhile (a graph file its runner went to read gone with the old folder)
+    is refused as replaced, the failure chained."""
     staged: dict[str, StagedResults] = {}
     try:
         for key, path in results.items():
             with writing(path):
                 staged[key] = StagedResults(staging_file(path), path)
-        yield staged
+        try:
+            yield staged
+        except Exception as failure:
+            try:
+                require_unreplaced(identity, checked)
+            except WanTrtError as replaced:
+                raise replaced from failure
+            raise
         require_unreplaced(identity, checked)
         for s in staged.values():
             with writing(s.path):

@@ -328,12 +328,15 @@ def test_a_decoder_check_of_an_export_replaced_while_it_ran_writes_no_report(dec
     assert not list(export.glob("*/check/report_*.json"))
 
 
+@pytest.mark.parametrize("onnx", [True, False], ids=["graphs", "no-graphs"])
 def test_a_decoder_check_of_an_export_replaced_before_its_graphs_ran_writes_no_report(decoder_export, tmp_path,
-                                                                                       monkeypatch):
+                                                                                       monkeypatch, onnx):
     """The decoder check took its folders' identities only once it had read and verified both manifests and made
     the graphs' runners: an `export --overwrite` in that window went unseen, and the check judged the new graphs
     by the old export's references and wrote its report into the new export. The identities are now taken before
-    the manifests are read."""
+    the manifests are read. Replaced by an export without ONNX graphs (`--no-onnx`), the check ended in a
+    FileNotFoundError traceback for the model.onnx its runner went to read: a failure of a check whose folders
+    were replaced meanwhile is now refused as that."""
     import wan_trt.engines.backends.onnxruntime as onnxruntime
     export = tmp_path / "dec"
     shutil.copytree(decoder_export, export)
@@ -342,7 +345,7 @@ def test_a_decoder_check_of_an_export_replaced_before_its_graphs_ran_writes_no_r
     def replaced_once_made(directory, *args, **kwargs):
         runners = real(directory, *args, **kwargs)
         if directory.name == "steady":  # both runners made
-            export_decoder(load_config(CFG), export, "fp32", seed=5, overwrite=True)
+            export_decoder(load_config(CFG), export, "fp32", seed=5, onnx=onnx, overwrite=True)
         return runners
     monkeypatch.setattr(onnxruntime, "check_runners", replaced_once_made)
     with pytest.raises(WanTrtError, match="replaced while"):
