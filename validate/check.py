@@ -181,7 +181,9 @@ class OutputCheck:
 class CheckReport:
     """What a check found. ``target``: the export directory or engine file checked (``engine_sha256``: the
     engine's, as verified before it ran; ``engines``: every engine file that ran, by graph, each ``{path,
-    sha256}``, where a check runs more than one: a decoder's two), ``device`` and ``options``: how it ran."""
+    sha256}``, where a check runs more than one: a decoder's two), ``device`` and ``options``: how it ran;
+    ``notes``: what the numbers do not cover (e.g. plugin nodes run as reference functions), in the report and its
+    table."""
 
     backend: str
     precision: str
@@ -192,6 +194,7 @@ class CheckReport:
     device: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     engines: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -207,7 +210,7 @@ class CheckReport:
             "single_pass": [{"output": o.name, **o.stats.as_dict(), "yardstick_rel_l2": o.yardstick.rel_l2,
                              "allowed_rel_l2": o.allowed_rel_l2, "polygraphy_ok": o.polygraphy_ok, "ok": o.ok}
                             for o in self.outputs],
-            "stream": self.stream})
+            "stream": self.stream, **({"notes": self.notes} if self.notes else {})})
 
     def problems(self) -> list[str]:
         """One line per failing output or block, saying what to do where we know."""
@@ -243,6 +246,7 @@ class CheckReport:
                         f"{'ok' if b['ok'] else 'FAIL'}")
         if self.options.get("stream") is False:  # a passed check of the single pass only says so
             rows.append(f"{'stream':16} not run (--no-stream)")
+        rows += [f"note: {n}" for n in self.notes]
         return "\n".join(rows)
 
 
@@ -530,14 +534,15 @@ def results_staged(results: dict[str, Path], identity: dict[Path, tuple[int, int
 
 def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: CheckOptions, *,
                  single_pass_backend=None, target: Path | None = None, engine_sha256: str | None = None,
-                 identity: dict[Path, tuple[int, int] | None] | None = None) -> CheckReport:
+                 identity: dict[Path, tuple[int, int] | None] | None = None, notes: list[str] = ()) -> CheckReport:
     """Single pass (Polygraphy) and stream checks of ``backend`` against the PyTorch references.
 
     ``single_pass_backend`` replaces ``backend`` in the Polygraphy comparison (TensorRT's own
     ``TrtRunner``); the stream always runs ``backend`` in the static-cache session. ``target``: the engine
     file ``backend`` runs (``engine_sha256``: its verified hash), or None for the export's graph; the
     report goes to :func:`report_path`, named after it. ``identity``: :func:`folder_identities` of
-    ``directory`` taken before ``manifest`` was read (defaults to taking it here).
+    ``directory`` taken before ``manifest`` was read (defaults to taking it here). ``notes``: the report's
+    (:class:`CheckReport`).
     """
     require_polygraphy()  # before minutes of reference building
     identity = identity if identity is not None else folder_identities(directory)
@@ -555,7 +560,8 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
         with stage("rebuild the PyTorch references"):
             low, fp32 = reference_models(manifest, device)
         report = CheckReport(backend.name, spec.precision, target=str(Path(target or directory).resolve()),
-                             engine_sha256=engine_sha256, device=device, options=dataclasses.asdict(o))
+                             engine_sha256=engine_sha256, device=device, options=dataclasses.asdict(o),
+                             notes=list(notes))
         reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))
         reference.name = "torch-fp32"
         yardstick = TorchRunner(low, spec)
@@ -570,7 +576,14 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
         write_report(path, report)
         logger.info("check %s: %s%s (report: %s)", backend.name, "passed" if report.ok else "FAILED",
                     "" if o.stream else " the single pass; stream check not run (--no-stream)", path)
+        for note in report.notes:
+            logger.info("note: %s", note)
     return report
+
+
+REFERENCE_PLUGINS = ("the graph's wan_trt plugin nodes ran as wan-trt's PyTorch reference functions of the fused ops "
+                     "(onnxruntime-extensions): this checks the graph's wiring of them, not their kernels (a check of "
+                     "an engine built with --ops plugins runs those)")
 
 
 def check_export(directory: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
@@ -584,7 +597,9 @@ def check_export(directory: str | Path, options: CheckOptions = CheckOptions()) 
     manifest = read_transformer(directory, "check")
     onnxruntime = backend_module(get_backend("onnxruntime"))
     backend, single_pass = onnxruntime.check_runners(directory, manifest, options.provider)
-    return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass, identity=identity)
+    notes = [REFERENCE_PLUGINS] if manifest.ops == "plugins" else []
+    return check_runner(directory, manifest, backend, options, single_pass_backend=single_pass, identity=identity,
+                        notes=notes)
 
 
 def verified_runners(engine: Path, meta: EngineMetadata, manifest: Manifest) -> tuple[Runner, Any]:

@@ -1,5 +1,6 @@
 """The fused ops inside the model, the plugin-flavoured graph, and the TensorRT plugins."""
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from wan_trt.model import build_model
 from wan_trt.plugins.registry import FUSED_OPS, NAMESPACE
 from wan_trt.spec import PassSpec
 from wan_trt.validate.stream import compare_stream
-from wan_trt.validate.check import CheckOptions, check_export
+from wan_trt.validate.check import CheckOptions, check_export, report_path
 from tests.conftest import SMALL
 
 PLUGIN_OPS = [f"{NAMESPACE}::{op.op_type}" for op in FUSED_OPS]
@@ -64,6 +65,10 @@ def test_plugin_graph_passes_the_check_and_counts_its_plugins(tmp_path, name):
     report = check_export(tmp_path / "plugins", CheckOptions(provider="cpu", blocks=8, seed=1))
     assert report.ok, report.table()
     assert Manifest.read(tmp_path / "plugins").ops == "plugins"
+    # the plugin nodes ran as the ops' PyTorch references: the report says so, not only that it passed
+    written = json.loads(report_path(tmp_path / "plugins", report.backend).read_text())
+    for said in (report.as_dict()["notes"], written["notes"], [report.table().splitlines()[-1]]):
+        assert len(said) == 1 and "ran as wan-trt's PyTorch reference functions" in said[0], said
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused FFN epilogue runs on CUDA only (cuBLASLt)")
