@@ -48,15 +48,40 @@ def os_error_message(exc: OSError, doing: str, fix: str) -> WanTrtError | None:
     return WanTrtError(f"{doing} failed: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; {fix}")
 
 
+# The most a name of a file wan-trt writes beside an output NAME adds to it: `.NAME.runtime.txt.partial-XXXXXXXX`
+# (an engine's runtime file, staged); the others (`.NAME.lock`, `.NAME.partial-XXXXXXXX`, `.NAME.json.partial-...`,
+# `.NAME.old-XXXXXXXX`) add less.
+BESIDE_NAME_BYTES = len(".runtime.txt.partial-XXXXXXXX") + 1
+
+
 def check_parent_chain(path: Path, flag: str) -> None:
-    """Refuse a path under a regular file, or whose nearest existing folder cannot be written."""
+    """Refuse a path under a regular file, whose nearest existing folder cannot be written, or whose name (or that
+    of a folder to make for it) leaves no room in the file system's name limit for the staging, lock and metadata
+    files written beside it (that failed only when they were written: after a bench's rows or a build's compile)."""
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise WanTrtError(f"{flag} {path}: {parent} is a file, not a folder; pick a path in a folder")
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise WanTrtError(f"{flag} {path}: folder {parent} is not writable; pick another {flag}")
+            _check_name_room(path, parent, flag)
             return
+
+
+def _check_name_room(path: Path, existing: Path, flag: str) -> None:
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):  # no limit known: the write itself will say
+        return
+    for made in [*(q for q in path.parents if existing in q.parents), path]:  # the folders to make, then itself
+        size = len(os.fsencode(made.name))
+        room = BESIDE_NAME_BYTES if made == path else 0
+        if size + room > limit:
+            what = "its name" if made == path else f"the name of the folder {made} to make for it"
+            beside = (f"; wan-trt writes files beside it whose names add up to {room} bytes to it (staging, lock, "
+                      "metadata)") if room else ""
+            raise WanTrtError(f"{flag} {path}: {what} is {size} bytes{beside}, past the {limit} a name can have in "
+                              f"{existing}: pick a name of at most {limit - room} bytes")
 
 
 def is_lock_file(path: Path) -> bool:

@@ -566,3 +566,23 @@ def test_a_run_that_fails_under_a_locked_out_file_leaves_no_folder_it_made(tmp_p
                 assert parent.is_dir()
                 raise RuntimeError("the run failed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # the folder that was there stays
+
+
+@pytest.mark.parametrize("command", ["bench", "build", "export"])
+def test_an_output_name_too_long_for_the_files_written_beside_it_is_refused_before_any_work(plain_export, tmp_path,
+                                                                                             command):
+    """A name that fits the file system but not the staging, lock and metadata files wan-trt writes beside it
+    (`.NAME.runtime.txt.partial-XXXXXXXX`) failed only when they were written: a bench after all its rows, a build
+    after its compile, with 'File name too long'."""
+    import os
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    name = "n" * (limit - 20)  # fits, and so does its lock; its staging files do not
+    out = tmp_path / {"bench": f"{name}.json", "build": f"{name}.pt2", "export": name}[command]
+    args = {"bench": ["bench", str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager"],
+            "build": ["build", str(plain_export), "--backend", "aoti", "--device", "cpu"],
+            "export": ["export", "--config", CFG, "--precision", "fp32", "--no-onnx"]}[command]
+    res = CliRunner().invoke(main, [*args, "--out", str(out)])
+    assert res.exit_code == 1 and f"its name is {len(out.name)} bytes" in res.output, res.output
+    assert "ms/block" not in res.output and "compile" not in res.output  # refused before any work
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
