@@ -59,6 +59,10 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
         raise WanTrtError(f"{path} holds a {manifest.spec.precision} graph but --{precision} was asked: export one "
                           f"with `{export_command(manifest, precision=precision)}` or build with "
                           f"--{manifest.spec.precision}")
+    kind = graph_kind(manifest.spec)
+    if ops != "native" and not kind.fused_ops:
+        raise WanTrtError(f"--ops {ops}: {path} holds a graph of the {kind.name}, which has no fused ops; build it "
+                          "with --ops native (the default)")
     if manifest.ops != ops and backend == "tensorrt":  # AOTInductor picks its ops itself
         if isinstance(manifest.spec, DecoderSpec):
             raise WanTrtError(f"--ops {ops}: {path} is a graph of the video decoder, whose ONNX graphs have no fused "
@@ -138,8 +142,9 @@ def build_engine(directory: str | None, config_name: str | None, options: BuildO
         if config_name is not None:
             check_config_flag(Path(directory), read_decoder(directory)["steady"].spec.config, config_name)
         if weights is not None:
+            kind = read_decoder(directory)["steady"].spec.KIND
             raise WanTrtError(f"--weights {weights}: {directory} is a decoder export, whose weights were fixed at "
-                              "export (`wan-trt export --graph decoder --vae-weights`); drop --weights")
+                              f"export (`wan-trt export --graph {kind} --vae-weights`); drop --weights")
         return build_decoder_engines(Path(directory), backend, options, seed=seed)
     if options.out is not None:  # before an export --config may make (minutes)
         check_engine_name(backend, Path(options.out))
@@ -157,10 +162,7 @@ def build_decoder_engines(directory: Path, backend, options: BuildOptions, *, se
     if options.out is not None:
         raise WanTrtError(f"--out {options.out}: a decoder's engines are written beside its two graphs "
                           f"({directory}/first, {directory}/steady); drop --out")
-    kind = graph_kind(read_decoder(directory)["steady"].spec)  # both exports verified, and one decoder's
-    if options.ops != "native" and not kind.fused_ops:
-        raise WanTrtError(f"--ops {options.ops}: {directory} holds the {kind.name}, which has no fused ops; build it "
-                          "with --ops native (the default)")
+    read_decoder(directory)  # both exports verified, and one decoder's
     engines = {}
     for call, export_dir in decoder_dirs(directory).items():
         resolve_export(str(export_dir), None, options.precision, options.ops, seed=seed, backend=backend.name)

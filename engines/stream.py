@@ -93,7 +93,7 @@ class StreamOptions:
         vae_weights: the decoder's checkpoint (the Wan2.1 VAE, or taew2_1.pth for the tiny decoder); seeded random
             weights when None.
         decoder: which video decoder makes the frames (:data:`wan_trt.cli_options.DECODERS`): 'wan' (Wan2.1's VAE
-            decoder) or 'tiny' (TAEHV's: about a tenth of the work, coarser frames).
+            decoder) or 'tiny' (TAEHV's: a twenty-fifth of the work, coarser frames).
         actions: a JSON-lines file of the blocks' actions (:mod:`wan_trt.actions`); synthetic when None.
         overwrite: replace an earlier stream output at ``out`` (a folder with other files is never replaced).
     """

@@ -151,7 +151,9 @@ case "$step" in
       baseline=(--baseline-source "$src/engines/cpp" --rounds "${ROUNDS:-2}")
     fi
     python3 scripts/cpp_stream.py "$EXPORT" "$ENGINE" "$DECODER_ENGINE" --blocks "${CPP_BLOCKS:-12}" \
-      --build-dir build/cpp ${baseline[@]+"${baseline[@]}"} --out "$results/cpp_stream_${tag}.json" 2> "$results/cpp.log" ||
+      --build-dir build/cpp ${baseline[@]+"${baseline[@]}"} \
+      --out "$results/cpp_stream_${tag}$([ "$DECODER_GRAPH" = decoder ] || echo "_$DECODER_GRAPH").json" \
+      2> "$results/cpp.log" ||
       { tail -20 "$results/cpp.log"; exit 1; }
     ;;
   block-end)

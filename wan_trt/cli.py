@@ -240,7 +240,8 @@ def info(config_name: str, list_presets: bool, as_json: bool) -> None:
                    "action held for the block or one row per video frame (9, then 12). Synthetic if omitted.")
 @click.option("--decoder", type=click.Choice(list(DECODERS)), default="wan", show_default=True,
               help="The video decoder: wan (Wan2.1's VAE decoder; --vae-weights Wan2.1_VAE.pth) or tiny (TAEHV's "
-                   "for Wan2.1's latents: about a tenth of the work, coarser frames; --vae-weights taew2_1.pth).")
+                   "for Wan2.1's latents: a twenty-fifth of the work, coarser frames; --vae-weights taew2_1.pth, not "
+                   "Hunyuan's taehv.pth, which loads but gives other colours).")
 @user_errors
 def stream(config_name, weights, precision, device, seed, blocks, reference, out, overwrite, video, vae_weights,
            actions, decoder) -> None:
@@ -251,6 +252,9 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
     if out is None and video is not None:  # an option the run would not use is refused, never dropped
         raise WanTrtError(f"--{'' if video else 'no-'}video: the stream writes its video only under --out; give "
                           "--out or drop the flag")
+    if given("decoder") and (out is None or video is False):
+        raise WanTrtError(f"--decoder {decoder}: the video decoder runs only when the stream writes its video (--out, "
+                          "without --no-video); write the video or drop --decoder")
     options = StreamOptions(blocks=blocks, precision=precision, device=pick_device(device), weights=weights,
                             seed=seed, reference=reference, out=Path(out) if out else None, video=video is not False,
                             vae_weights=vae_weights, actions=Path(actions) if actions else None,
@@ -279,7 +283,7 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
 @click.option("--graph", type=click.Choice(["dit", "decoder", "tiny-decoder"]), default="dit", show_default=True,
               help="dit: one denoising pass. decoder: the video decoder's two graphs (first block, later blocks) "
                    "into OUT/first and OUT/steady. tiny-decoder: the same for the tiny decoder (TAEHV's for "
-                   "Wan2.1's latents: about a tenth of the decoder's work, coarser frames).")
+                   "Wan2.1's latents: a twenty-fifth of the decoder's work, coarser frames).")
 @click.option("--vae-weights", type=PathArg(dir_okay=False), default=None,
               help="With --graph decoder: Wan2.1 VAE checkpoint (Wan2.1_VAE.pth); with --graph tiny-decoder: TAEHV's "
                    "taew2_1.pth. Seeded random if omitted.")
@@ -297,8 +301,10 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
         if weights is not None:
             raise WanTrtError(f"--graph {graph}: the decoder's checkpoint is given with --vae-weights, not --weights")
         if ops != "native":
-            raise WanTrtError(f"--graph {graph}: the decoder's ONNX graph has no fused ops (its AOTInductor engine "
-                              f"takes them at build: `wan-trt build DIR --ops plugins`); drop --ops {ops}")
+            at_build = ("its AOTInductor engine takes them at build: `wan-trt build DIR --ops plugins`"
+                        if graph == "decoder" else "nor does its engine: the tiny decoder has none")
+            raise WanTrtError(f"--graph {graph}: the decoder's ONNX graph has no fused ops ({at_build}); drop --ops "
+                              f"{ops}")
         out = Path(out or f"out/{cfg.name}_{precision}_{graph}")
         manifests = export_decoder(cfg, out, precision, vae_weights, seed, int(opset), overwrite, onnx=not no_onnx,
                                    kind=graph)

@@ -88,8 +88,15 @@ def test_stream_with_the_tiny_decoder_writes_its_video(tmp_path):
     import av
     with av.open(str(out / "video.mp4")) as video:
         assert sum(1 for _ in video.decode(video=0)) == 33
-    res = CliRunner().invoke(main, ["stream", "--config", CFG, "--blocks", "1", "--decoder", "tiny"])
-    assert res.exit_code == 1 and "--decoder tiny: the video decoder runs only when" in res.output
+    for decoder in ("tiny", "wan"):  # the default given by name too: an option the run would not use
+        res = CliRunner().invoke(main, ["stream", "--config", CFG, "--blocks", "1", "--decoder", decoder])
+        assert res.exit_code == 1 and f"--decoder {decoder}: the video decoder runs only when" in res.output
+
+
+def test_a_plugins_export_of_the_tiny_decoder_is_refused_saying_it_has_no_fused_ops(tmp_path):
+    res = CliRunner().invoke(main, ["export", "--config", CFG, "--graph", "tiny-decoder", "--ops", "plugins",
+                                    "--out", str(tmp_path / "x")])
+    assert res.exit_code == 1 and "the tiny decoder has none); drop --ops plugins" in res.output, res.output
 
 
 def test_a_wan_vae_given_to_the_tiny_decoders_export_is_refused(tmp_path):
@@ -101,10 +108,11 @@ def test_a_wan_vae_given_to_the_tiny_decoders_export_is_refused(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_a_plugins_build_of_the_tiny_decoder_is_refused(tiny_decoder_export):
+@pytest.mark.parametrize("graph", ["", "steady"], ids=["pair", "one-graph"])
+def test_a_plugins_build_of_the_tiny_decoder_is_refused(tiny_decoder_export, graph):
     """The tiny decoder has no fused ops: `build --ops plugins` would have built the plain graph under the
-    aoti-plugins name."""
-    res = CliRunner().invoke(main, ["build", str(tiny_decoder_export), "--backend", "aoti", "--ops", "plugins",
+    aoti-plugins name (of the pair, and of one of its graphs given alone)."""
+    res = CliRunner().invoke(main, ["build", str(tiny_decoder_export / graph), "--backend", "aoti", "--ops", "plugins",
                                     "--device", "cpu", "--fp32"])
-    assert res.exit_code == 1 and "holds the tiny-decoder, which has no fused ops" in res.output, res.output
+    assert res.exit_code == 1 and "holds a graph of the tiny-decoder, which has no fused ops" in res.output, res.output
     assert not list(tiny_decoder_export.glob("*/engine_aoti_plugins*"))

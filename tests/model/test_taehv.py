@@ -117,6 +117,16 @@ def test_a_corrupted_taehv_checkpoint_names_its_keys(tmp_path):
         assert part in message, message
 
 
+def test_a_taehv_file_given_for_the_wan_decoder_is_refused_saying_where_it_goes(tmp_path):
+    """taew2_1.pth given to the Wan decoder (`stream`'s default, `export --graph decoder`) was refused with its 172
+    keys listed and 'pass the Wan2.1 VAE', nothing about the tiny decoder it is for."""
+    from wan_trt.model.checkpoint import load_vae_decoder
+    from wan_trt.model.vae import DecoderConfig, VideoDecoder
+    _write_taehv_file(_model(), tmp_path / "taew2_1.pth")
+    with pytest.raises(WanTrtError, match=r"(?s)TAEHV's keys .*`stream --decoder tiny` or `export --graph tiny-decoder`"):
+        load_vae_decoder(VideoDecoder(DecoderConfig(dim=8)), tmp_path / "taew2_1.pth")
+
+
 def test_a_wan_vae_given_for_the_tiny_decoder_is_refused_saying_which_file_fits(tmp_path):
     from wan_trt.model.vae import DecoderConfig, VideoDecoder
     torch.save(VideoDecoder(DecoderConfig(dim=8)).state_dict(), tmp_path / "Wan2.1_VAE.pth")

@@ -13,6 +13,7 @@ the load dtype (fp16) each fail with the keys as stored in the file.
 from __future__ import annotations
 
 from pathlib import Path
+import re
 from typing import Mapping
 
 import torch
@@ -228,7 +229,8 @@ def load_vae_decoder(model: nn.Module, path: str | Path, dtype: torch.dtype = to
     raw = read_state_dict(path, "--vae-weights")
     state = {k: v for k, v in raw.items() if not k.startswith(VAE_ENCODER_PREFIXES)}
     check_keys(model, state, str(path), "--vae-weights",
-               _other_width(model, state) or "pass the Wan2.1 VAE (Wan2.1_VAE.pth) or its decoder")
+               _other_width(model, state) or _tiny_decoder_file(state)
+               or "pass the Wan2.1 VAE (Wan2.1_VAE.pth) or its decoder")
     check_values(state, str(path), dtype, "--vae-weights")
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
     return model
@@ -249,6 +251,16 @@ def load_tiny_decoder(model: nn.Module, path: str | Path, dtype: torch.dtype = t
     check_values(state, str(path), dtype, "--vae-weights")
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
     return model
+
+
+def _tiny_decoder_file(state: Mapping[str, torch.Tensor]) -> str | None:
+    """The fix where the file is the tiny decoder's (TAEHV's: decoder.<index>.* keys) given to the Wan decoder."""
+    decoder = [k for k in state if k.startswith("decoder.")]
+    if decoder and all(re.match(r"decoder\.\d+\.", k) for k in decoder):
+        return ("it holds TAEHV's keys (decoder.<index>.*): the tiny decoder's checkpoint (taew2_1.pth); pass it "
+                "with `stream --decoder tiny` or `export --graph tiny-decoder`, or pass the Wan2.1 VAE "
+                "(Wan2.1_VAE.pth) here")
+    return None
 
 
 def _other_width(model: nn.Module, state: Mapping[str, torch.Tensor]) -> str | None:

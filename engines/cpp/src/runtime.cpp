@@ -359,8 +359,8 @@ DecoderEngines DecoderEngines::load(const std::string& engine) {
   if (a.weights != b.weights)  // two exports' graphs, as an export stopped between its two swaps leaves them
     throw Error("decoder engine " + engine + ": first/ and steady/ were exported from different weights (sha256 " +
                 a.weights.substr(0, 12) + "... and " + b.weights.substr(0, 12) + "...); re-export both with " +
-                "`wan-trt export --graph decoder --overwrite` and build them with `wan-trt build " + root.string() +
-                "`");
+                "`wan-trt export --graph decoder --overwrite` (--graph tiny-decoder for the tiny decoder) and build them "
+                "with `wan-trt build " + root.string() + "`");
   return d;
 }
 

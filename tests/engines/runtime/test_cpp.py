@@ -326,7 +326,8 @@ def test_cpp_runtime_refuses_a_decoder_pair_of_two_weights_as_python_does(aoti, 
     inputs = write_stream_inputs(synthetic_stream(cfg, 1, seed=9), tmp_path / "in.pt")
     with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: decoder engine .*first/ and steady/ were "
                                           r"exported from different weights \(sha256 \w{12}\.\.\. and \w{12}\.\.\.\); "
-                                          r"re-export both with `wan-trt export --graph decoder --overwrite`"):
+                                          r"re-export both with `wan-trt export --graph decoder --overwrite` "
+                                          r"\(--graph tiny-decoder for the tiny decoder\)"):
         run_wan_stream(wan_stream, engine, inputs, 1, out, decoder=mixed)
     assert not out.exists()
 
