@@ -30,8 +30,8 @@ from wan_trt.export.manifest import MANIFEST, Manifest, tool_versions
 from wan_trt.export.manifest_schema import OPS, recorded_files
 from wan_trt.log import logger
 from wan_trt.model.fp8 import FP8_SCHEME
-from wan_trt.outputs import (check_parent_chain, engine_of_metadata, remove_stale_partials, usual_file_mode,
-                             write_file, written_by_build)
+from wan_trt.outputs import (check_parent_chain, engine_name_room, engine_of_metadata, remove_stale_partials,
+                             usual_file_mode, write_file, written_by_build)
 
 REBUILD = "rebuild it with `wan-trt build`"
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # the devices an engine is built for
@@ -289,7 +289,7 @@ def up_to_date(engine: Path, key: str, manifest: Manifest) -> bool:
 def check_engine_out(engine: Path) -> None:
     """Refuse an engine path that would replace a file `wan-trt build` did not write."""
 
-    check_parent_chain(engine.resolve(), "--out")
+    check_parent_chain(engine.resolve(), "--out", engine_name_room(engine))
     if engine.is_dir():
         raise WanTrtError(f"--out {engine} is a folder; the engine --out names a file, e.g. {engine}/engine.plan")
     meta = EngineMetadata.path_for(engine)

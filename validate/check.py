@@ -517,6 +517,8 @@ def results_staged(results: dict[str, Path], identity: dict[Path, tuple[int, int
                 require_unreplaced(identity, checked)
             except WanTrtError as replaced:
                 raise replaced from failure
+            except OSError:  # the folders cannot be looked at (permissions): the check's own failure is the news
+                pass
             raise
         require_unreplaced(identity, checked)
         for s in staged.values():

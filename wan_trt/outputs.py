@@ -48,39 +48,44 @@ def os_error_message(exc: OSError, doing: str, fix: str) -> WanTrtError | None:
     return WanTrtError(f"{doing} failed: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; {fix}")
 
 
-# The most a name of a file wan-trt writes beside an output NAME adds to it: `.NAME.runtime.txt.partial-XXXXXXXX`
-# (an engine's runtime file, staged); the others (`.NAME.lock`, `.NAME.partial-XXXXXXXX`, `.NAME.json.partial-...`,
-# `.NAME.old-XXXXXXXX`) add less.
-BESIDE_NAME_BYTES = len(".runtime.txt.partial-XXXXXXXX") + 1
+# What the names of the files wan-trt writes beside an output NAME add to it, at most: an export's, stream's or
+# report's staging `.NAME.partial-XXXXXXXX` (its lock `.NAME.lock` and an export's `.NAME.old-XXXXXXXX` add less);
+# an engine's, see engine_name_room.
+BESIDE_OUTPUT = len(".partial-XXXXXXXX") + 1
 
 
-def check_parent_chain(path: Path, flag: str) -> None:
+def engine_name_room(engine: Path) -> int:
+    """What the files a build writes beside ``engine`` add to its name: its staged runtime file
+    `.E.runtime.txt.partial-XXXXXXXX`, or its staged engine `.E.partial-XXXXXXXX<E's suffix>` with a long suffix."""
+    return max(len(".runtime.txt.partial-XXXXXXXX") + 1, BESIDE_OUTPUT + len(os.fsencode(engine.suffix)))
+
+
+def check_parent_chain(path: Path, flag: str, room: int = BESIDE_OUTPUT) -> None:
     """Refuse a path under a regular file, whose nearest existing folder cannot be written, or whose name (or that
-    of a folder to make for it) leaves no room in the file system's name limit for the staging, lock and metadata
-    files written beside it (that failed only when they were written: after a bench's rows or a build's compile)."""
+    of a folder to make for it) leaves no ``room`` bytes in the file system's name limit for the files written
+    beside it (that failed only when they were written: after a bench's rows or a build's compile)."""
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise WanTrtError(f"{flag} {path}: {parent} is a file, not a folder; pick a path in a folder")
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise WanTrtError(f"{flag} {path}: folder {parent} is not writable; pick another {flag}")
-            _check_name_room(path, parent, flag)
+            _check_name_room(path, parent, flag, room)
             return
 
 
-def _check_name_room(path: Path, existing: Path, flag: str) -> None:
+def _check_name_room(path: Path, existing: Path, flag: str, beside: int) -> None:
     try:
         limit = os.pathconf(existing, "PC_NAME_MAX")
     except (OSError, ValueError):  # no limit known: the write itself will say
         return
     for made in [*(q for q in path.parents if existing in q.parents), path]:  # the folders to make, then itself
         size = len(os.fsencode(made.name))
-        room = BESIDE_NAME_BYTES if made == path else 0
+        room = beside if made == path else 0
         if size + room > limit:
             what = "its name" if made == path else f"the name of the folder {made} to make for it"
-            beside = (f"; wan-trt writes files beside it whose names add up to {room} bytes to it (staging, lock, "
-                      "metadata)") if room else ""
-            raise WanTrtError(f"{flag} {path}: {what} is {size} bytes{beside}, past the {limit} a name can have in "
+            files = f"; wan-trt stages files beside it whose names add up to {room} bytes to it" if room else ""
+            raise WanTrtError(f"{flag} {path}: {what} is {size} bytes{files}, past the {limit} a name can have in "
                               f"{existing}: pick a name of at most {limit - room} bytes")
 
 
@@ -99,8 +104,16 @@ def output_lock(target: Path, what: str, fix: str = "wait for it to finish or pi
     if (lock.exists() or lock.is_symlink()) and not is_lock_file(lock):
         raise WanTrtError(f"{lock} is in the way of wan-trt's lock for {target} (an empty file it creates and "
                           "removes): it is not one, and is never removed; move it away or pick another output path")
+    remade = False
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # its folder, made by another run that failed, was removed by it: make it again
+            if remade:
+                raise
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            remade = True
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -347,12 +360,20 @@ def make_parent(path: Path, flag: str) -> list[Path]:
     folders made, deepest first (for :func:`remove_made`)."""
     check_parent_chain(path.resolve(), flag)
     parent = path.resolve().parent
-    missing = [p for p in (parent, *parent.parents) if not p.exists()]
+    made = []
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        for folder in [*reversed(parent.parents), parent]:  # outermost first; only those this call made are its
+            if folder.is_dir():
+                continue
+            try:
+                folder.mkdir()
+            except FileExistsError:  # there already, or made meanwhile by another run: not ours to remove
+                continue
+            made.append(folder)
     except OSError as exc:
+        remove_made(made[::-1])
         raise os_error_message(exc, f"creating the folder of {flag} {path}", f"pick another {flag}") or exc
-    return missing
+    return made[::-1]
 
 
 def remove_made(folders: list[Path]) -> None:

@@ -571,18 +571,51 @@ def test_a_run_that_fails_under_a_locked_out_file_leaves_no_folder_it_made(tmp_p
 @pytest.mark.parametrize("command", ["bench", "build", "export"])
 def test_an_output_name_too_long_for_the_files_written_beside_it_is_refused_before_any_work(plain_export, tmp_path,
                                                                                              command):
-    """A name that fits the file system but not the staging, lock and metadata files wan-trt writes beside it
-    (`.NAME.runtime.txt.partial-XXXXXXXX`) failed only when they were written: a bench after all its rows, a build
-    after its compile, with 'File name too long'."""
+    """A name that fits the file system but not the files wan-trt stages beside it (`.NAME.partial-XXXXXXXX`; an
+    engine's `.NAME.runtime.txt.partial-XXXXXXXX`) failed only when they were written: a bench after all its rows, a
+    build after its compile, with 'File name too long'. A name with just the room they need is written."""
     import os
     limit = os.pathconf(tmp_path, "PC_NAME_MAX")
-    name = "n" * (limit - 20)  # fits, and so does its lock; its staging files do not
-    out = tmp_path / {"bench": f"{name}.json", "build": f"{name}.pt2", "export": name}[command]
+    room = {"bench": 18, "build": 30, "export": 18}[command]
+    suffix = {"bench": ".json", "build": ".pt2", "export": ""}[command]
     args = {"bench": ["bench", str(plain_export), "--device", "cpu", "--blocks", "2", "--backends", "torch-eager"],
             "build": ["build", str(plain_export), "--backend", "aoti", "--device", "cpu"],
             "export": ["export", "--config", CFG, "--precision", "fp32", "--no-onnx"]}[command]
+    out = tmp_path / ("n" * (limit - room + 1 - len(suffix)) + suffix)
     res = CliRunner().invoke(main, [*args, "--out", str(out)])
     assert res.exit_code == 1 and f"its name is {len(out.name)} bytes" in res.output, res.output
+    assert f"pick a name of at most {limit - room} bytes" in res.output
     assert "ms/block" not in res.output and "compile" not in res.output  # refused before any work
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    if command != "build":  # the longest name that fits is written (a build's takes its compile: not here)
+        fits = tmp_path / ("n" * (limit - room - len(suffix)) + suffix)
+        res = CliRunner().invoke(main, [*args, "--out", str(fits)])
+        assert res.exit_code == 0 and fits.exists(), res.output
 
+
+def test_an_engine_name_whose_suffix_its_staged_copy_repeats_is_held_to_that_room(tmp_path):
+    """A build stages its engine as `.E.partial-XXXXXXXX<E's suffix>`: a TensorRT plan's free-form suffix (e.g.
+    `.engine_h200_bf16_v2`) longer than 12 bytes needs more room than the runtime file's 30 bytes."""
+    import os
+    from wan_trt.engines.artifact import check_engine_out
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    suffix = ".engine_h200_bf16_v2"
+    engine = tmp_path / ("e" * (limit - 18 - len(suffix) + 1) + suffix)  # past the staged engine's room only
+    with pytest.raises(WanTrtError, match=f"pick a name of at most {limit - 18 - len(suffix)} bytes"):
+        check_engine_out(engine)
+
+
+def test_a_run_that_found_the_folder_another_run_made_survives_that_runs_failure(tmp_path):
+    """Run A made new/ for its report; run B found new/ there (made nothing); A failed and removed new/ (still empty:
+    B had not taken its lock yet), and B's lock then failed with a bare FileNotFoundError. A removes only what it
+    made, and a lock whose folder is gone makes it again."""
+    from wan_trt.outputs import locked_out_file, make_parent, output_lock
+    new = tmp_path / "new"
+    with pytest.raises(RuntimeError, match="A failed"):
+        with locked_out_file(new / "a.json", "--out", lambda p: True, "bench report", overwrite=False, writer="bench"):
+            assert make_parent(new / "b.json", "--out") == []  # B: the folder is there, not B's
+            raise RuntimeError("A failed")
+    assert not new.exists()  # A removed the folder it made, empty: B's lock comes next
+    with output_lock(new / "b.json", "bench"):
+        (new / "b.json").write_text("{}")
+    assert (new / "b.json").is_file() and not (new / ".b.json.lock").exists()

@@ -30,6 +30,7 @@ def test_export_and_check_pass_on_onnxruntime_cpu(exports, name):
     assert [b["block"] for b in report.stream] == list(range(8)) + deep
     assert len(report.outputs) == len(Manifest.read(exports[name]).spec.outputs)
     assert (exports[name] / "check" / "run_results_onnxruntime-cpu.json").is_file()
+    assert "notes" not in report.as_dict() and "note:" not in report.table()  # no plugin nodes: nothing to say
 
 
 def test_graph_is_static_and_spec_shaped(exports):
