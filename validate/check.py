@@ -146,6 +146,9 @@ def report_locked(path: Path) -> Iterator[None]:
     """Hold the lock of the report ``path`` for a whole check: one check of a target at a time. A second, started
     while the first ran, removed the first's staged RunResults as a killed check's (the first then failed at its
     end, its report lost) and wrote its own report in its place."""
+    if path.parent.exists() and not path.parent.is_dir():
+        raise WanTrtError(f"{path.parent} is a file, not the folder the check writes its reports in; move it away and "
+                          "check again")
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(path, "check", "wait for it to finish: one check of a target runs at a time"):

@@ -401,3 +401,15 @@ def test_a_check_whose_engine_a_build_replaced_while_it_ran_writes_no_report(two
     with pytest.raises(WanTrtError, match="engine_a.pt2 was replaced while it was checked"):
         check_engine(engines[0], CheckOptions(stream=False, save_results=True))
     assert not list((export / "check").glob("*engine_a*"))
+
+
+def test_a_file_where_the_checks_folder_goes_is_named_not_taken_for_a_full_disk(tmp_path):
+    """A file named `check` in an export (where a check writes its reports) failed the check with 'File exists;
+    ... (free some space, or check the folder's permissions)'."""
+    from wan_trt.validate.check import report_locked, report_path
+    (tmp_path / "check").write_text("notes of mine")
+    with pytest.raises(WanTrtError, match=r"check is a file, not the folder the check writes its reports in; move it "
+                                          r"away and check again"):
+        with report_locked(report_path(tmp_path, "onnxruntime-cpu")):
+            pass
+    assert (tmp_path / "check").read_text() == "notes of mine"
