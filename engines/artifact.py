@@ -287,8 +287,11 @@ def up_to_date(engine: Path, key: str, manifest: Manifest) -> bool:
 
 
 def check_engine_out(engine: Path) -> None:
-    """Refuse an engine path that would replace a file `wan-trt build` did not write."""
-
+    """Refuse an engine path that would replace a file `wan-trt build` did not write, or a symbolic link (the engine
+    is renamed into place: it would replace the link, not write where it points)."""
+    if engine.is_symlink():
+        raise WanTrtError(f"--out {engine} is a symbolic link (to {os.path.realpath(engine)}); name the file to write "
+                          "itself")
     check_parent_chain(engine.resolve(), "--out", engine_name_room(engine))
     if engine.is_dir():
         raise WanTrtError(f"--out {engine} is a folder; the engine --out names a file, e.g. {engine}/engine.plan")

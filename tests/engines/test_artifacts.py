@@ -281,3 +281,13 @@ def test_build_of_an_export_takes_its_precision_when_none_is_given(aoti, decoder
     assert res.exit_code == 0 and res.output.strip().endswith(str(decoder_aoti)), res.output
     res = CliRunner().invoke(main, ["build", str(export), "--backend", "aoti", "--device", "cpu", "--fp16"])
     assert res.exit_code == 1 and "holds a fp32 graph but --fp16 was asked" in res.output, res.output
+
+
+def test_a_symbolic_link_given_as_the_engine_is_refused_not_replaced(plain_export, tmp_path):
+    """`build --out LINK` with a link to a file not there yet replaced the link itself with the engine: the link was
+    lost and nothing was written where it pointed. Refused, as bench's --out refuses one."""
+    link = tmp_path / "engine.pt2"
+    link.symlink_to(tmp_path / "elsewhere.pt2")
+    res = _build(str(plain_export), "--backend", "aoti", "--device", "cpu", "--out", str(link))
+    assert res.exit_code == 1 and "is a symbolic link" in res.output and "name the file to write itself" in res.output
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["engine.pt2"]
