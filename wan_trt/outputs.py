@@ -376,6 +376,18 @@ def make_parent(path: Path, flag: str) -> list[Path]:
     return made[::-1]
 
 
+@contextlib.contextmanager
+def parent_made(path: Path, flag: str) -> Iterator[None]:
+    """The folder ``path`` goes in, made if missing (:func:`make_parent`) for the block: a block that fails removes
+    the folders this made, if still empty."""
+    made = make_parent(path, flag)
+    try:
+        yield
+    except BaseException:
+        remove_made(made)
+        raise
+
+
 def remove_made(folders: list[Path]) -> None:
     """Remove the folders :func:`make_parent` made (deepest first) that are still empty: a refused or failed
     write leaves none of them behind."""
@@ -397,28 +409,23 @@ def staged_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protect: 
     OSErrors a user can fix (disk full, permissions) become one WanTrtError naming ``out``.
     """
     out = followed(out)
-    made = make_parent(out, "--out")
-    try:
-        with output_lock(out, what):
-            old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect, what=what)  # again, locked
-            _remove_stale_staging(out)
-            staging = None
-            try:
-                staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-                staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export gets the usual mode
-                (staging / MARKER).write_text(marker_text(what))
-                yield staging
-                _swap_into_place(staging, out, old, what)
-            except OSError as exc:
-                raise os_error_message(exc, f"writing the {what} --out {out}",
-                                       f"free space there or pick another --out; the previous {what}, if any, "
-                                       "is unchanged") or exc
-            finally:
-                if staging is not None and staging.exists():
-                    shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        remove_made(made)
-        raise
+    with parent_made(out, "--out"), output_lock(out, what):
+        old = check_out_dir(out, owned_files, overwrite=overwrite, protect=protect, what=what)  # again, now locked
+        _remove_stale_staging(out)
+        staging = None
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+            staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export gets the usual mode
+            (staging / MARKER).write_text(marker_text(what))
+            yield staging
+            _swap_into_place(staging, out, old, what)
+        except OSError as exc:
+            raise os_error_message(exc, f"writing the {what} --out {out}",
+                                   f"free space there or pick another --out; the previous {what}, if any, "
+                                   "is unchanged") or exc
+        finally:
+            if staging is not None and staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 def marker_text(what: str) -> str:
@@ -537,14 +544,9 @@ def locked_out_file(path: Path, flag: str, written: Callable[[Path], bool], what
                     writer: str) -> Iterator[None]:
     """Hold ``path``'s lock while a ``writer`` run writes it, once :func:`check_out_file` allows it under the lock:
     a second run writing the same file fails at once. A run that fails leaves no folder this made, if still empty."""
-    made = make_parent(path, flag)
-    try:
-        with output_lock(path, writer):
-            check_out_file(path, flag, written, what, overwrite=overwrite)
-            yield
-    except BaseException:
-        remove_made(made)
-        raise
+    with parent_made(path, flag), output_lock(path, writer):
+        check_out_file(path, flag, written, what, overwrite=overwrite)
+        yield
 
 
 def write_file(path: Path, data: bytes) -> None:

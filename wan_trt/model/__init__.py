@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
+from torch import nn
 
 from wan_trt.config import WanConfig, validate
 from wan_trt.model.checkpoint import load_checkpoint, load_tiny_decoder, load_vae_decoder
@@ -53,12 +55,9 @@ def build_decoder(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: st
     cfg = decoder_config(cfg)
     with torch.device("meta"):
         decoder = VideoDecoder(cfg)
-    if weights is not None:
-        load_vae_decoder(decoder, weights, dtype=dtype, device=device)
-    else:
-        decoder = random_init(decoder.to_empty(device="cpu"), seed).to(device=device, dtype=dtype)
+    decoder = _with_weights(decoder, load_vae_decoder, weights, dtype, device, seed)
     decoder.mean, decoder.std = (t.to(device=device, dtype=dtype) for t in latent_statistics(cfg))
-    return decoder.eval().requires_grad_(False)
+    return decoder
 
 
 def build_tiny_decoder(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -67,8 +66,15 @@ def build_tiny_decoder(cfg: WanConfig, dtype: torch.dtype = torch.float32, devic
     part of a ``taew2_1.pth`` checkpoint, or seeded random weights (their frames are noise)."""
     with torch.device("meta"):
         decoder = TinyDecoder(cfg.model.out_dim)
+    return _with_weights(decoder, load_tiny_decoder, weights, dtype, device, seed)
+
+
+def _with_weights(decoder: nn.Module, load: Callable[..., nn.Module], weights: str | Path | None, dtype: torch.dtype,
+                  device: str | torch.device, seed: int) -> nn.Module:
+    """``decoder`` (made on the meta device) given its weights in eval mode: ``load``-ed from the checkpoint
+    ``weights``, or seeded random."""
     if weights is not None:
-        load_tiny_decoder(decoder, weights, dtype=dtype, device=device)
+        load(decoder, weights, dtype=dtype, device=device)
     else:
         decoder = random_init(decoder.to_empty(device="cpu"), seed).to(device=device, dtype=dtype)
     return decoder.eval().requires_grad_(False)

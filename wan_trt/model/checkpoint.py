@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 import re
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 from torch import nn
@@ -226,14 +226,9 @@ def load_vae_decoder(model: nn.Module, path: str | Path, dtype: torch.dtype = to
 
     The encoder's keys are skipped; any other key, a missing one or a wrong shape fails, listed.
     """
-    raw = read_state_dict(path, "--vae-weights")
-    state = {k: v for k, v in raw.items() if not k.startswith(VAE_ENCODER_PREFIXES)}
-    check_keys(model, state, str(path), "--vae-weights",
-               _other_width(model, state) or _tiny_decoder_file(state)
-               or "pass the Wan2.1 VAE (Wan2.1_VAE.pth) or its decoder")
-    check_values(state, str(path), dtype, "--vae-weights")
-    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
-    return model
+    return _load_decoder_part(model, path, VAE_ENCODER_PREFIXES, dtype, device, lambda state: (
+        _other_width(model, state) or _tiny_decoder_file(state) or "pass the Wan2.1 VAE (Wan2.1_VAE.pth) or its "
+        "decoder"))
 
 
 TINY_ENCODER_PREFIX = "encoder."
@@ -243,11 +238,17 @@ def load_tiny_decoder(model: nn.Module, path: str | Path, dtype: torch.dtype = t
                       device: str | torch.device = "cpu") -> nn.Module:
     """Load the decoder part (``decoder.*``) of a TAEHV checkpoint for Wan2.1 (``taew2_1.pth``) strictly into
     ``model``. The encoder's keys are skipped; any other key, a missing one or a wrong shape fails, listed."""
-    raw = read_state_dict(path, "--vae-weights")
-    state = {k: v for k, v in raw.items() if not k.startswith(TINY_ENCODER_PREFIX)}
-    check_keys(model, state, str(path), "--vae-weights",
-               "the tiny decoder takes TAEHV's checkpoint for Wan2.1's latents (taew2_1.pth); the Wan2.1 VAE "
-               "(Wan2.1_VAE.pth) goes with the Wan decoder")
+    return _load_decoder_part(model, path, (TINY_ENCODER_PREFIX,), dtype, device, lambda state: (
+        "the tiny decoder takes TAEHV's checkpoint for Wan2.1's latents (taew2_1.pth); the Wan2.1 VAE "
+        "(Wan2.1_VAE.pth) goes with the Wan decoder"))
+
+
+def _load_decoder_part(model: nn.Module, path: str | Path, skipped: tuple[str, ...], dtype: torch.dtype,
+                       device: str | torch.device, hint: Callable[[dict[str, torch.Tensor]], str]) -> nn.Module:
+    """The keys of the --vae-weights file ``path`` not starting with ``skipped`` (an autoencoder's encoder), loaded
+    strictly into ``model``; refused listing wrong keys, with ``hint(state)`` saying what to pass, or values."""
+    state = {k: v for k, v in read_state_dict(path, "--vae-weights").items() if not k.startswith(skipped)}
+    check_keys(model, state, str(path), "--vae-weights", hint(state))
     check_values(state, str(path), dtype, "--vae-weights")
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
     return model
