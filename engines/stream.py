@@ -93,7 +93,8 @@ class StreamOptions:
         vae_weights: the decoder's checkpoint (the Wan2.1 VAE, or taew2_1.pth for the tiny decoder); seeded random
             weights when None.
         decoder: which video decoder makes the frames (:data:`wan_trt.cli_options.DECODERS`): 'wan' (Wan2.1's VAE
-            decoder) or 'tiny' (TAEHV's: a twenty-fifth of the work, coarser frames).
+            decoder) or 'tiny' (TAEHV's: a twenty-fifth of the work, coarser frames); None: 'wan', as when the user
+            named none (one named is refused where no video is written).
         actions: a JSON-lines file of the blocks' actions (:mod:`wan_trt.actions`); synthetic when None.
         overwrite: replace an earlier stream output at ``out`` (a folder with other files is never replaced).
     """
@@ -110,7 +111,12 @@ class StreamOptions:
     vae_weights: str | None = None
     actions: Path | None = None
     overwrite: bool = False
-    decoder: str = "wan"
+    decoder: str | None = None
+
+    @property
+    def decoder_kind(self) -> str:
+        """The graph kind of the video decoder (:data:`DECODERS`)."""
+        return DECODERS[self.decoder or "wan"]
 
 
 def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
@@ -127,9 +133,9 @@ def run_stream(cfg: WanConfig, options: StreamOptions) -> dict[str, Any]:
     if o.vae_weights is not None and (out is None or not o.video):  # the decoder would never be built
         raise WanTrtError(f"--vae-weights {o.vae_weights}: the video decoder runs only when the stream writes its "
                           "video (--out, without --no-video); write the video or drop --vae-weights")
-    if o.decoder not in DECODERS:
+    if o.decoder is not None and o.decoder not in DECODERS:
         raise WanTrtError(f"--decoder {o.decoder}: expected one of {', '.join(DECODERS)}")
-    if o.decoder != "wan" and (out is None or not o.video):
+    if o.decoder is not None and (out is None or not o.video):
         raise WanTrtError(f"--decoder {o.decoder}: the video decoder runs only when the stream writes its video "
                           "(--out, without --no-video); write the video or drop --decoder")
     files = input_files(o.weights, o.vae_weights, o.actions)
@@ -194,7 +200,7 @@ def stream_inputs(cfg: WanConfig, o: StreamOptions, decoded: bool) -> dict[str, 
     def source(path: str | Path | None, otherwise: str) -> dict[str, Any] | str:
         return otherwise if path is None else {"path": str(Path(path).resolve()), **file_digest(path)}
     return {"config": cfg.to_dict(), "weights": source(o.weights, f"random (seed {o.seed})"),
-            "decoder": DECODERS[o.decoder] if decoded else None,
+            "decoder": o.decoder_kind if decoded else None,
             "vae_weights": source(o.vae_weights, f"random (seed {o.seed})") if decoded else None,
             "actions": source(o.actions, f"synthetic (seed {o.seed})"),
             "conditioning": f"seeded noise (seed {o.seed})", "seed": o.seed}
@@ -225,7 +231,7 @@ def owned_stream_files(directory: Path) -> list[Path] | None:
 
 def stream_decoder(cfg: WanConfig, o: StreamOptions) -> DecoderStream:
     """The PyTorch video decoder (its two calls) in the stream's precision and device."""
-    kind = GRAPH_KINDS[DECODERS[o.decoder]]
+    kind = GRAPH_KINDS[o.decoder_kind]
     with stage(f"build the video decoder ({kind.name})"):
         decoder = kind.build(cfg, precision_dtype(o.precision), o.device, o.vae_weights, o.seed)
     if o.weights is None or o.vae_weights is None:

@@ -252,13 +252,10 @@ def stream(config_name, weights, precision, device, seed, blocks, reference, out
     if out is None and video is not None:  # an option the run would not use is refused, never dropped
         raise WanTrtError(f"--{'' if video else 'no-'}video: the stream writes its video only under --out; give "
                           "--out or drop the flag")
-    if given("decoder") and (out is None or video is False):
-        raise WanTrtError(f"--decoder {decoder}: the video decoder runs only when the stream writes its video (--out, "
-                          "without --no-video); write the video or drop --decoder")
     options = StreamOptions(blocks=blocks, precision=precision, device=pick_device(device), weights=weights,
                             seed=seed, reference=reference, out=Path(out) if out else None, video=video is not False,
                             vae_weights=vae_weights, actions=Path(actions) if actions else None,
-                            overwrite=overwrite, decoder=decoder)
+                            overwrite=overwrite, decoder=decoder if given("decoder") else None)
     report = run_stream(load_config(config_name), options)
     click.echo(json.dumps(json_values(report["summary"]), indent=2))
     if reference and not report["summary"]["reference_match"]:
