@@ -2,9 +2,9 @@
 #   make demo   set up, then run the main job on the small built-in config
 #   make test   set up, then run the test suite (what .ci/run calls)
 ROOT := $(dir $(lastword $(MAKEFILE_LIST)))
-# the Python (3.10+) that makes $(VENV); clean asks it, from this folder, for wan-trt's marker file name
+# the Python (3.10+) that makes $(VENV); clean asks it, from this folder, which files wan-trt wrote
 BASE_PY ?= python3
-VENV ?= .venv
+VENV ?= $(ROOT).venv
 PY := $(VENV)/bin/python
 WAN := $(VENV)/bin/wan-trt
 DEMO_CONFIG ?= universal-small
@@ -38,16 +38,16 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
-# the environment and what `make demo` wrote: wan-trt's output folders (by their marker) and its bench report. The
-# marker's name is the package's (wan_trt/outputs.py, standard library only: no $(VENV) needed), asked only where a
-# folder is to be judged, so that a fresh clone cleans with no Python; where none answers, nothing is removed.
+# the environment and what `make demo` wrote: in its output folders and its bench report, what wan-trt wrote and nothing
+# else (a user's files there stay). The package judges that (`python3 -m wan_trt.owned`: the standard library only, no
+# $(VENV) needed), asked only where there is something to judge, so that a fresh clone cleans with no Python; where
+# none answers, nothing is removed.
 clean:
-	if [ -d $(DEMO_OUT)/export ] || [ -d $(DEMO_OUT)/stream ]; then \
-	  marker=$$(PYTHONPATH="$(ROOT)" $(BASE_PY) -m wan_trt.outputs) && [ -n "$$marker" ] || { \
-	    echo "make clean: '$(BASE_PY) -m wan_trt.outputs' gave no marker file name to tell wan-trt's output" \
-	      "folders from others: nothing removed; install Python 3.10+ or name one with BASE_PY=/path/to/python3" >&2; \
+	if [ -e $(DEMO_OUT)/export ] || [ -e $(DEMO_OUT)/stream ] || [ -e $(DEMO_OUT)/bench.json ]; then \
+	  PYTHONPATH="$(ROOT)" $(BASE_PY) -c "import wan_trt.owned" 2> /dev/null || { \
+	    echo "make clean: '$(BASE_PY) -m wan_trt.owned' did not run to tell wan-trt's files from others:" \
+	      "nothing removed; install Python 3.10+ or name one with BASE_PY=/path/to/python3" >&2; \
 	    exit 1; }; \
-	  for d in $(DEMO_OUT)/export $(DEMO_OUT)/stream; do if [ -e "$$d/$$marker" ]; then rm -rf "$$d"; fi; done; fi
+	  PYTHONPATH="$(ROOT)" $(BASE_PY) -m wan_trt.owned clean $(DEMO_OUT)/export $(DEMO_OUT)/stream $(DEMO_OUT)/bench.json; fi
 	rm -rf $(VENV)
-	if grep -qs '"backends"' $(DEMO_OUT)/bench.json; then rm -f $(DEMO_OUT)/bench.json; fi
 	rmdir $(DEMO_OUT) 2> /dev/null || true

@@ -27,11 +27,12 @@ from wan_trt.engines.runtime.runner import concrete_device
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import decoder_dirs
 from wan_trt.export.manifest import MANIFEST, Manifest, tool_versions
-from wan_trt.export.manifest_schema import OPS, recorded_files
+from wan_trt.export.manifest_schema import OPS
 from wan_trt.log import logger
 from wan_trt.model.fp8 import FP8_SCHEME
-from wan_trt.outputs import (check_parent_chain, engine_name_room, engine_of_metadata, remove_stale_partials,
+from wan_trt.outputs import (check_parent_chain, engine_name_room, engine_of_metadata, remove_stale_partials, resolved,
                              usual_file_mode, write_file, written_by_build)
+from wan_trt.owned import recorded_files
 
 REBUILD = "rebuild it with `wan-trt build`"
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # the devices an engine is built for
@@ -292,7 +293,7 @@ def check_engine_out(engine: Path) -> None:
     if engine.is_symlink():
         raise WanTrtError(f"--out {engine} is a symbolic link (to {os.path.realpath(engine)}); name the file to write "
                           "itself")
-    check_parent_chain(engine.resolve(), "--out", engine_name_room(engine))
+    check_parent_chain(resolved(engine, "--out"), "--out", engine_name_room(engine))
     if engine.is_dir():
         raise WanTrtError(f"--out {engine} is a folder; the engine --out names a file, e.g. {engine}/engine.plan")
     meta = EngineMetadata.path_for(engine)

@@ -55,10 +55,10 @@ from wan_trt.pipeline import ReferencePipeline
 from wan_trt.profiling import (allocated_memory_gib, op_class_profile, peak_memory_gib, provenance,
                                reset_peak_memory, summarize_ms, synchronize)
 from wan_trt.outputs import json_with_keys, locked_out_file, write_file
+from wan_trt.owned import BENCH_REPORT_KEYS, is_bench_report
 from wan_trt.spec import LATENTS
 from wan_trt.stream import NoiseSource, synthetic_stream
 
-REPORT_KEYS = {"command", "environment", "backends", "skipped", "failed"}  # in every results file
 # Warm-up blocks left out of a row's times: the first (its CUDA graphs are captured), and with a decoder the
 # second too (DECODER_WARMUP_BLOCKS). A run needs at least one block more.
 WARMUP_BLOCKS = 1
@@ -343,7 +343,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if out is not None and chart is not None and Path(out).resolve() == Path(chart).resolve():
         raise WanTrtError(f"--out and --chart are both {out}: the chart would replace the report; give two files")
     with contextlib.ExitStack() as locks:  # held to the end: a second bench writing one of them fails at once
-        for flag, path, written, what in (("--out", out, is_report, "wan-trt bench report"),
+        for flag, path, written, what in (("--out", out, is_bench_report, "wan-trt bench report"),
                                           ("--chart", chart, is_chart,
                                            "chart wan-trt bench drew (an older wan-trt's charts carry no mark)")):
             if path is not None:
@@ -377,7 +377,7 @@ def _bench_rows(directory: Path, o: BenchOptions, backends: list[str], named: bo
     progress = Path(out) if out else None
     if progress is not None and progress.exists():
         progress = progress.with_name(f".{progress.name}.incomplete")
-        if progress.exists() and not json_with_keys(progress, REPORT_KEYS):  # not a killed run's rows: the user's
+        if progress.exists() and not json_with_keys(progress, BENCH_REPORT_KEYS):  # not a killed run's rows: the user's
             raise WanTrtError(f"--out {out}: {progress} beside it, where this run keeps its rows until it replaces "
                               "the earlier report, is not a wan-trt bench report; move it away, or give another --out")
 
@@ -481,11 +481,6 @@ def write_chart(report: dict[str, Any], path: Path) -> Path | None:
     plt.close(fig)
     write_file(path, png.getvalue())
     return path
-
-
-def is_report(path: Path) -> bool:
-    """Whether ``path`` is a results file `wan-trt bench` wrote."""
-    return json_with_keys(path, REPORT_KEYS) is not None
 
 
 def is_chart(path: Path) -> bool:

@@ -17,6 +17,7 @@ from wan_trt.export.decoder import decoder_dirs, read_decoder
 from wan_trt.export.manifest import Manifest
 from wan_trt.export.transformer import export_transformer
 from wan_trt.graphs import graph_kind
+from wan_trt.outputs import check_input_file
 
 
 def resolve_export(directory: str | None, config_name: str | None, precision: str | None, ops: str, *,
@@ -101,11 +102,10 @@ def check_weight_flags(path: Path, manifest: Manifest, weights: str | None, seed
     recorded = manifest.weights
     fix = f"re-export with `{export_command(manifest, path, weights=weights, seed=seed)}`, or drop the flag"
     if weights is not None:
+        check_input_file(weights, "--weights")
         if recorded["source"] != "checkpoint":
             raise WanTrtError(f"--weights {weights}: {path} was exported with random weights (seed "
                               f"{recorded['seed']}), not from a checkpoint; {fix}")
-        if not Path(weights).is_file():
-            raise WanTrtError(f"--weights {weights}: no such file")
         if not manifest.made_from(weights):
             raise WanTrtError(f"--weights {weights}: {path} was exported from another checkpoint "
                               f"({recorded['path']}, other contents); {fix}")

@@ -25,7 +25,8 @@ from wan_trt.engines.runtime.session import StreamingSession, stream_blocks
 from wan_trt.digest import file_digest, file_identity, require_unchanged
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, stage
-from wan_trt.outputs import MARKER, check_input_file, check_out_dir, json_values, json_with_keys, staged_dir
+from wan_trt.outputs import check_input_file, check_out_dir, json_values, staged_dir
+from wan_trt.owned import STREAM_FILES, owned_stream_files
 from wan_trt.graphs import GRAPH_KINDS
 from wan_trt.model import build_model
 from wan_trt.precisions import ENGINE_ONLY
@@ -38,8 +39,6 @@ from wan_trt.validate.stream import reference_stream
 from wan_trt.video import FPS, write_mp4
 
 OUTPUT = "stream output"
-STREAM_FILES = ("latents.pt", "video.mp4", "report.json")  # what --out gets
-STREAM_REPORT_KEYS = {"config", "precision", "device", "block_ms", "summary"}
 # rel-L2 allowed between the two pipelines: same model, same precision, different cache form
 PIPELINE_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}
 
@@ -212,21 +211,6 @@ def input_files(weights: str | Path | None, vae_weights: str | Path | None,
     held by its --out."""
     given = {"--weights": weights, "--vae-weights": vae_weights, "--actions": actions}
     return {flag: Path(path) for flag, path in given.items() if path is not None}
-
-
-def owned_stream_files(directory: Path) -> list[Path] | None:
-    """The files `wan-trt stream` wrote into ``directory``, or None if it is not a stream output: its
-    report.json, and its marker file (a folder an older wan-trt wrote has none: then it must hold nothing
-    but the stream's own files). Its video.mp4 only if the report counts the video's frames: a stream run
-    with --no-video wrote none, so a video there is someone else's."""
-    report = json_with_keys(directory / "report.json", STREAM_REPORT_KEYS)
-    if report is None:
-        return None
-    if not (directory / MARKER).is_file() and not {p.name for p in directory.iterdir()} <= set(STREAM_FILES):
-        return None
-    summary = report["summary"]
-    names = [n for n in STREAM_FILES if n != "video.mp4" or (isinstance(summary, dict) and "video_frames" in summary)]
-    return [p for p in (directory / n for n in (MARKER, *names)) if p.is_file() and not p.is_symlink()]
 
 
 def stream_decoder(cfg: WanConfig, o: StreamOptions) -> DecoderStream:

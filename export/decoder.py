@@ -15,7 +15,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import MANIFEST, Manifest
 from wan_trt.export.writer import export_graphs
 from wan_trt.graphs import GRAPH_KINDS
-from wan_trt.outputs import marked_kind
+from wan_trt.outputs import followed, marked_kind
 
 
 def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", weights: str | None = None,
@@ -35,9 +35,24 @@ def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", wei
         held = f"a single-graph export ({MANIFEST})" if (out / MANIFEST).is_file() else f"a wan-trt {other}"
         raise WanTrtError(f"--out {out} holds {held}; the decoder's two graphs go into a folder of their own: pick "
                           "another --out")
+    for call in CALLS:  # a DiT export there is not one of a decoder's graphs, replaced with --overwrite
+        held = _dit_export(followed(out / call))
+        if held:
+            raise WanTrtError(f"--out {out}: {out / call} holds a DiT export, which a decoder export does not replace; "
+                              "the decoder's two graphs go into a folder of their own: pick another --out")
     graphs = [(GRAPH_KINDS[kind].spec.from_config(cfg, precision, call), out / call) for call in CALLS]
     manifests = export_graphs(graphs, weights=weights, seed=seed, opset=opset, overwrite=overwrite, onnx=onnx)
     return dict(zip(CALLS, manifests))
+
+
+def _dit_export(directory: Path) -> bool:
+    """Whether ``directory`` holds a readable export of a DiT pass (a damaged one is judged by the overwrite rules)."""
+    if not (directory / MANIFEST).is_file():
+        return False
+    try:
+        return not isinstance(Manifest.read(directory, verify=False).spec, DecoderSpec)
+    except WanTrtError:
+        return False
 
 
 def decoder_dirs(directory: str | Path) -> dict[str, Path] | None:

@@ -16,15 +16,12 @@ import torch
 
 from wan_trt.digest import bytes_digest, file_digest, verify_file
 from wan_trt.errors import WanTrtError
-from wan_trt.export.manifest_schema import FORMAT, parse_manifest, recorded_files
+from wan_trt.export.manifest_schema import FORMAT, parse_manifest
 from wan_trt.graphs import graph_kind
 from wan_trt.model.checkpoint import weights_fingerprint
-from wan_trt.outputs import MARKER, check_files_in, engine_files_in
+from wan_trt.owned import GRAPH, MANIFEST, SAMPLE_INPUTS  # noqa: F401  (with the rules telling wan-trt's files apart)
 from wan_trt.spec import GraphSpec
 
-MANIFEST = "manifest.json"
-GRAPH = "model.onnx"
-SAMPLE_INPUTS = "sample_inputs.safetensors"
 
 
 def tool_versions() -> dict[str, str]:
@@ -194,14 +191,3 @@ def verify_weights(manifest: "Manifest", model) -> None:
     if weights_fingerprint(model) != manifest.weights["sha256"]:
         raise WanTrtError("the rebuilt PyTorch reference does not hold the graph's weights (checkpoint changed "
                           "since export?); re-export")
-
-
-def owned_export_files(directory: Path) -> list[Path] | None:
-    """Every file wan-trt wrote into the export ``directory``, or None if it is not a wan-trt export."""
-    names = recorded_files(directory / MANIFEST)
-    if names is None and not (directory / MARKER).is_file():
-        return None
-    names = names if names is not None else [GRAPH, GRAPH + ".data", SAMPLE_INPUTS]
-    owned = [directory / n for n in [MARKER, MANIFEST, *names]]
-    owned += check_files_in(directory)
-    return [p for p in owned if p.is_file()] + engine_files_in(directory)

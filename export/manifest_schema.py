@@ -13,8 +13,8 @@ from typing import Any
 from wan_trt.digest import check_digest_record
 from wan_trt.errors import WanTrtError
 from wan_trt.graphs import spec_from_dict
+from wan_trt.owned import FORMAT
 
-FORMAT = "wan-trt-export/1"
 OPS = ("native", "plugins")
 FIX = "re-export it with `wan-trt export --overwrite`"
 _NONE = type(None)
@@ -89,17 +89,3 @@ def parse_manifest(raw: bytes, path: Path) -> dict[str, Any]:
                           f"{FIX}")
     kwargs = {k: v for k, v in data.items() if k not in ("format", "fingerprint")}
     return {**kwargs, "spec": spec}
-
-
-def recorded_files(path: Path) -> list[str] | None:
-    """The file names a wan-trt manifest at ``path`` lists (also a damaged or older one); None if it is
-    missing or not a wan-trt manifest. Used to recognise an export before replacing it."""
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    legacy = {"spec", "fingerprint", "weights", "sample_inputs"}
-    if not isinstance(data, dict) or not (data.get("format") == FORMAT or legacy <= set(data)):
-        return None
-    names = [data.get(k) for k in ("graph", "external_data", "sample_inputs")]
-    return [n for n in names if isinstance(n, str) and Path(n).name == n and n not in ("", ".", "..")]

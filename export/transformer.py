@@ -10,6 +10,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import decoder_dirs
 from wan_trt.export.manifest import Manifest
 from wan_trt.export.writer import export_graph
+from wan_trt.outputs import followed
 from wan_trt.spec import PassSpec
 
 
@@ -18,11 +19,12 @@ def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16",
                        onnx: bool = True) -> Manifest:
     """Export one pass of ``cfg`` to ``out/model.onnx`` with manifest and sample inputs (see ``export_graph``)."""
     out = Path(out)
-    if decoder_dirs(out) is not None:
+    target = followed(out)  # the folder written: a link's, '..' taken
+    if decoder_dirs(target) is not None:
         raise WanTrtError(f"--out {out} holds a decoder export (first/, steady/), which a DiT export does not "
                           "replace; the DiT's graph goes into a folder of its own: pick another --out")
-    if out.name in CALLS and decoder_dirs(out.parent) is not None:  # replaced, it would break the decoder's pair
-        raise WanTrtError(f"--out {out} is the {out.name} graph of the decoder export {out.parent}, which a DiT "
+    if target.name in CALLS and decoder_dirs(target.parent) is not None:  # replaced, it would break the decoder's pair
+        raise WanTrtError(f"--out {out} is the {target.name} graph of the decoder export {target.parent}, which a DiT "
                           "export does not replace; the DiT's graph goes into a folder of its own: pick another --out")
     return export_graph(PassSpec.from_config(cfg, precision), out, weights=weights, seed=seed, ops=ops, opset=opset,
                         overwrite=overwrite, onnx=onnx)

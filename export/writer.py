@@ -9,6 +9,7 @@ failed or interrupted export never leaves a directory that looks done (wan_trt/o
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from pathlib import Path
 
@@ -19,13 +20,14 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.fp8 import MIN_OPSET as FP8_MIN_OPSET
 from wan_trt.export.fp8 import translation_table as fp8_translation_table
 from wan_trt.export.graph import check_graph
-from wan_trt.export.manifest import GRAPH, SAMPLE_INPUTS, Manifest, owned_export_files
+from wan_trt.export.manifest import GRAPH, SAMPLE_INPUTS, Manifest
 from wan_trt.export.manifest_schema import OPS
 from wan_trt.export.plugin_ops import plugin_node_counts, translation_table
 from wan_trt.graphs import graph_kind
 from wan_trt.log import logger, stage
 from wan_trt.model.checkpoint import weights_fingerprint
-from wan_trt.outputs import check_out_dir, staged_dir
+from wan_trt.outputs import check_input_file, check_out_dir, followed, staged_dir
+from wan_trt.owned import owned_export_files
 from wan_trt.spec import GraphSpec
 
 OPSETS = (18, 23)
@@ -57,6 +59,9 @@ def export_graphs(graphs: list[tuple[GraphSpec, Path]], *, weights: str | None =
         _check_flags(spec, weights, ops, opset)
     protect = [Path(weights)] if weights else []
     read = file_identity(weights) if weights else None  # before it is read: see _provenance
+    for (_, out), (_, other) in itertools.combinations(graphs, 2):  # one folder locked twice waits on itself
+        if followed(out).resolve() == followed(other).resolve():
+            raise WanTrtError(f"--out: {out} and {other} are one folder (a symbolic link); the graphs go into two")
     for _, out in graphs:  # before minutes of work; again under the locks
         check_out_dir(out, owned_export_files, overwrite=overwrite, protect=protect)
     with contextlib.ExitStack() as staged:  # swapped in reverse order once all are written; none if one fails
@@ -81,8 +86,8 @@ def _check_flags(spec: GraphSpec, weights: str | None, ops: str, opset: int) -> 
     if spec.precision == "fp8" and opset < FP8_MIN_OPSET:
         raise WanTrtError(f"--opset {opset}: an fp8 graph needs opset {FP8_MIN_OPSET} or later (one FP8 scale per "
                           f"row is QuantizeLinear's block_size); export it with --opset 23")
-    if weights is not None and not Path(weights).is_file():
-        raise WanTrtError(f"{kind.weights_flag} {weights}: no such file")
+    if weights is not None:
+        check_input_file(weights, kind.weights_flag)
 
 
 def _export_into(staging: Path, spec: GraphSpec, *, weights: str | None, read: tuple | None, seed: int, ops: str,

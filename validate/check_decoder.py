@@ -30,8 +30,8 @@ from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import decoder_dirs, read_decoder
 from wan_trt.export.manifest import MANIFEST, Manifest, reference_models
-from wan_trt.export.manifest_schema import recorded_files
 from wan_trt.log import logger, stage
+from wan_trt.owned import recorded_files
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (DEFAULT_BLOCKS, CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                     check_single_pass, clear_report, engine_report_name, folder_identities,
@@ -41,14 +41,19 @@ from wan_trt.validate.check import (DEFAULT_BLOCKS, CheckOptions, CheckReport, O
 from wan_trt.validate.metrics import error_stats, passes, tolerance
 
 
-def require_history_check(options: CheckOptions) -> None:
-    """The single calls judge ``rgb`` only; the histories are judged by the stream from its second block on,
-    where the steady graph first reads them: a decoder check streams at least 2 blocks."""
-    options = options.as_run(DecoderSpec.KIND)
-    if not options.stream or options.blocks < 2:
+MIN_BLOCKS = 3  # a decoder's stream check: the first graph's histories are read in block 1, the steady's in block 2
+
+
+def require_history_check(options: CheckOptions, kind: str) -> None:
+    """The single calls judge ``rgb`` only; the histories are judged by the stream where they are read: the first
+    graph's in the second block, the steady graph's own in the third. A decoder check streams at least
+    :data:`MIN_BLOCKS` blocks (``kind``: the decoder's graph kind, whose default it takes when none is asked)."""
+    options = options.as_run(kind)
+    if not options.stream or options.blocks < MIN_BLOCKS:
         asked = "--no-stream" if not options.stream else f"--blocks {options.blocks}"
-        raise WanTrtError(f"{asked}: a decoder's histories are judged by the stream check from its second block on "
-                          "(where the steady graph reads them); check a decoder with --blocks 2 or more")
+        raise WanTrtError(f"{asked}: a decoder's histories are judged by the stream check where they are read (the "
+                          "first graph's in block 2, the steady graph's in block 3); check a decoder with "
+                          f"--blocks {MIN_BLOCKS} or more")
 
 
 def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners: dict[str, Runner],
@@ -61,8 +66,9 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
     ``engines``). The report is written to ``<steady export>/check/report_<engine file name or backend>.json``
     (:func:`report_path`). ``identity``: :func:`folder_identities` of ``dirs`` taken before the manifests were
     read (defaults to taking it here)."""
-    options = options.as_run(DecoderSpec.KIND)
-    require_history_check(options)
+    kind = manifests["steady"].spec.KIND
+    require_history_check(options, kind)
+    options = options.as_run(kind)
     require_polygraphy()
     identity = identity if identity is not None else folder_identities(*dirs.values())
     spec = manifests["steady"].spec
@@ -127,8 +133,8 @@ def decode_whole_clip(decoder, latents: torch.Tensor) -> torch.Tensor:
         torch.cuda.empty_cache()
         raise WanTrtError(f"the decoder's stream check compares its blocks with the whole clip decoded at once, and "
                           f"that clip ({latents.shape[2]} latent frames, {str(dtype).removeprefix('torch.')}) does "
-                          f"not fit in {device}'s memory: pass fewer --blocks (at least 2; the default is "
-                          f"{DEFAULT_BLOCKS[DecoderSpec.KIND]})") from None
+                          f"not fit in {device}'s memory: pass fewer --blocks (at least {MIN_BLOCKS}), or check on "
+                          "a device with more memory") from None
     return rgb.float().cpu()
 
 
@@ -186,9 +192,9 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
         dirs = decoder_dirs(target)
         if dirs is None:
             return check_export(target, options)
-        require_history_check(options)
         identity = folder_identities(*dirs.values())  # before the manifests are read: a report is of the folders read
         manifests = read_decoder(target)
+        require_history_check(options, manifests["steady"].spec.KIND)
         onnxruntime = backend_module(get_backend("onnxruntime"))
         runners = {c: onnxruntime.check_runners(dirs[c], manifests[c], options.provider)[0] for c in CALLS}
         return check_decoder(dirs, manifests, runners, options, identity=identity)
@@ -197,8 +203,8 @@ def check_target(target: str | Path, options: CheckOptions = CheckOptions()) -> 
     directory, manifest = export_for_engine(target, meta)
     if not isinstance(manifest.spec, DecoderSpec):
         return check_engine(target, options)
-    require_history_check(options)
     pair = paired_engines(target)  # the two engines, of one decoder's two exports
+    require_history_check(options, pair["steady"].manifest.spec.KIND)
     identity = {**identities_of_read({e.directory: e.manifest for e in pair.values()}, "the decoder"),  # before loading
                 **folder_identities(*(e.path for e in pair.values()))}
     runners = {call: verified_runners(e.path, e.meta, e.manifest)[0] for call, e in pair.items()}

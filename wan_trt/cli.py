@@ -325,7 +325,7 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
               help="ONNX Runtime execution provider for an export directory (default cpu; bf16/fp16 graphs need "
                    "cuda: ORT-CPU has no bf16 kernels). An engine runs where it was built: refused with one.")
 @click.option("--blocks", type=click.IntRange(1), default=None,
-              help="Blocks of the multi-block stream check [default: 8; a decoder's 3, and 2 or more].")
+              help="Blocks of the multi-block stream check [default: 8; a decoder's 3, and 3 or more].")
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Run the multi-block stream check (a decoder's histories are judged there: never skipped).")
 @seed_option

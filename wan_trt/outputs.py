@@ -8,13 +8,14 @@ are removed afterwards. ``--out`` is refused when it holds anything else, the cu
 directory or the input checkpoint. Engine files follow the same rules (:func:`check_engine_out`).
 
 Which files of a folder an export wrote is the caller's to say (``owned_files``, e.g.
-``wan_trt.export.manifest.owned_export_files``); engines `wan-trt build` wrote are recognised
+``wan_trt.owned.owned_export_files``); engines `wan-trt build` wrote are recognised
 here (:func:`engine_files_in`); this module imports only wan_trt.errors and wan_trt.log, which need the standard
-library alone: ``python -m wan_trt.outputs`` gives `make clean` the marker's name where no environment is set up.
+library alone (`make clean` runs :mod:`wan_trt.owned` on it where no environment is set up).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import json
@@ -177,8 +178,13 @@ def lock_held(lock: Path) -> bool:
 def build_leftovers(directory: Path) -> tuple[list[Path], list[Path]]:
     """(stale files a killed build left in ``directory``, lock files a running build holds). While any
     build holds its lock, none of its files is stale."""
-    leftovers = [path for path in directory.iterdir()
-                 if (engine := build_file_of(path)) is not None and is_known_engine(directory, engine)]
+    files = {path: engine for path in directory.iterdir() if (engine := build_file_of(path)) is not None}
+    locked = {engine for path, engine in files.items() if path.name.endswith(".lock")}
+    staged = {engine for path, engine in files.items() if not path.name.endswith(".lock")}
+    # an engine of the user's name whose first build was killed has no metadata yet: its lock and staging file
+    # together say what they are
+    leftovers = [path for path, engine in files.items()
+                 if is_known_engine(directory, engine) or (engine in locked and engine in staged)]
     held = [path for path in leftovers if path.name.endswith(".lock") and lock_held(path)]
     return ([] if held else leftovers), held
 
@@ -191,12 +197,26 @@ def remove_stale_partials(engine: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def resolved(path: Path, flag: str) -> Path:
+    """``path`` absolute, its symbolic links and '..' taken (as :meth:`Path.resolve`), a link loop refused."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError as exc:  # a link loop, before Python 3.13
+        raise WanTrtError(f"{flag} {path}: a symbolic link loop ({exc}); pick another {flag}") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise WanTrtError(f"{flag} {path}: a symbolic link loop; pick another {flag}") from None
+        raise
+
+
 def followed(out: Path, flag: str = "--out") -> Path:
     """``out``, or where it points if it is a symbolic link: an output replaces its folder by renames, which
-    would replace the link itself (the user's link gone, the folder it pointed to emptied)."""
+    would replace the link itself (the user's link gone, the folder it pointed to emptied). A path with '..'
+    in it is taken as the folder it names (its lock and staging files go beside that, not into a folder
+    '..' leaves, which would be made)."""
     if not out.is_symlink():
-        return out
-    target = Path(os.path.realpath(out))
+        return resolved(out, flag) if ".." in out.parts else out
+    target = resolved(out, flag)
     if not target.exists():
         raise WanTrtError(f"{flag} {out} is a symbolic link to {target}, which does not exist; create that "
                           f"folder or pass another {flag}")
@@ -317,14 +337,14 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
     What a killed build left (its lock and staging files, nobody holding the lock) counts as wan-trt's.
     """
     out = followed(out)
-    resolved = out.resolve()
-    check_parent_chain(resolved, "--out")
+    real = resolved(out, "--out")
+    check_parent_chain(real, "--out")
     cwd = Path.cwd().resolve()
-    if resolved == cwd or resolved in cwd.parents:
+    if real == cwd or real in cwd.parents:
         raise WanTrtError(f"--out {out} is the current directory or holds it; {_a(what)} replaces its whole --out "
                           "folder: pick a new folder, e.g. --out out/new")
     for path in filter(None, protect):
-        if resolved in Path(path).resolve().parents:
+        if real in Path(path).resolve().parents:
             raise WanTrtError(f"--out {out} holds the input file {path}, which {_a(what)} never deletes; "
                               "pick another --out")
     if not out.exists():
@@ -358,8 +378,13 @@ def check_out_dir(out: Path, owned_files: OwnedFiles, *, overwrite: bool, protec
 def make_parent(path: Path, flag: str) -> list[Path]:
     """The folder ``path`` goes in, made if missing (where it can be: :func:`check_parent_chain`). Returns the
     folders made, deepest first (for :func:`remove_made`)."""
-    check_parent_chain(path.resolve(), flag)
-    parent = path.resolve().parent
+    real = resolved(path, flag)
+    check_parent_chain(real, flag)
+    for folder in path.parents:  # a dangling link above: the folder it names would be made, somewhere else
+        if folder.is_symlink() and not folder.exists():
+            raise WanTrtError(f"{flag} {path}: {folder} is a symbolic link to {os.path.realpath(folder)}, which does "
+                              f"not exist; create that folder or pick another {flag}")
+    parent = real.parent
     made = []
     try:
         for folder in [*reversed(parent.parents), parent]:  # outermost first; only those this call made are its
@@ -527,7 +552,7 @@ def check_out_file(path: Path, flag: str, written: Callable[[Path], bool], what:
     if path.is_symlink():
         raise WanTrtError(f"{flag} {path} is a symbolic link (to {os.path.realpath(path)}); name the file to write "
                           "itself")
-    check_parent_chain(path.resolve(), flag)
+    check_parent_chain(resolved(path, flag), flag)
     if not path.exists():
         return
     if path.is_dir():
@@ -596,7 +621,3 @@ def staged_file(path: Path) -> Iterator[Path]:
             place_staged(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-
-
-if __name__ == "__main__":  # `python -m wan_trt.outputs`: the marker file's name, for `make clean` (no dependencies)
-    print(MARKER)

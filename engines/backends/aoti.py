@@ -28,7 +28,7 @@ from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
 from wan_trt.log import stage
 from wan_trt.graphs import graph_kind
-from wan_trt.outputs import output_lock
+from wan_trt.outputs import output_lock, parent_made
 from wan_trt.plugins.registry import FUSED_OPS
 
 FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada and Hopper onwards
@@ -70,8 +70,7 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     key = engine_key(manifest, "aoti", device, {"ops": ops})
     check_engine_name(get_backend("aoti"), engine)
     check_engine_out(engine)
-    engine.parent.mkdir(parents=True, exist_ok=True)
-    with output_lock(engine, "build"):
+    with parent_made(engine, "--out"), output_lock(engine, "build"):  # a failed build leaves no folder it made
         if force or not up_to_date(engine, key, manifest):
             _compile(manifest, directory, engine, key, device, ops)
         meta = EngineMetadata.read(engine)  # verified or just made
@@ -142,6 +141,7 @@ class AotiRunner(Runner):
         self._check_unchanged()
         super().__init__(manifest.spec, self.meta.device)
         self.name = self.meta.backend_name
+        self.weights_sha256 = manifest.weights["sha256"]
         self.compiled = None
 
     def activate(self) -> None:

@@ -159,9 +159,16 @@ def make_runner(backend, sources) -> Runner:
         raise Unavailable(f"{sources.directory} was exported with --no-onnx: it has no ONNX graph")
     if provider == "cuda" and "CUDAExecutionProvider" not in available_providers():
         raise Unavailable("this ONNX Runtime has no CUDA provider: pip install onnxruntime-gpu")
-    return OnnxRuntimeRunner(manifest.graph_path(sources.directory), spec, provider)
+    return export_runner(sources.directory, manifest, provider)
+
+
+def export_runner(directory: Path, manifest: Manifest, provider: str) -> OnnxRuntimeRunner:
+    """The graph of the export in ``directory`` on ``provider``, knowing the export's weights."""
+    runner = OnnxRuntimeRunner(manifest.graph_path(directory), manifest.spec, provider)
+    runner.weights_sha256 = manifest.weights["sha256"]
+    return runner
 
 
 def check_runners(directory: Path, manifest: Manifest, provider: str) -> tuple[Runner, None]:
     """``wan-trt check DIR``: the export's graph on ``provider`` (the same runner for single pass and stream)."""
-    return OnnxRuntimeRunner(manifest.graph_path(directory), manifest.spec, provider), None
+    return export_runner(directory, manifest, provider), None

@@ -27,9 +27,10 @@ from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.runtime_file import write_runtime_file
 from wan_trt.digest import file_identity
 from wan_trt.errors import WanTrtError
-from wan_trt.export.manifest import Manifest, owned_export_files
+from wan_trt.export.manifest import Manifest
 from wan_trt.log import stage
-from wan_trt.outputs import output_lock, write_file
+from wan_trt.outputs import output_lock, parent_made, write_file
+from wan_trt.owned import owned_export_files
 
 MIN_VERSION = (10, 9)
 # TensorRT 10.x untyped networks (--weak-typing): the builder flags each precision needs. fp8: the
@@ -121,8 +122,7 @@ def build_tensorrt(directory: str | Path, out: str | Path | None = None, opt_lev
     check_weak_typing(trt.__version__, weak_typing)  # before any of the flags it would set is looked up
     check_parser_ops(trt.__version__, manifest.op_counts)
     key = engine_key(manifest, "tensorrt", "cuda", {"opt_level": opt_level, "weak_typing": weak_typing})
-    engine.parent.mkdir(parents=True, exist_ok=True)
-    with output_lock(engine, "build"):
+    with parent_made(engine, "--out"), output_lock(engine, "build"):  # a failed build leaves no folder it made
         if force or not up_to_date(engine, key, manifest):
             _build(trt, manifest, directory, engine, key, opt_level=opt_level, cache_path=cache_path,
                    weak_typing=weak_typing)
@@ -226,6 +226,7 @@ class TensorRTRunner(Runner):
         EngineMetadata.read(self.engine_path).check_against(manifest, self.engine_path)  # export + engine file
         check_unchanged(self.engine_path, self.verified)
         super().__init__(manifest.spec, "cuda")
+        self.weights_sha256 = manifest.weights["sha256"]
         self.ops = manifest.ops
         self.name = "tensorrt"
         self.engine = self.context = None

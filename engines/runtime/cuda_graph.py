@@ -24,6 +24,7 @@ class CudaGraphRunner(Runner):
         super().__init__(inner.spec, inner.device)
         self.inner = inner
         self.name = f"{inner.name}+cudagraph"
+        self.weights_sha256 = inner.weights_sha256
         self.warmup = warmup
         self.graph: torch.cuda.CUDAGraph | None = None
         self.pointers: dict[str, int] = {}

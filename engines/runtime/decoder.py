@@ -46,6 +46,11 @@ class DecoderStream:
         if (a.config.to_dict(), a.precision) != (b.config.to_dict(), b.precision) or first.device != steady.device:
             raise WanTrtError("the decoder's first and steady runners are for different configs, precisions or "
                               "devices")
+        weights = (first.weights_sha256, steady.weights_sha256)
+        if None not in weights and weights[0] != weights[1]:
+            raise WanTrtError(f"the decoder's first runner ({first.name}) runs weights {weights[0][:12]}, its steady "
+                              f"runner ({steady.name}) weights {weights[1][:12]}: give both of one decoder export "
+                              "(`wan-trt export --graph decoder` writes the pair)")
         self.first, self.steady = first, steady
         self.spec = steady.spec
         self.device = steady.device

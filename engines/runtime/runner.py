@@ -60,6 +60,7 @@ class Runner(abc.ABC):
     needs_activation: bool = True  # infer only inside `with runner:` (activate loads what it runs)
     strided_feeds: bool = False  # infer reads inputs of any layout; else they must be contiguous
     without_cuda: str = "run on cpu (--device cpu / --provider cpu)"  # what to do where a CUDA run cannot be
+    weights_sha256: str | None = None  # of the weights it runs, where known (an export's or engine's manifest)
 
     def __init__(self, spec: PassSpec, device: str | torch.device):
         self.spec = spec

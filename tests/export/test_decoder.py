@@ -20,6 +20,7 @@ from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import export_decoder, read_decoder
 from wan_trt.export.manifest import Manifest
+from wan_trt.export.transformer import export_transformer
 from wan_trt.graphs import spec_from_dict
 from wan_trt.model import build_decoder, decoder_config
 from wan_trt.model.vae import VideoDecoder
@@ -106,14 +107,32 @@ def test_a_bug_in_the_decoder_runtime_fails_the_check(decoder_export, monkeypatc
     assert all(not b["ok"] and b["allowed_rel_l2"] == 1e-5 for b in report.stream[1:]), report.stream
 
 
-@pytest.mark.parametrize("args", [["--blocks", "1"], ["--no-stream"]])
+@pytest.mark.parametrize("args", [["--blocks", "1"], ["--blocks", "2"], ["--no-stream"]])
 def test_a_decoder_check_that_would_leave_its_histories_unjudged_is_refused(decoder_export, args):
-    """The single calls judge rgb only: the histories are judged by the stream from its second block, where the
-    steady graph first reads them. With one block, or none, a decoder whose history outputs were all wrong
-    passed its check."""
+    """The single calls judge rgb only: the histories are judged by the stream where they are read, the first graph's
+    in block 2 and the steady graph's own in block 3. With one block, or none, a decoder whose history outputs were
+    all wrong passed its check; with two, one whose steady graph's were."""
     res = CliRunner().invoke(main, ["check", str(decoder_export), *args])
     assert res.exit_code == 1, res.output
-    assert "histories" in res.output and "--blocks 2" in res.output, res.output
+    assert "histories" in res.output and "--blocks 3" in res.output, res.output
+
+
+def test_a_steady_graph_whose_histories_are_wrong_fails_the_check(decoder_export, monkeypatch):
+    """A steady graph writing zeros for every history (its frames right) passed a check of 2 blocks: nothing read what
+    it wrote. The shortest check allowed streams 3 blocks and fails it."""
+    decode = DecoderStream._decode
+
+    def zero_steady_histories(self, *args, **kwargs):
+        steady = self.started  # the steady graph runs this call
+        frames = decode(self, *args, **kwargs)
+        if steady:
+            for name, _ in self.spec.histories:
+                self.feeds[name].zero_()
+        return frames
+
+    monkeypatch.setattr(DecoderStream, "_decode", zero_steady_histories)
+    report = check_target(decoder_export, CheckOptions(blocks=3, save_results=False))
+    assert report.stream[0]["ok"] and report.stream[1]["ok"] and not report.stream[2]["ok"] and not report.ok
 
 
 def test_a_decoder_check_streams_three_blocks_by_default_and_the_dit_eight(decoder_export):
@@ -304,7 +323,7 @@ def test_a_narrow_decoder_exports_with_only_its_head_by_taps(tmp_path):
     export = [*cli, "export", "--config", str(tmp_path / "narrow.json"), "--graph", "decoder", "--precision", "fp32",
               "--out", str(tmp_path / "decoder")]
     subprocess.run(export, check=True, timeout=240, capture_output=True)  # seconds where it hung
-    check = subprocess.run([*cli, "check", str(tmp_path / "decoder"), "--blocks", "2"], timeout=240,
+    check = subprocess.run([*cli, "check", str(tmp_path / "decoder"), "--blocks", "3"], timeout=240,
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -324,7 +343,7 @@ def test_a_decoder_check_of_an_export_replaced_while_it_ran_writes_no_report(dec
         return rows
     monkeypatch.setattr(check_decoder, "decoder_stream_rows", replaced_meanwhile)
     with pytest.raises(WanTrtError, match="replaced while the decoder was checked"):
-        check_target(export, CheckOptions(blocks=2, save_results=False))
+        check_target(export, CheckOptions(blocks=3, save_results=False))
     assert not list(export.glob("*/check/report_*.json"))
 
 
@@ -349,7 +368,7 @@ def test_a_decoder_check_of_an_export_replaced_before_its_graphs_ran_writes_no_r
         return runners
     monkeypatch.setattr(onnxruntime, "check_runners", replaced_once_made)
     with pytest.raises(WanTrtError, match="replaced while"):
-        check_target(export, CheckOptions(blocks=2, save_results=False))
+        check_target(export, CheckOptions(blocks=3, save_results=False))
     assert not list(export.glob("*/check/report_*.json"))
 
 
@@ -371,7 +390,7 @@ def test_a_decoder_check_of_an_export_replaced_while_it_ran_leaves_no_run_result
         return real(*args, **kwargs)
     monkeypatch.setattr(check_decoder, "check_single_pass", replaced_first)
     with pytest.raises(WanTrtError, match="replaced while the decoder was checked"):
-        check_target(export, CheckOptions(blocks=2, save_results=True))
+        check_target(export, CheckOptions(blocks=3, save_results=True))
     assert not list(export.glob("*/check/run_results_*.json")) + list(export.glob("*/check/.run_results_*partial*"))
     assert not list(export.glob("*/check/report_*.json"))
 
@@ -400,7 +419,7 @@ def test_a_decoder_re_export_interrupted_between_its_two_swaps_is_refused_as_a_m
     with pytest.raises(WanTrtError, match="different configs, precisions or weights; re-export both"):
         read_decoder(export)
     with pytest.raises(WanTrtError, match="re-export both"):
-        check_target(export, CheckOptions(blocks=2, save_results=False))
+        check_target(export, CheckOptions(blocks=3, save_results=False))
 
 
 def test_a_decoder_engine_runs_only_as_built(decoder_aoti, tmp_path):
@@ -465,3 +484,46 @@ def test_a_dit_export_into_one_graph_of_a_decoder_export_is_refused(tmp_path, ca
         assert res.exit_code == 1 and f"is the {call} graph of the decoder export {out}" in res.output, res.output
         assert "pass --overwrite" not in res.output, res.output
     assert _decoder_seeds(out) == {"first": 4, "steady": 4}
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_a_dit_export_through_a_link_to_one_graph_of_a_decoder_export_is_refused(tmp_path, call):
+    """The refusal above judged the path as typed: `--out LINK --overwrite`, LINK a symbolic link to DEC/first,
+    replaced that graph with a DiT export, leaving a pair no command accepts."""
+    out = tmp_path / "dec"
+    export_decoder(load_config(CFG), out, "fp32", seed=4, onnx=False)
+    link = tmp_path / "link"
+    link.symlink_to(out / call)
+    res = CliRunner().invoke(main, ["export", "--config", CFG, "--no-onnx", "--out", str(link), "--overwrite"])
+    assert res.exit_code == 1 and f"is the {call} graph of the decoder export {out}" in res.output, res.output
+    assert _decoder_seeds(out) == {"first": 4, "steady": 4}
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_a_decoder_export_over_a_dit_export_in_first_or_steady_is_refused(tmp_path, call):
+    """`export --graph decoder --out DIR --overwrite`, where DIR/first (or DIR/steady) held a DiT export, replaced the
+    DiT export (its engines and check reports with it) with one of the decoder's graphs; without --overwrite the
+    refusal advised passing it."""
+    out = tmp_path / "runs"
+    export_transformer(load_config(CFG), out / call, "fp32", seed=7, onnx=False)
+    before = (out / call / "manifest.json").read_bytes()
+    for overwrite in ([], ["--overwrite"]):
+        res = CliRunner().invoke(main, ["export", "--config", CFG, "--graph", "decoder", "--no-onnx", "--out",
+                                        str(out), "--precision", "fp32", *overwrite])
+        assert res.exit_code == 1 and f"{out / call} holds a DiT export" in res.output, res.output
+        assert "pass --overwrite" not in res.output, res.output
+    assert (out / call / "manifest.json").read_bytes() == before
+    assert not (out / ("steady" if call == "first" else "first")).exists()
+
+
+def test_a_decoder_stream_of_two_exports_graphs_is_refused(decoder_export, tmp_path):
+    """`DecoderStream(first, steady)` compared the runners' graph kind, config, precision and device, not their
+    weights: the first graph of one decoder export and the steady graph of another streamed frames of neither."""
+    from wan_trt.engines.backends.onnxruntime import export_runner
+    export_decoder(load_config(CFG), tmp_path / "other", "fp32", seed=9)
+    first = export_runner(decoder_export / "first", Manifest.read(decoder_export / "first"), "cpu")
+    steady = export_runner(tmp_path / "other" / "steady", Manifest.read(tmp_path / "other" / "steady"), "cpu")
+    with pytest.raises(WanTrtError, match="runs weights .* its steady runner .* weights"):
+        DecoderStream(first, steady)
+    same = export_runner(decoder_export / "steady", Manifest.read(decoder_export / "steady"), "cpu")
+    DecoderStream(first, same)

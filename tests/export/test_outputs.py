@@ -619,3 +619,80 @@ def test_a_run_that_found_the_folder_another_run_made_survives_that_runs_failure
     with output_lock(new / "b.json", "bench"):
         (new / "b.json").write_text("{}")
     assert (new / "b.json").is_file() and not (new / ".b.json.lock").exists()
+
+
+def test_what_a_killed_first_build_of_a_named_engine_left_does_not_block_an_overwrite(tmp_path, plain_export):
+    """A build of `--out E` (a name of the user's) killed before its first engine was installed left its lock and its
+    partial engine, with no metadata beside them to say they were a build's: `export --overwrite` refused the export
+    for good over wan-trt's own files. A lock and a staging file of one engine name, together, are a build's."""
+    out = tmp_path / "export"
+    shutil.copytree(plain_export, out)
+    (out / ".my.pt2.lock").write_text("")
+    (out / ".my.pt2.partial-h8ea2z25.pt2").write_bytes(b"half an engine")
+    _export(out, overwrite=True)
+    assert _tree(out) == _tree(plain_export)
+
+
+def test_a_build_that_fails_leaves_no_folder_it_made_for_its_engine(tmp_path):
+    """`build --out new/deeper/e.pt2` whose build failed (here: its checkpoint changed since the export) left the
+    folders it had made for the engine."""
+    cfg = load_config(CFG)
+    checkpoint = save_checkpoint(build_model(cfg, seed=3), tmp_path / "ckpt.safetensors")
+    _export(tmp_path / "export", weights=str(checkpoint))
+    save_checkpoint(build_model(cfg, seed=4), checkpoint)
+    res = CliRunner().invoke(main, ["build", str(tmp_path / "export"), "--backend", "aoti", "--device", "cpu",
+                                    "--out", str(tmp_path / "new" / "deeper" / "e.pt2")])
+    assert res.exit_code == 1 and "has changed" in res.output, res.output
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_out_through_a_folder_not_there_and_back_makes_no_folder(tmp_path, plain_export):
+    """`--out EXPORT/new/..` (EXPORT an export) made EXPORT/new for its lock file before the export was refused,
+    and that folder then blocked every `export --overwrite` of EXPORT."""
+    out = tmp_path / "export"
+    shutil.copytree(plain_export, out)
+    with pytest.raises(WanTrtError, match="already holds an export"):
+        _export(out / "new" / "..")
+    assert _tree(out) == _tree(plain_export)
+    _export(out, overwrite=True)
+
+
+def test_an_out_under_a_dangling_link_is_refused_and_makes_nothing(tmp_path):
+    """`--out LINK/x`, LINK a link to a folder that does not exist, made that folder (wherever the link pointed), where
+    `--out LINK` is refused."""
+    (tmp_path / "link").symlink_to(tmp_path / "missing")
+    with pytest.raises(WanTrtError, match="symbolic link to .*missing, which does not exist"):
+        _export(tmp_path / "link" / "x")
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("command", ["export", "build"])
+def test_an_out_in_a_link_loop_is_refused_in_a_line(tmp_path, plain_export, command):
+    """`--out LOOP/x`, LOOP a symbolic link loop, ended in a RuntimeError traceback."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    args = (["export", "--config", CFG, "--no-onnx", "--out", str(tmp_path / "a" / "x")] if command == "export" else
+            ["build", str(plain_export), "--backend", "aoti", "--device", "cpu", "--out", str(tmp_path / "a" / "e.pt2")])
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and "symbolic link loop" in res.output and "Traceback" not in res.output, res.output
+
+
+@pytest.mark.parametrize("command", ["export", "build"])
+def test_weights_given_as_a_pipe_are_named_as_one(tmp_path, plain_export, command):
+    """`--weights <(cat ckpt)` was reported as 'no such file'."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    args = (["export", "--config", CFG, "--no-onnx", "--out", str(tmp_path / "out")] if command == "export" else
+            ["build", str(plain_export), "--backend", "aoti", "--device", "cpu", "--out", str(tmp_path / "e.pt2")])
+    res = CliRunner().invoke(main, [*args, "--weights", str(fifo)])
+    assert res.exit_code == 1 and f"--weights {fifo}: a pipe" in res.output, res.output
+
+
+def test_a_decoder_export_whose_two_graphs_are_one_folder_is_refused(tmp_path):
+    """`export --graph decoder --out OUT` with OUT/first a link to OUT/steady waited on its own lock and said another
+    export was writing OUT/steady."""
+    out = tmp_path / "dec"
+    (out / "steady").mkdir(parents=True)
+    (out / "first").symlink_to("steady")
+    res = CliRunner().invoke(main, ["export", "--config", CFG, "--graph", "decoder", "--no-onnx", "--out", str(out)])
+    assert res.exit_code == 1 and "are one folder" in res.output and "another wan-trt" not in res.output, res.output
