@@ -16,6 +16,8 @@
 #include <locale>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #ifdef WAN_TRT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -337,6 +339,21 @@ static std::vector<std::string> names(const std::vector<TensorSpec>& tensors) {
   return out;
 }
 
+// Why specs a and b are not the first and steady graphs of one decoder export ("" if they are): their calls, then
+// config, precision, histories and outputs, then weights (two exports' graphs, as an export stopped between its two
+// swaps, or an embedding program's own pairing, leaves them).
+static std::string pair_problem(const DecoderSpec& a, const DecoderSpec& b) {
+  if (a.call != "first" || b.call != "steady")
+    return "expected the first and the steady decoder graphs, got '" + a.call + "' and '" + b.call + "'";
+  if (a.config != b.config || a.precision != b.precision || a.histories != b.histories ||
+      names(a.outputs) != names(b.outputs))
+    return "not the first and steady graphs of one decoder (config, precision or histories differ)";
+  if (a.weights != b.weights)
+    return "exported from different weights (sha256 " + a.weights.substr(0, 12) + "... and " +
+           b.weights.substr(0, 12) + "...)";
+  return "";
+}
+
 DecoderEngines DecoderEngines::load(const std::string& engine) {
   namespace fs = std::filesystem;
   const fs::path path(engine);
@@ -351,16 +368,11 @@ DecoderEngines DecoderEngines::load(const std::string& engine) {
                   "`wan-trt build " + root.string() + "`");
   d.first_spec = DecoderSpec::load(d.first + ".runtime.txt");
   d.steady_spec = DecoderSpec::load(d.steady + ".runtime.txt");
-  const DecoderSpec &a = d.first_spec, &b = d.steady_spec;
-  if (a.call != "first" || b.call != "steady" || a.config != b.config || a.precision != b.precision ||
-      a.histories != b.histories || names(a.outputs) != names(b.outputs))
-    throw Error("decoder engine " + engine + ": " + d.first + " and " + d.steady +
-                " are not the first and steady graphs of one decoder (config, precision or histories differ)");
-  if (a.weights != b.weights)  // two exports' graphs, as an export stopped between its two swaps leaves them
-    throw Error("decoder engine " + engine + ": first/ and steady/ were exported from different weights (sha256 " +
-                a.weights.substr(0, 12) + "... and " + b.weights.substr(0, 12) + "...); re-export both with " +
-                "`wan-trt export --graph decoder --overwrite` (--graph tiny-decoder for the tiny decoder) and build them "
-                "with `wan-trt build " + root.string() + "`");
+  const std::string problem = pair_problem(d.first_spec, d.steady_spec);
+  if (!problem.empty())
+    throw Error("decoder engine " + engine + ": " + d.first + " and " + d.steady + " are " + problem +
+                "; re-export both with `wan-trt export --graph decoder --overwrite` (--graph tiny-decoder for the " +
+                "tiny decoder) and build them with `wan-trt build " + root.string() + "`");
   return d;
 }
 
@@ -395,7 +407,22 @@ struct AotiRunner::Impl {
 
 // ---- engine file ----------------------------------------------------------------------------
 
-void verify_engine(const std::string& engine, const GraphIO& io) {
+static FileIdentity file_identity(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) throw Error("engine " + path + ": " + std::strerror(errno));
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_size),
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+void check_unchanged(const std::string& engine, const FileIdentity& verified) {
+  if (!(file_identity(engine) == verified))
+    throw Error("engine " + engine + " was replaced or rewritten while it was verified and loaded (a `wan-trt build` "
+                "installing another engine?): what was loaded may not be the engine verified; run again once it is "
+                "done");
+}
+
+FileIdentity verify_engine(const std::string& engine, const GraphIO& io) {
+  const FileIdentity identity = file_identity(engine);  // before it is read: a file replaced meanwhile differs
   std::error_code error;
   const auto size = std::filesystem::file_size(engine, error);
   if (error) throw Error("engine " + engine + ": " + error.message());
@@ -414,6 +441,7 @@ void verify_engine(const std::string& engine, const GraphIO& io) {
   if (file.bad()) throw Error("engine " + engine + ": reading it failed");
   if (digest.hex() != io.engine_sha256)
     throw Error("engine " + engine + ": its sha256 is not that of the engine its runtime file was written for" + fix);
+  return identity;
 }
 
 void check_built_for(const GraphIO& io, const std::string& engine, at::Device device, const std::string& what,
@@ -477,9 +505,10 @@ AotiRunner::AotiRunner(const std::string& package, const GraphIO& io, at::Device
 #ifndef WAN_TRT_WITH_CUDA
   if (cuda_graph) throw Error("CUDA graphs need a CUDA build of libtorch");
 #endif
-  verify_engine(package, io);
+  const FileIdentity verified = verify_engine(package, io);
   check_package(package);
   impl_ = std::make_unique<Impl>(package, cuda_graph);
+  check_unchanged(package, verified);  // the loader opened the path again
 }
 
 AotiRunner::~AotiRunner() = default;
@@ -573,9 +602,10 @@ static std::map<std::string, at::Tensor> allocate(const std::vector<TensorSpec>&
 DecoderStream::DecoderStream(Runner& first, const DecoderSpec& first_spec, Runner& steady,
                              const DecoderSpec& steady_spec)
     : first_(first), steady_(steady), spec_(steady_spec) {
-  if (first_spec.call != "first" || steady_spec.call != "steady")
-    throw Error("DecoderStream: expected the first and the steady decoder graphs, got '" + first_spec.call +
-                "' and '" + steady_spec.call + "'");
+  const std::string problem = pair_problem(first_spec, steady_spec);
+  if (!problem.empty())
+    throw Error("DecoderStream: its two graphs' specs are " + problem + "; give it the pair of one decoder export "
+                "(DecoderEngines::load finds it)");
   if (first.device() != steady.device()) throw Error("DecoderStream: the two graphs' runners are on different devices");
   feeds_ = allocate(steady_spec.inputs, steady.device());
   // cuDNN picks its fastest convolution algorithm per shape (once, on the first call); restored after

@@ -76,11 +76,13 @@ class TensorRTRunner : public Runner {
 
 std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const GraphIO& io) {
   check_built_for(io, engine, at::kCUDA);
-  verify_engine(engine, io);
+  const FileIdentity verified = verify_engine(engine, io);
   if (is_aoti_package(engine))
     throw Error("engine " + engine + " is an AOTInductor package, not a TensorRT plan: run it with AotiRunner "
                 "(wan_stream without --tensorrt)");
-  return std::make_unique<TensorRTRunner>(engine, io);
+  auto runner = std::make_unique<TensorRTRunner>(engine, io);
+  check_unchanged(engine, verified);  // the runner read the path again
+  return runner;
 }
 
 }  // namespace wan_trt

@@ -9,6 +9,8 @@
 //   meta            a feed on another device than the runner's
 //   missing         feeds without one of the engine's inputs
 //   shared-decoder  one decoder given to two sessions (it carries one stream's histories)
+//   mixed-decoder   a DecoderStream of DECODER's first graph and the steady graph of the decoder engine ACTIONS
+//                   names (another export's)
 //   visual-shape    a visual context of another shape
 //   cond-shape      a block's conditioning of another shape
 //   mouse-shape     a block's mouse actions of another shape
@@ -50,6 +52,10 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     wan_trt::DecoderStream stream(first, pair.first_spec, steady, pair.steady_spec);
     wan_trt::StreamingSession one(runner, spec, 0, &stream);
     wan_trt::StreamingSession two(runner, spec, 1, &stream);
+  } else if (what == "mixed-decoder") {
+    const auto pair = wan_trt::DecoderEngines::load(decoder), other = wan_trt::DecoderEngines::load(actions);
+    wan_trt::AotiRunner first(pair.first, pair.first_spec, cpu), steady(other.steady, other.steady_spec, cpu);
+    wan_trt::DecoderStream stream(first, pair.first_spec, steady, other.steady_spec);
   } else if (what == "visual-shape" || what == "cond-shape" || what == "mouse-shape") {
     wan_trt::StreamingSession session(runner, spec, 0);
     auto visual = feeds.at("visual_context"), cond = feeds.at("cond_concat");

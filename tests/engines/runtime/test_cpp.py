@@ -324,12 +324,22 @@ def test_cpp_runtime_refuses_a_decoder_pair_of_two_weights_as_python_does(aoti, 
         DecoderStream.from_engine(mixed, "aoti", "cpu")
     out = tmp_path / "out.pt"
     inputs = write_stream_inputs(synthetic_stream(cfg, 1, seed=9), tmp_path / "in.pt")
-    with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: decoder engine .*first/ and steady/ were "
+    with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: decoder engine .*first/.* and .*steady/.* are "
                                           r"exported from different weights \(sha256 \w{12}\.\.\. and \w{12}\.\.\.\); "
                                           r"re-export both with `wan-trt export --graph decoder --overwrite` "
                                           r"\(--graph tiny-decoder for the tiny decoder\)"):
         run_wan_stream(wan_stream, engine, inputs, 1, out, decoder=mixed)
     assert not out.exists()
+
+
+def test_the_library_refuses_a_decoder_stream_of_two_exports_graphs(aoti, decoder_aoti, overflowing_decoder,
+                                                                     wan_stream):
+    """The DecoderStream constructor compared the graphs' calls and devices only (config, precision and weights only
+    when DecoderEngines::load paired the files): a program pairing the first graph of one decoder export with the
+    steady graph of another streamed frames of neither."""
+    message = _api_refusal(wan_stream, "mixed-decoder", aoti[1], decoder_aoti, overflowing_decoder)
+    assert re.fullmatch(r"DecoderStream: its two graphs' specs are exported from different weights \(sha256 \w{12}"
+                        r"\.\.\. and \w{12}\.\.\.\); give it the pair of one decoder export .*", message), message
 
 
 @pytest.mark.parametrize("version, contract", [(3, "no weights' sha256"), (4, "no device")])

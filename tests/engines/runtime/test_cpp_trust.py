@@ -436,3 +436,38 @@ def test_a_runtime_file_with_windows_line_endings_is_named_so(aoti, wan_stream, 
     code, stderr = _refused(wan_stream, engine, _inputs(aoti, tmp_path), tmp_path)
     assert code == 1 and stderr.startswith(f"error: {runtime}: its lines end in CR LF"), stderr
     assert "\r" not in stderr and "rebuild with `wan-trt build`" in stderr, stderr
+
+
+def _strace_works() -> bool:
+    if shutil.which("strace") is None:
+        return False
+    return subprocess.run(["strace", "-qq", "-o", "/dev/null", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _strace_works(), reason="needs strace, allowed to trace (it holds the loader's open)")
+def test_an_engine_replaced_between_its_verification_and_its_load_is_refused(aoti, wan_stream, tmp_path):
+    """The runner verified the engine file (size, sha256) by its path, then the loader opened the path again: an
+    engine a build installed meanwhile (by rename, as `wan-trt build` installs one) ran unverified. Here strace holds
+    the loader's open (the third of the engine's path) for seconds while the test renames a copy into place: a file
+    of the same bytes, which the runtime cannot tell from another engine (it never reads what the loader read)."""
+    import time
+    engine = tmp_path / "export" / aoti[1].name
+    shutil.copytree(aoti[0], engine.parent, ignore=shutil.ignore_patterns("check"))
+    inputs = _inputs(aoti, tmp_path)
+    trace, out = tmp_path / "trace.log", tmp_path / "out.pt"
+    proc = subprocess.Popen(["strace", "-f", "-qq", "-o", str(trace), "-P", str(engine), "-e", "trace=openat",
+                             "-e", "inject=openat:delay_enter=4000000:when=3", str(wan_stream), "--engine", str(engine),
+                             "--inputs", str(inputs), "--blocks", "1", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if trace.exists() and trace.read_text().count(str(engine)) >= 3:  # the third open is entered: held
+            break
+        time.sleep(0.05)
+    assert trace.read_text().count(str(engine)) >= 3, trace.read_text()
+    shutil.copy(engine, engine.with_name(".swap"))
+    engine.with_name(".swap").rename(engine)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "was replaced or rewritten while it was verified and loaded" in stderr, \
+        (proc.returncode, stdout, stderr)
+    assert not out.exists()

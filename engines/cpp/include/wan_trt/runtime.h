@@ -110,9 +110,24 @@ class Runner {
   virtual at::Device device() const = 0;
 };
 
+// A file's identity: its device, inode, size and modification time (a file replaced or rewritten has another).
+struct FileIdentity {
+  uint64_t device = 0, inode = 0;
+  int64_t size = 0, mtime_ns = 0;
+  bool operator==(const FileIdentity& other) const {
+    return device == other.device && inode == other.inode && size == other.size && mtime_ns == other.mtime_ns;
+  }
+};
+
 // Refuse an engine file that is not the one ``io``'s runtime file was written for (its size and sha256): a
-// damaged copy, or another engine beside this runtime file. The runners call it before they load an engine.
-void verify_engine(const std::string& engine, const GraphIO& io);
+// damaged copy, or another engine beside this runtime file. Returns the identity of the file verified. The runners
+// call it before they load an engine, and check_unchanged after: the loader opens the path again.
+FileIdentity verify_engine(const std::string& engine, const GraphIO& io);
+
+// Refuse an engine whose file is no longer the one verify_engine verified (``verified``): replaced (a build installs
+// a new engine by rename) or rewritten while it was verified or loaded, so what was loaded may not be what was
+// verified.
+void check_unchanged(const std::string& engine, const FileIdentity& verified);
 
 // Refuse running ``engine`` (given as ``what``: "engine", a flag) on ``device`` where its runtime file says it was
 // built for another kind of device (io.device: cpu or cuda), as Python's EngineMetadata.check_runs_on refuses it: its
