@@ -327,6 +327,10 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
     if not_benched or (o.end_to_end and o.decoder_engine is None):
         raise WanTrtError(f"--end-to-end {','.join(o.end_to_end)}: needs --decoder-engine and static-cache backends "
                           f"among the benched ones ({', '.join(backends)}; the reference pipeline has no session)")
+    for name in o.end_to_end:  # what its row needs, said before the other rows run (it runs last)
+        backend = get_backend(name)
+        if "engine" in backend.requires and o.engines.get(backend.engine_key) is None:
+            raise WanTrtError(f"--end-to-end {name}: runs the DiT engine that {backend.engine_flag} gives; give it")
     if o.decoder_engine is not None and o.decoder is None:
         raise WanTrtError("--decoder-engine: give the decoder export with --decoder too")
     decoder_spec = None

@@ -31,6 +31,7 @@ from wan_trt.engines.artifact import EngineMetadata
 from wan_trt.engines.backends import BY_NAME
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
 from wan_trt.engines.runtime.decoder import DecoderStream, paired_engines
+from wan_trt.engines.runtime.finite import NonFiniteFrames, first_non_finite
 from wan_trt.errors import WanTrtError, failure_text
 from wan_trt.export.decoder import read_decoder
 from wan_trt.export.manifest import Manifest, reference_model
@@ -79,7 +80,8 @@ def time_blocks(decode: Callable[[int, torch.Tensor], Any], latents: torch.Tenso
 
 
 def reference_decode(module: torch.nn.Module, compile: bool) -> Callable[[int, torch.Tensor], None]:
-    """Upstream's way: one latent frame per call, the stream's first frame by the first-frame rule."""
+    """Upstream's way: one latent frame per call, the stream's first frame by the first-frame rule. A block whose
+    frames come out non-finite raises (a row of an overflowing decoder is no timing), as the engine rows do."""
     fn = torch.compile(module) if compile else module
     state = {}
 
@@ -87,8 +89,15 @@ def reference_decode(module: torch.nn.Module, compile: bool) -> Callable[[int, t
     def decode(block: int, z: torch.Tensor) -> None:
         if block == 0:
             state["history"] = module.empty_history(1, *z.shape[-2:])
+        frames = {}
         for i in range(z.shape[2]):
-            _, state["history"] = fn(z[:, :, i:i + 1], state["history"], first=block == 0 and i == 0)
+            frames[f"rgb of latent frame {i}"], state["history"] = fn(z[:, :, i:i + 1], state["history"],
+                                                                     first=block == 0 and i == 0)
+        bad = first_non_finite(frames)  # one sync, as the engine rows' check
+        if bad is not None:
+            raise NonFiniteFrames(f"the PyTorch decoder's frames came out non-finite (NaN or Inf) in block {block} "
+                                  f"({bad}): check the VAE weights (or the precision: fp16 overflows where bf16 does "
+                                  "not)")
     return decode
 
 

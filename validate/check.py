@@ -537,6 +537,24 @@ def results_staged(results: dict[str, Path], identity: dict[Path, tuple[int, int
             s.staging.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def fp32_as_fp32() -> Iterator[None]:
+    """fp32 computed as fp32 on CUDA for the block (and as before after it): PyTorch lets cuDNN's fp32 convolutions
+    round their operands to TF32 (10 bits) by default, which made a check's fp32 reference (the decoder's
+    convolutions, the DiT's patch embedding) as far from fp32 as an fp16 model, and an fp32 engine run in the check
+    likewise. Used as a decorator by the checks (a new context each call)."""
+    backends = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)
+    saved = [b.fp32_precision for b in backends]
+    for b in backends:
+        b.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        for b, value in zip(backends, saved):
+            b.fp32_precision = value
+
+
+@fp32_as_fp32()
 def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: CheckOptions, *,
                  single_pass_backend=None, target: Path | None = None, engine_sha256: str | None = None,
                  identity: dict[Path, tuple[int, int] | None] | None = None, notes: list[str] = ()) -> CheckReport:

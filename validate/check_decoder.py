@@ -33,9 +33,9 @@ from wan_trt.export.manifest import MANIFEST, Manifest, reference_models
 from wan_trt.log import logger, stage
 from wan_trt.owned import recorded_files
 from wan_trt.spec import LATENTS
-from wan_trt.validate.check import (DEFAULT_BLOCKS, CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
+from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                     check_single_pass, clear_report, engine_report_name, folder_identities,
-                                    former_report_name, identities_of_read, report_locked, report_path,
+                                    former_report_name, fp32_as_fp32, identities_of_read, report_locked, report_path,
                                     require_blocks_fit, require_polygraphy, results_path, results_staged,
                                     verified_runners, write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance
@@ -56,6 +56,7 @@ def require_history_check(options: CheckOptions, kind: str) -> None:
                           f"--blocks {MIN_BLOCKS} or more")
 
 
+@fp32_as_fp32()
 def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners: dict[str, Runner],
                   options: CheckOptions, pair: dict[str, PairedEngine] | None = None,
                   named: Path | None = None, identity: dict[Path, tuple[int, int] | None] | None = None

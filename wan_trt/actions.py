@@ -49,8 +49,11 @@ def read_actions(path: str | Path, cfg: WanConfig, blocks: int, dtype: torch.dty
     no block is refused after the blocks before it ran."""
     path = Path(path)
     limit = torch.finfo(dtype).max
-    check_input_file(path, "--actions")
     dims = action_dims(cfg)
+    if not dims:  # nothing of the file would reach the model: refused, not reported as the stream's input
+        raise WanTrtError(f"--actions {path}: the config {cfg.name} has no action inputs (no mouse, no keyboard); "
+                          "drop --actions")
+    check_input_file(path, "--actions")
     lines = [(i, line) for i, line in enumerate(_lines(path.read_bytes()), 1) if line.strip(JSON_SPACE)]
     if not lines:
         raise WanTrtError(f"--actions {path}: no block lines (an empty or blank file); write one line per block")

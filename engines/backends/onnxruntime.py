@@ -152,11 +152,15 @@ def make_runner(backend, sources) -> Runner:
     """The ``onnxruntime`` entry: the export's graph on the CUDA provider on a GPU, the CPU provider otherwise."""
     spec, manifest = sources.spec, sources.manifest
     provider = "cuda" if str(sources.device).startswith("cuda") else "cpu"
-    if spec.precision != "fp32" and provider == "cpu":
-        raise Unavailable(f"ONNX Runtime's CPU provider has no {spec.dtype} kernels for this {spec.precision} graph's "
+    if spec.dtype == torch.bfloat16 and provider == "cpu":  # the runner's own rule (fp16 runs there)
+        raise Unavailable(f"ONNX Runtime's CPU provider has no bf16 kernels for this {spec.precision} graph's "
                           "I/O (a --device cuda bench runs the CUDA provider; or export --precision fp32)")
     if manifest.graph is None:
         raise Unavailable(f"{sources.directory} was exported with --no-onnx: it has no ONNX graph")
+    if manifest.ops == "plugins":
+        raise Unavailable("a --ops plugins graph's fused ops run under ONNX Runtime only as reference Python functions "
+                          "(CPU only): their time says nothing of the graph's; bench its TensorRT engine, or an "
+                          "--ops native export")
     if provider == "cuda" and "CUDAExecutionProvider" not in available_providers():
         raise Unavailable("this ONNX Runtime has no CUDA provider: pip install onnxruntime-gpu")
     return export_runner(sources.directory, manifest, provider)

@@ -68,6 +68,25 @@ def test_default_set_skips_what_this_machine_cannot_run(plain_export):
     assert "cannot run on this machine" in report["failed"]["aoti"]
 
 
+def test_the_onnxruntime_row_runs_what_the_check_runs_and_not_reference_functions(tmp_path):
+    """The bench refused every graph but fp32 on ONNX Runtime's CPU provider, where the runner (and the check) refuse
+    bf16 only: an fp16 graph the check ran and passed was 'cannot run on this machine'. And it timed a --ops plugins
+    graph, whose fused nodes ONNX Runtime runs as reference Python functions, as the graph's speed (20x the native
+    graph's), with nothing in the report to say so: that row is skipped with the reason."""
+    from wan_trt.config_load import load_config
+    from wan_trt.export.transformer import export_transformer
+    cfg = load_config("universal-small")
+    export_transformer(cfg, tmp_path / "fp16", "fp16", seed=3)
+    export_transformer(cfg, tmp_path / "plugins", "fp32", seed=3, ops="plugins")
+    report = {"backends": {}, "skipped": {}, "failed": {}}
+    fp16, plugins = Bench(tmp_path / "fp16", "cpu", {}), Bench(tmp_path / "plugins", "cpu", {})
+    _bench_one(report, "backends", "onnxruntime", False, run=lambda: fp16.run("onnxruntime", 2))
+    assert "onnxruntime" in report["backends"] and not report["skipped"] and not report["failed"], report
+    report["backends"] = {}
+    _bench_one(report, "backends", "onnxruntime", False, run=lambda: plugins.run("onnxruntime", 2))
+    assert not report["backends"] and "reference Python functions" in report["skipped"]["onnxruntime"], report
+
+
 def test_a_backend_that_raises_is_a_failure_with_its_traceback(plain_export, monkeypatch):
     report = {"backends": {}, "skipped": {}, "failed": {}}
     bench = Bench(plain_export, "cpu", {})
@@ -435,6 +454,18 @@ def test_an_engine_of_another_model_under_the_configs_name_is_refused(plain_expo
                   "--also-engine", str(engine), "--out", str(out)])
     assert res.exit_code == 1 and "model.ffn_dim" in res.output and "differs" in res.output, res.output
     assert not out.exists()
+
+
+def test_an_end_to_end_row_without_its_dit_engine_is_refused_before_any_row(plain_export, decoder_export, decoder_aoti,
+                                                                             tmp_path):
+    """`--end-to-end aoti` without --aoti-engine was accepted: every other row ran first, then the end-to-end row
+    failed for want of the engine."""
+    out = tmp_path / "bench.json"
+    res = _bench([str(plain_export), "--device", "cpu", "--blocks", "3", "--decoder", str(decoder_export),
+                  "--decoder-engine", str(decoder_aoti), "--end-to-end", "aoti", "--out", str(out)])
+    assert res.exit_code == 1 and "--end-to-end aoti: runs the DiT engine that --aoti-engine gives" in res.output, \
+        res.output
+    assert "ms/block" not in res.output and not out.exists(), res.output
 
 
 def test_an_end_to_end_rows_rate_counts_the_decoders_arithmetic(plain_export, decoder_export, decoder_aoti, tmp_path):

@@ -241,6 +241,21 @@ def test_actions_come_from_a_json_lines_file(tmp_path):
         read_actions(path, cfg, 1)
 
 
+def test_actions_for_a_config_without_action_inputs_are_refused(tmp_path):
+    """A config with no mouse and no keyboard took an actions file of '{}' lines: the file reached nothing, yet the
+    stream's report named it (path, sha256) as one of its inputs."""
+    from wan_trt.config_load import load_config
+    data = load_config("universal-small").to_dict()
+    data["name"], data["model"]["action_config"] = "no-actions", {}
+    (tmp_path / "no-actions.json").write_text(json.dumps(data))
+    (tmp_path / "actions.jsonl").write_text("{}\n{}\n")
+    res = CliRunner().invoke(main, ["stream", "--config", str(tmp_path / "no-actions.json"), "--blocks", "2",
+                                    "--actions", str(tmp_path / "actions.jsonl"), "--out", str(tmp_path / "out"),
+                                    "--no-video"])
+    assert res.exit_code == 1 and "has no action inputs" in res.output and "drop --actions" in res.output, res.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_stream_output_of_an_older_wan_trt_is_still_its_own(tmp_path):
     """Folders an older wan-trt wrote have no marker file: holding only the stream's files, they are still
     replaced with --overwrite (they were refused as not a stream output)."""

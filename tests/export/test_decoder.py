@@ -527,3 +527,19 @@ def test_a_decoder_stream_of_two_exports_graphs_is_refused(decoder_export, tmp_p
         DecoderStream(first, steady)
     same = export_runner(decoder_export / "steady", Manifest.read(decoder_export / "steady"), "cpu")
     DecoderStream(first, same)
+
+
+def test_the_benchs_pytorch_decoder_rows_refuse_non_finite_frames():
+    """The bench's rows of PyTorch's decoder (upstream's way, fp16) threw the frames away: a decoder making NaN was a
+    timing row like any other, where the engine rows refuse non-finite frames."""
+    from wan_trt.engines.bench_decoder import reference_decode
+    from wan_trt.engines.runtime.finite import NonFiniteFrames
+    cfg = load_config(CFG)
+    decoder = build_decoder(cfg, torch.float32, "cpu", None, 4)
+    latents = stream_latents(DecoderSpec.from_config(cfg, "fp32", "steady"), 2, seed=0)
+    decode = reference_decode(decoder, compile=False)
+    decode(0, latents[:, :, :3])  # finite
+    with torch.no_grad():  # NaN: an Inf the clamp to [-1, 1] would hide
+        decoder.decoder.head[2].weight[0, 0, 0, 0, 0] = float("nan")
+    with pytest.raises(NonFiniteFrames, match="non-finite .* in block 1"):
+        decode(1, latents[:, :, 3:])

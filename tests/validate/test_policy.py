@@ -44,6 +44,20 @@ def test_an_exact_fp32_backend_passes(export_dir):
     assert report.ok, report.table()
 
 
+def test_a_check_computes_fp32_as_fp32_not_tf32(export_dir):
+    """PyTorch lets cuDNN's fp32 convolutions round their operands to TF32 by default: on a GPU the check's fp32
+    reference (and an fp32 engine under check) ran as far from fp32 as an fp16 model. A check runs with fp32 as
+    fp32 (cuDNN convolutions and matmuls, read while its backend runs) and leaves the settings as they were."""
+    manifest, backend = _backend(export_dir, None)
+    seen = []
+    backend.static.register_forward_pre_hook(
+        lambda *_: seen.append((torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)))
+    before = (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)
+    report = check_runner(export_dir, manifest, backend, CheckOptions(blocks=2, seed=1, save_results=False))
+    assert report.ok and seen and set(seen) == {("ieee", "ieee")}, seen
+    assert (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision) == before
+
+
 def test_one_slightly_wrong_weight_row_fails_an_fp32_check(export_dir):
     """0.5 % off in one of 256 rows of one FFN weight: far below the old 1e-3 floor, far above fp32 rounding."""
     manifest, backend = _backend(export_dir, 1.005)

@@ -307,6 +307,9 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
   std::map<std::string, int64_t> dims;  // the action inputs the config has, by name
   for (const std::string name : {"keyboard", "mouse"})
     if (spec.has_input(name + "_window")) dims[name] = spec.input(name + "_window").shape.back();
+  if (dims.empty())  // nothing of the file would reach the model
+    throw Error("--actions " + path + ": the config " + spec.config + " has no action inputs (no mouse, no keyboard); "
+                "drop --actions");
   check_input_file(path, "--actions");
   const std::string text = read_bytes(path, "--actions");
   std::vector<std::pair<int64_t, std::string>> lines;  // (line number, text) of the non-blank lines

@@ -18,6 +18,7 @@
 //   actions-beyond  ... from the first block a stream does not reach
 //   actions-past    ... 2 blocks from the last block a stream reaches
 //   actions-none    ... 0 blocks from block 0
+//   actions-config  ... of a spec without action inputs (ENGINE's runtime file edited so; no runner made)
 //   step-past       a session started at the last block a stream reaches, stepped twice
 // Exits 0 when refused with wan_trt::Error, 1 when not refused or refused otherwise.
 #include <iostream>
@@ -30,6 +31,10 @@ namespace {
 void run(const std::string& what, const std::string& engine, const std::string& decoder, const std::string& actions) {
   const at::Device cpu("cpu");
   const auto spec = wan_trt::RuntimeSpec::load(engine + ".runtime.txt");
+  if (what == "actions-config") {
+    wan_trt::read_actions(actions, spec, 0, 1);
+    return;
+  }
   wan_trt::AotiRunner runner(engine, spec, cpu);
   auto feeds = zeros(spec);
   at::Tensor& latents = feeds.at("latents");

@@ -896,3 +896,19 @@ def test_cpp_stream_script_runs_a_decoder_engine_by_its_own_backend(aoti, decode
     report = json.loads(out.read_text())
     assert report["python_decoder_backend"] == "aoti" and report["latents_max_abs_diff"] == 0.0
     assert report["video_frames"] == 9 + 12 * 2
+
+
+def test_the_library_refuses_actions_for_a_config_without_action_inputs(aoti, decoder_aoti, wan_stream, tmp_path):
+    """read_actions of a spec with no mouse and no keyboard input took a file of '{}' lines (which reach nothing), as
+    Python's reader did: both refuse it (here a runtime file with the two action inputs taken out, resealed)."""
+    text = aoti[1].with_name(aoti[1].name + ".runtime.txt").read_text()
+    edited, found = re.subn(r"input (mouse|keyboard)_window [^\n]*\n", "", text)
+    assert found == 2
+    engine = tmp_path / "edited" / aoti[1].name
+    engine.parent.mkdir()
+    engine.with_name(engine.name + ".runtime.txt").write_text(resealed(edited))
+    actions = tmp_path / "actions.jsonl"
+    actions.write_text("{}\n{}\n")
+    message = _api_refusal(wan_stream, "actions-config", engine, decoder_aoti, actions)
+    assert message == f"--actions {actions}: the config universal-small has no action inputs (no mouse, no keyboard); " \
+                      "drop --actions", message
