@@ -5,7 +5,8 @@ kernel exactly as the launcher does). Plain Python: importable without Triton.
     row kernels (one program per row of n elements):  block = next power of two >= n,
                                                       4 warps up to 1024 elements, else 8; 1 stage
     multi-row kernels (the decoder's norm):           rows of n (padded to a power of two) x as many
-                                                      rows as make 4096 values a tile; 4 warps, 1 stage
+                                                      rows as make 4096 values a tile (2048 above 128
+                                                      channels), all of one frame; 2 warps, 1 stage
     window attention:                                 one of the tilings below (autotuned on a GPU,
                                                       TensorRT tactics in an engine)
     few-key attention (a loop over the keys):         a block of queries x every head per program,
@@ -47,12 +48,15 @@ def row_launch(block_name: str, n: int) -> Launch:
     return Launch({block_name: block}, num_warps=4 if block <= 1024 else 8, num_stages=1)
 
 
-def rows_launch(n: int) -> Launch:
-    """Settings of a kernel that normalises ``BLOCK_R`` rows of ``n`` elements per program: 4096 values
-    a tile, 4 warps (measured on an H100 at the decoder's full-resolution norm, 96 channels: 0.47 ms,
-    2.6 TB/s; 16 to 32 rows with 2 to 4 warps were within 3 % of each other, 64 rows slower)."""
+def rows_launch(n: int, frame_rows: int) -> Launch:
+    """Settings of a kernel that normalises ``BLOCK_R`` rows of ``n`` elements per program, no program's rows
+    straddling two frames of ``frame_rows`` rows (BLOCK_R divides it): 4096 values a tile up to 128 channels, 2048
+    above, 2 warps (measured on an H200 at a steady block's decoder norms, scripts/decoder_norms.py: these were the
+    fastest or within 6 % of it at every shape, of 2-8 warps and 2048-8192 values)."""
     block = next_power_of_two(n)
-    return Launch({"BLOCK_R": max(1, 4096 // block), "BLOCK_C": block}, num_warps=4, num_stages=1)
+    rows = max(1, (4096 if block <= 128 else 2048) // block)
+    rows = min(rows, frame_rows & -frame_rows)  # the largest power of two dividing frame_rows
+    return Launch({"BLOCK_R": rows, "BLOCK_C": block}, num_warps=2, num_stages=1)
 
 
 class Tiling(NamedTuple):

@@ -6,10 +6,11 @@ kernels should take.
 
 The calls are those the decoder's engine form makes in one steady block (traced with fake tensors, so
 the list follows the model code). Each distinct call is timed (``triton.testing.do_bench_cudagraph``)
-under every launch of ``--tiles`` values a tile x ``--warps`` warps, beside the launch the kernels take
-today (``plugins.launch.rows_launch``); the bytes each call must move (read x, r and the history, write
-the joined input and the sum) over its time give its bandwidth, and a plain device-to-device copy of as
-many bytes gives the yardstick. Every launch's output is compared with today's.
+under every launch of ``--tiles`` values a tile x ``--warps`` warps (whose rows divide a frame's, as the
+kernels need), beside the launch the kernels take today (``plugins.launch.rows_launch``); the bytes each
+call must move (read x, r and the history, write the joined input and the sum) over its time give its
+bandwidth, and a plain device-to-device copy of as many bytes gives the yardstick. Every launch's output
+is compared with today's.
 """
 from __future__ import annotations
 
@@ -98,10 +99,11 @@ def _run(op: str, args: list[torch.Tensor], launch: Launch):
     return fn, outputs
 
 
-def launches(c: int, tiles: list[int], warps: list[int]) -> list[Launch]:
+def launches(c: int, frame_rows: int, tiles: list[int], warps: list[int]) -> list[Launch]:
+    """Every launch of ``tiles`` values x ``warps`` whose rows divide a frame's (the kernels' condition)."""
     block = next_power_of_two(c)
     return [Launch({"BLOCK_R": max(1, tile // block), "BLOCK_C": block}, num_warps=nw, num_stages=1)
-            for tile in tiles for nw in warps if tile >= block]
+            for tile in tiles for nw in warps if tile >= block and frame_rows % max(1, tile // block) == 0]
 
 
 def main() -> int:
@@ -121,11 +123,12 @@ def main() -> int:
     for (op, shapes), n in counts.items():
         tensors = _arguments(op, shapes, gen)
         nbytes = moved_bytes(op, shapes)
-        today = rows_launch(shapes[-2][0])
+        frame_rows = shapes[0][3] * shapes[0][4]
+        today = rows_launch(shapes[-2][0], frame_rows)
         fn, expected = _run(op, tensors, today)
         fn()
         results = []
-        for launch in [today] + [l for l in launches(shapes[-2][0], tiles, warps) if l != today]:
+        for launch in [today] + [l for l in launches(shapes[-2][0], frame_rows, tiles, warps) if l != today]:
             fn, outputs = _run(op, tensors, launch)
             fn()
             torch.cuda.synchronize()

@@ -42,6 +42,11 @@
 #                                            block of each engine in turn, with paired differences) and each
 #                                            engine's kernels of one block (scripts/block_kernels.py); needs
 #                                            `build` and `build-rev`
+#   scripts/gpu_bench.sh decoder-rev RESULTS the decoder engine pair built from REV's code (out/<config>_<precision>_
+#                                            <decoder graph>_<rev>), e.g. beside `DECODER_CHECK=0 ... decoder`
+#   scripts/gpu_bench.sh ab-decoder RESULTS  the REV decoder engine against this checkout's in one process, a block
+#                                            of each in turn (scripts/ab_decoder_engines.py); needs `decoder` and
+#                                            `decoder-rev`
 #   scripts/gpu_bench.sh ab-runtime RESULTS  REV's runtime (the session: its Python code) against this checkout's on
 #                                            this checkout's engine: runs of each in turn, alternating
 #                                            (scripts/time_blocks.py), and one block's kernel timeline under each
@@ -74,7 +79,7 @@ DECODER_GRAPH=${DECODER_GRAPH:-decoder}  # or tiny-decoder (no fused ops: DECODE
 DECODER=out/${CONFIG}_${PRECISION}_${DECODER_GRAPH}
 DECODER_OPS=${DECODER_OPS:-$([ "$DECODER_GRAPH" = decoder ] && echo plugins || echo native)}
 DECODER_ENGINE=$DECODER/steady/engine_aoti$([ "$DECODER_OPS" = native ] || echo "_$DECODER_OPS")_cuda.pt2
-step=${1:?"step: setup | site | build | build-rev | ab | ab-runtime | ab-env | bench | check | ort-check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
+step=${1:?"step: setup | site | build | build-rev | ab | ab-runtime | ab-env | decoder-rev | ab-decoder | bench | check | ort-check | block-end | long | decoder | decoder-bench | cpp | precisions | all"}
 results=${2:-bench/results/new}
 [ "$step" = setup ] || [ "$step" = site ] || { mkdir -p "$results" && results=$(cd "$results" && pwd); }
 tag=${CONFIG}_${PRECISION}
@@ -190,13 +195,14 @@ case "$step" in
       --backends aoti-plugins+cudagraph,aoti-plugins,torch-compile,torch-eager "${also[@]}" \
       --profile aoti-plugins,aoti-plugins@fp16,aoti-plugins@fp8 --overwrite --out "$results/bench_${CONFIG}_precisions.json"
     ;;
-  site|build-rev|ab|ab-runtime)
+  site|build-rev|ab|ab-runtime|decoder-rev|ab-decoder)
     : "${REV:?set REV to the commit to compare with}"
     if [ -d "$PWD/out/site_$REV/wan_trt" ]; then rev=$REV  # installed already (by `site`, maybe elsewhere)
     else rev=$(git rev-parse --short=12 "$REV^{commit}"); fi
     rev_export=$PWD/out/${CONFIG}_${PRECISION}_aoti_${rev}
+    rev_decoder=$PWD/out/${CONFIG}_${PRECISION}_${DECODER_GRAPH}_${rev}
     site=$PWD/out/site_${rev}  # REV's wan_trt, installed apart
-    if [ "$step" != ab ] && [ ! -d "$site/wan_trt" ]; then
+    if [ "$step" != ab ] && [ "$step" != ab-decoder ] && [ ! -d "$site/wan_trt" ]; then
       src=$(mktemp -d)
       git archive "$rev" | tar -x -C "$src"
       python3 -m pip install -q --no-deps --no-build-isolation --target "$site" "$src"
@@ -222,6 +228,15 @@ case "$step" in
           --out "$rev_export" --overwrite &&
         run_step build_rev python3 -m wan_trt.cli build "$rev_export" --backend aoti --ops plugins \
           --precision "$PRECISION" --device cuda)
+    elif [ "$step" = decoder-rev ]; then
+      (cd "$site" && export PYTHONPATH=$site &&
+        run_step export_decoder_rev python3 -m wan_trt.cli export --config "$CONFIG" --graph "$DECODER_GRAPH" \
+          --precision "$PRECISION" --no-onnx --out "$rev_decoder" --overwrite &&
+        run_step build_decoder_rev python3 -m wan_trt.cli build "$rev_decoder" --backend aoti --ops "$DECODER_OPS" \
+          --precision "$PRECISION" --device cuda)
+    elif [ "$step" = ab-decoder ]; then
+      run_step ab_decoder python3 scripts/ab_decoder_engines.py "rev=$rev_decoder/steady/$(basename "$DECODER_ENGINE")" \
+        "current=$DECODER_ENGINE" --out "$results/ab_decoder_${tag}_${DECODER_GRAPH}.json"
     else
       interleave=()  # INTERLEAVE=N: one stream of N blocks per engine, a block of each in turn
       [ -z "${INTERLEAVE:-}" ] || interleave=(--interleave "$INTERLEAVE")

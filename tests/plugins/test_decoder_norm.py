@@ -104,3 +104,14 @@ def test_bad_shapes_are_refused():
         split_norm_silu_join(x, tail, torch.cat([bias, bias[:16]]), gamma, history)  # C within the first part
     with pytest.raises(WanTrtError, match="split_add_norm_silu_join: x_tail must be channels-last"):
         split_add_norm_silu_join(head, x[:, 16:].contiguous(), bias, r, gamma, history)
+
+
+def test_a_programs_rows_never_straddle_two_frames():
+    """A program either copies history rows or normalises activation rows: its rows must lie in one frame, so the
+    launch's rows divide a frame's, whatever the frame's size (odd ones take fewer rows)."""
+    from wan_trt.plugins.launch import rows_launch
+    for channels in (2, 6, 96, 192, 384):
+        for frame_rows in (1, 6, 15, 24, 3520, 14080, 225280):
+            rows = rows_launch(channels, frame_rows).blocks["BLOCK_R"]
+            assert frame_rows % rows == 0 and rows & (rows - 1) == 0, (channels, frame_rows, rows)
+    assert rows_launch(96, 225280).blocks == {"BLOCK_R": 32, "BLOCK_C": 128}
