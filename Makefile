@@ -14,11 +14,11 @@ DEMO_OUT ?= out/demo
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements-cpu.txt setup.cfg pyproject.toml
+$(VENV)/.installed: $(ROOT)requirements-cpu.txt $(ROOT)setup.cfg $(ROOT)pyproject.toml
 	$(BASE_PY) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-cpu.txt
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -r $(ROOT)requirements-cpu.txt
+	$(PY) -m pip install -q -e '$(ROOT).[dev]'
 	touch $@
 
 demo: setup

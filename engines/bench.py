@@ -36,7 +36,7 @@ import torch
 from wan_trt.config import WanConfig
 from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 from wan_trt.engines.backends import (ALL_BACKENDS, BACKENDS, ENGINE_FLAGS, RunnerSources, Unavailable, get_backend,
-                                     make_runner, parse_backends)
+                                     make_runner, missing_engine, parse_backends)
 from wan_trt.engines.backends.aoti import check_fp8_device
 from wan_trt.engines.bench_decoder import (DECODER_PROFILE, DECODER_WARMUP_BLOCKS, bench_decoder, check_decoder_request,
                                            engine_variants)
@@ -54,7 +54,7 @@ from wan_trt.model import decoder_config
 from wan_trt.pipeline import ReferencePipeline
 from wan_trt.profiling import (allocated_memory_gib, op_class_profile, peak_memory_gib, provenance,
                                reset_peak_memory, summarize_ms, synchronize)
-from wan_trt.outputs import json_with_keys, locked_out_file, write_file
+from wan_trt.outputs import json_with_keys, locked_out_file, resolved, write_file
 from wan_trt.owned import BENCH_REPORT_KEYS, is_bench_report
 from wan_trt.spec import LATENTS
 from wan_trt.stream import NoiseSource, synthetic_stream
@@ -328,9 +328,9 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         raise WanTrtError(f"--end-to-end {','.join(o.end_to_end)}: needs --decoder-engine and static-cache backends "
                           f"among the benched ones ({', '.join(backends)}; the reference pipeline has no session)")
     for name in o.end_to_end:  # what its row needs, said before the other rows run (it runs last)
-        backend = get_backend(name)
-        if "engine" in backend.requires and o.engines.get(backend.engine_key) is None:
-            raise WanTrtError(f"--end-to-end {name}: runs the DiT engine that {backend.engine_flag} gives; give it")
+        missing = missing_engine(get_backend(name), o.engines)
+        if missing is not None:
+            raise WanTrtError(f"--end-to-end {name}: {missing}")
     if o.decoder_engine is not None and o.decoder is None:
         raise WanTrtError("--decoder-engine: give the decoder export with --decoder too")
     decoder_spec = None
@@ -344,7 +344,7 @@ def run_bench(directory: str | Path, options: BenchOptions) -> dict[str, Any]:
         raise WanTrtError(f"--blocks {blocks}: the first {warmup} block(s) are warm-up"
                           f"{' (the decoder rows: graphs captured in both)' if o.decoder is not None else ''}, "
                           f"timed apart from the steady ones; give --blocks {warmup + 1} or more")
-    if out is not None and chart is not None and Path(out).resolve() == Path(chart).resolve():
+    if out is not None and chart is not None and resolved(Path(out), "--out") == resolved(Path(chart), "--chart"):
         raise WanTrtError(f"--out and --chart are both {out}: the chart would replace the report; give two files")
     with contextlib.ExitStack() as locks:  # held to the end: a second bench writing one of them fails at once
         for flag, path, written, what in (("--out", out, is_bench_report, "wan-trt bench report"),

@@ -66,6 +66,24 @@ class Manifest:
         """The files this export wrote besides manifest.json."""
         return [n for n in (self.graph, self.external_data, self.sample_inputs) if n]
 
+    def sample_feeds(self, directory: str | Path) -> dict[str, torch.Tensor]:
+        """The export's sample inputs (the feeds an engine is traced and checked with), refused unless they are the
+        spec's inputs, names, shapes and dtypes: a file of another shape, its digest re-recorded, had an engine
+        compiled for that shape under this spec's name (or a check end in a traceback)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        path = Path(directory) / self.sample_inputs
+        fix = "re-export it with `wan-trt export --overwrite`"
+        try:
+            feeds = load_file(str(path))
+        except (SafetensorError, OSError) as exc:
+            raise WanTrtError(f"{path}: not a readable safetensors file ({exc}); {fix}") from None
+        try:
+            self.spec.check_feeds(feeds)
+        except WanTrtError as exc:
+            raise WanTrtError(f"{path}: {exc}; {fix}") from None
+        return feeds
+
     def to_dict(self) -> dict[str, Any]:
 
         return {"format": FORMAT, "spec": self.spec.to_dict(), "fingerprint": self.spec.fingerprint(),

@@ -26,7 +26,7 @@ from wan_trt.export.plugin_ops import plugin_node_counts, translation_table
 from wan_trt.graphs import graph_kind
 from wan_trt.log import logger, stage
 from wan_trt.model.checkpoint import weights_fingerprint
-from wan_trt.outputs import check_input_file, check_out_dir, followed, staged_dir
+from wan_trt.outputs import check_input_file, check_out_dir, followed, resolved, staged_dir
 from wan_trt.owned import owned_export_files
 from wan_trt.spec import GraphSpec
 
@@ -60,7 +60,7 @@ def export_graphs(graphs: list[tuple[GraphSpec, Path]], *, weights: str | None =
     protect = [Path(weights)] if weights else []
     read = file_identity(weights) if weights else None  # before it is read: see _provenance
     for (_, out), (_, other) in itertools.combinations(graphs, 2):  # one folder locked twice waits on itself
-        if followed(out).resolve() == followed(other).resolve():
+        if resolved(followed(out), "--out") == resolved(followed(other), "--out"):
             raise WanTrtError(f"--out: {out} and {other} are one folder (a symbolic link); the graphs go into two")
     for _, out in graphs:  # before minutes of work; again under the locks
         check_out_dir(out, owned_export_files, overwrite=overwrite, protect=protect)

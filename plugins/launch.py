@@ -51,11 +51,13 @@ def row_launch(block_name: str, n: int) -> Launch:
 def rows_launch(n: int, frame_rows: int) -> Launch:
     """Settings of a kernel that normalises ``BLOCK_R`` rows of ``n`` elements per program, no program's rows
     straddling two frames of ``frame_rows`` rows (BLOCK_R divides it): 4096 values a tile up to 128 channels, 2048
-    above, 2 warps (measured on an H200 at a steady block's decoder norms, scripts/decoder_norms.py: these were the
-    fastest or within 6 % of it at every shape, of 2-8 warps and 2048-8192 values)."""
+    above, 2 warps. Measured on an H200 at a steady block's decoder norms: of 2, 4 and 8 warps and 2048-8192 values
+    tried on the plain norm's calls, these were the fastest or within 6 % at every shape (an experiment whose file
+    is not kept; bench/results/decoder_norms_h200.json times every call under these and 2048 / 4096 values)."""
     block = next_power_of_two(n)
     rows = max(1, (4096 if block <= 128 else 2048) // block)
-    rows = min(rows, frame_rows & -frame_rows)  # the largest power of two dividing frame_rows
+    if frame_rows > 0:  # an empty frame launches no program
+        rows = min(rows, frame_rows & -frame_rows)  # the largest power of two dividing frame_rows
     return Launch({"BLOCK_R": rows, "BLOCK_C": block}, num_warps=2, num_stages=1)
 
 

@@ -29,7 +29,6 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from wan_trt.decoder_spec import CALLS
 from wan_trt.digest import file_identity
@@ -270,10 +269,6 @@ def _stream_no_allowance(row: dict[str, Any]) -> str:
     if not math.isfinite(row["yardstick_rel_l2"]):
         return "; the yardstick's stream (the PyTorch model in this precision) gives NaN/Inf: no allowance"
     return ""
-
-
-def _sample_feeds(directory: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
-    return load_file(str(directory / manifest.sample_inputs))
 
 
 def require_polygraphy() -> None:
@@ -543,7 +538,8 @@ def fp32_as_fp32() -> Iterator[None]:
     round their operands to TF32 (10 bits) by default, which made a check's fp32 reference (the decoder's
     convolutions, the DiT's patch embedding) as far from fp32 as an fp16 model, and an fp32 engine run in the check
     likewise. Used as a decorator by the checks (a new context each call)."""
-    backends = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)
+    backends = (torch.backends.cudnn.conv, torch.backends.cudnn.rnn, torch.backends.cuda.matmul)  # rnn: the legacy
+    # allow_tf32 flag (which Inductor reads) raises where conv and rnn differ
     saved = [b.fp32_precision for b in backends]
     for b in backends:
         b.fp32_precision = "ieee"
@@ -592,7 +588,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
         with results_staged({name: results} if o.save_results else {}, identity, "it") as staging:
             with stage("single pass (Polygraphy Comparator)"):
                 report.outputs = check_single_pass(single_pass_backend or backend, reference, yardstick,
-                                                   _sample_feeds(directory, manifest), spec, staging.get(name))
+                                                   manifest.sample_feeds(directory), spec, staging.get(name))
             if o.stream:
                 with stage(f"stream of {o.blocks} blocks vs the upstream-semantics pipeline"):
                     report.stream = check_stream(backend, fp32, low, o.blocks, o.seed)

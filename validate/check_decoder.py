@@ -19,7 +19,6 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata, export_for_engine
@@ -101,7 +100,7 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
                 reference.name = "torch-fp32"
                 yardstick = TorchRunner(low, call_spec)
                 yardstick.name = f"torch-{spec.precision}"
-                feeds = load_file(str(dirs[call] / manifests[call].sample_inputs))
+                feeds = manifests[call].sample_feeds(dirs[call])
                 with stage(f"{call} call (Polygraphy Comparator)"):
                     outputs = check_single_pass(runners[call], reference, yardstick, feeds, call_spec,
                                                 staging.get(call), judged=[RGB])

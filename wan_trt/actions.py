@@ -1,7 +1,8 @@
 """Actions from a JSON-lines file: one line per block, in stream order from block 0.
 
 Each line is a JSON object with one key per action input the config has (``mouse``: camera delta,
-2 values; ``keyboard``: ``keyboard_dim_in`` values, one-hot or multi-hot), each either one action
+2 values; ``keyboard``: ``keyboard_dim_in`` values, 1 for a key held and 0 otherwise, as the model was
+trained: other values are not refused, only held to the range below), each either one action
 held for the whole block or one row per video frame of the block (9 for block 0, 12 after)::
 
     {"mouse": [0.1, 0.0], "keyboard": [1, 0, 0, 0]}

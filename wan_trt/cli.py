@@ -291,6 +291,9 @@ def export(config_name, weights, precision, seed, ops, opset, out, overwrite, no
 
     if no_onnx and given("opset"):  # the opset is the ONNX graph's: nothing would use it
         raise WanTrtError(f"--opset {opset}: --no-onnx writes no ONNX graph for it to apply to; drop one of them")
+    if no_onnx and given("ops"):  # so are the ops: an engine's are `build --ops`
+        raise WanTrtError(f"--ops {ops}: --no-onnx writes no ONNX graph for it to apply to (an AOTInductor engine's "
+                          "fused ops are chosen by `wan-trt build --ops`); drop one of them")
     cfg = load_config(config_name)
     if graph != "dit":
         from wan_trt.export.decoder import export_decoder

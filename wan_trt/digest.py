@@ -45,11 +45,12 @@ def check_digest_record(record: Any, where: str) -> None:
         raise WanTrtError(f"{where}: expected {{'size': bytes, 'sha256': 64 hex digits}}, got {record!r}")
 
 
-def file_identity(path: str | Path) -> tuple[int, int, int, int]:
-    """(device, inode, size, modification time in ns) of ``path``: changes when the file is replaced (a build
-    renames a new one over it) or rewritten in place."""
+def file_identity(path: str | Path) -> tuple[int, int, int, int, int]:
+    """(device, inode, size, modification and change times in ns) of ``path``: changes when the file is replaced (a
+    build renames a new one over it) or rewritten in place, also by a writer that sets the modification time back
+    (cp -p, rsync -t: only the change time, which no one can set, tells)."""
     st = os.stat(path)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def require_unchanged(path: str | Path, identity: tuple, what: str, since: str, why: str) -> None:

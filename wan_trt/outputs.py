@@ -198,15 +198,19 @@ def remove_stale_partials(engine: Path) -> None:
 
 
 def resolved(path: Path, flag: str) -> Path:
-    """``path`` absolute, its symbolic links and '..' taken (as :meth:`Path.resolve`), a link loop refused."""
+    """``path`` absolute, its symbolic links and '..' taken (as :meth:`Path.resolve`), a link loop refused (Path.resolve
+    raises on one before Python 3.13 and returns it unresolved after: each link is asked itself)."""
+    path = Path(path)
+    for link in (p for p in (path, *path.parents) if p.is_symlink()):
+        try:
+            os.stat(link)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise WanTrtError(f"{flag} {path}: {link} is a symbolic link loop; pick another {flag}") from None
     try:
-        return Path(path).resolve()
-    except RuntimeError as exc:  # a link loop, before Python 3.13
+        return path.resolve()
+    except RuntimeError as exc:  # a loop met on the way (Python before 3.13)
         raise WanTrtError(f"{flag} {path}: a symbolic link loop ({exc}); pick another {flag}") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise WanTrtError(f"{flag} {path}: a symbolic link loop; pick another {flag}") from None
-        raise
 
 
 def followed(out: Path, flag: str = "--out") -> Path:

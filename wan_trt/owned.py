@@ -89,11 +89,14 @@ def clean(path: Path) -> str:
     kind = marked_kind(path)
     if kind not in OWNED_FILES:
         return f"{path}: not a wan-trt output folder, kept"
-    with output_lock(path, "clean", "wait for it to finish"):
+    with output_lock(path, "run", "wait for it to finish"):
         stale, held = build_leftovers(path)
         if held:
             raise WanTrtError(f"{path}: a wan-trt build is writing into it ({held[0].name}); wait for it to finish")
-        owned = (OWNED_FILES[kind](path) or []) + stale
+        real = path.resolve()
+        # a file reached through a linked folder (check/ a link to the user's) lies outside: not this output's
+        owned = [f for f in (OWNED_FILES[kind](path) or []) + stale
+                 if f.parent.resolve() == real / f.parent.relative_to(path)]
         kept = foreign_files(path, owned, OUTPUT_KINDS[kind])
         empty_before = {Path(root) for root, dirs, files in os.walk(path) if not dirs and not files}  # the user's
         for file in owned:

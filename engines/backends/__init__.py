@@ -177,6 +177,15 @@ class RunnerSources:
         return (self.engines or {})[backend.engine_key]
 
 
+def missing_engine(backend: Backend, engines: dict[str, Path | None] | None) -> str | None:
+    """Why ``backend`` has no engine among ``engines`` (by engine key) if it runs one; None if it has or runs none."""
+    if "engine" not in backend.requires or (engines or {}).get(backend.engine_key) is not None:
+        return None
+    how = "wan-trt build DIR" + ("" if backend.module == "tensorrt" else " --backend aoti") + \
+        ("" if backend.ops == "native" else f" --ops {backend.ops}")  # else its flag refuses the engine
+    return f"no {backend.engine_flag} given (build one with `{how}`)"
+
+
 def why_not(backend: Backend, sources: RunnerSources) -> str | None:
     """Why ``backend``'s registered requirements are not met here (None: they are), checked in order."""
     for need in backend.requires:
@@ -185,10 +194,8 @@ def why_not(backend: Backend, sources: RunnerSources) -> str | None:
                 backend_module(backend).import_tensorrt()
             except WanTrtError as exc:
                 return str(exc)
-        if need == "engine" and (sources.engines or {}).get(backend.engine_key) is None:
-            how = "wan-trt build DIR" + ("" if backend.module == "tensorrt" else " --backend aoti") + \
-                ("" if backend.ops == "native" else f" --ops {backend.ops}")  # else its flag refuses the engine
-            return f"no {backend.engine_flag} given (build one with `{how}`)"
+        if need == "engine" and missing_engine(backend, sources.engines) is not None:
+            return missing_engine(backend, sources.engines)
         if need == "cuda" and not str(sources.device).startswith("cuda"):
             what = "the fused Triton kernels need" if backend.module == "torch" else "CUDA graphs need"
             return f"{what} a CUDA device (--device cuda)"

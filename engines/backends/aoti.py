@@ -13,7 +13,6 @@ import zipfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, check_unchanged, default_engine_path,
                                      engine_key, install_engine, staged_file, up_to_date)
@@ -88,7 +87,7 @@ def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device
         verify_weights(manifest, module)
         module = kind.prepare(module, ops, spec.precision)  # the same fp32 islands (and FP8 GEMMs) as the ONNX graph
     static = kind.static(module, spec).eval()
-    feeds = {k: v.to(device) for k, v in load_file(str(directory / manifest.sample_inputs)).items()}
+    feeds = {k: v.to(device) for k, v in manifest.sample_feeds(directory).items()}
     with stage("torch.export"), torch.no_grad():
         program = torch.export.export(static, tuple(feeds[n] for n in spec.input_names), strict=False)
     layouts = channels_last_3d_convolutions() if kind.channels_last_convolutions and device == "cuda" \

@@ -43,6 +43,13 @@ def available_providers() -> list[str]:
     return _import_ort().get_available_providers()
 
 
+def cpu_refusal(spec: PassSpec) -> str | None:
+    """Why ONNX Runtime's CPU provider cannot run a graph of ``spec`` (None: it can)."""
+    if spec.dtype == torch.bfloat16:
+        return f"a {spec.precision} graph with bf16 I/O, and ONNX Runtime's CPU provider has no bf16 kernels"
+    return None
+
+
 class OnnxRuntimeRunner(Runner):
     """Runs an exported graph with ONNX Runtime; ``provider`` is 'cpu' or 'cuda'."""
 
@@ -51,11 +58,11 @@ class OnnxRuntimeRunner(Runner):
     def __init__(self, graph: str | Path, spec: PassSpec, provider: str = "cpu"):
         if provider not in PROVIDERS:
             raise WanTrtError(f"--provider {provider!r}: expected one of {', '.join(PROVIDERS)}")
-        if provider == "cpu" and spec.dtype == torch.bfloat16:
+        refusal = cpu_refusal(spec) if provider == "cpu" else None
+        if refusal is not None:
             same = ("" if spec.precision == "fp8" else
                     ", or export with --precision fp32 to check the same graph structure on this CPU")
-            raise WanTrtError(f"{graph} is a {spec.precision} graph with bf16 I/O, and ONNX Runtime's CPU provider "
-                              "has no bf16 kernels: check it with --provider cuda on a machine with a GPU "
+            raise WanTrtError(f"{graph}: {refusal}: check it with --provider cuda on a machine with a GPU "
                               f"(onnxruntime-gpu){same}")
         if spec.dtype == torch.bfloat16:  # the CPU provider, the usual way out, refuses it (above)
             self.without_cuda = ("a bf16 graph runs on ONNX Runtime's CUDA provider only: check it on a machine with "
@@ -81,7 +88,9 @@ class OnnxRuntimeRunner(Runner):
         provider = wanted
         if self.provider == "cuda":
             stream = torch.cuda.current_stream(self.device).cuda_stream
-            provider = (wanted, {"device_id": self.device.index or 0, "user_compute_stream": str(stream)})
+            # use_tf32 0: fp32 stays fp32 (the provider's default rounds fp32 matmuls and convolutions to TF32)
+            provider = (wanted, {"device_id": self.device.index or 0, "user_compute_stream": str(stream),
+                                 "use_tf32": "0"})
         try:
             with self._graph_for(options) as graph:
                 self.session = ort.InferenceSession(str(graph), options, providers=[provider])
@@ -152,9 +161,9 @@ def make_runner(backend, sources) -> Runner:
     """The ``onnxruntime`` entry: the export's graph on the CUDA provider on a GPU, the CPU provider otherwise."""
     spec, manifest = sources.spec, sources.manifest
     provider = "cuda" if str(sources.device).startswith("cuda") else "cpu"
-    if spec.dtype == torch.bfloat16 and provider == "cpu":  # the runner's own rule (fp16 runs there)
-        raise Unavailable(f"ONNX Runtime's CPU provider has no bf16 kernels for this {spec.precision} graph's "
-                          "I/O (a --device cuda bench runs the CUDA provider; or export --precision fp32)")
+    refusal = cpu_refusal(spec) if provider == "cpu" else None  # the runner's own rule (fp16 runs there)
+    if refusal is not None:
+        raise Unavailable(f"{refusal} (a --device cuda bench runs the CUDA provider; or export --precision fp32)")
     if manifest.graph is None:
         raise Unavailable(f"{sources.directory} was exported with --no-onnx: it has no ONNX graph")
     if manifest.ops == "plugins":

@@ -145,6 +145,7 @@ def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, 
                           "another GPU, whose CUDA device properties differ), and the build would replace it with "
                           "its own; name another file for this GPU")
     config.builder_optimization_level = opt_level
+    config.clear_flag(trt.BuilderFlag.TF32)  # fp32 in the graph stays fp32 (TensorRT rounds it to TF32 by default)
     # the inspector reports layer types (what `inspect` counts plugin layers by) only in a DETAILED engine: the
     # default, LAYER_NAMES_ONLY, gives names alone
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED

@@ -181,6 +181,11 @@ def paired_engines(engine: str | Path) -> dict[str, PairedEngine]:
         meta = EngineMetadata.read(path)
         pair[call] = PairedEngine(path, meta, *export_for_engine(path, meta))
     check_pair({call: e.manifest for call, e in pair.items()}, f"decoder engine {engine}")
+    built = {call: (e.meta.backend_name, e.meta.device) for call, e in pair.items()}
+    if len(set(built.values())) > 1:  # one `wan-trt build` of the pair builds both alike; a check reports one
+        raise WanTrtError(f"decoder engine {engine}: its two engines were built differently ("
+                          + ", ".join(f"{call}: {b} on {d}" for call, (b, d) in built.items())
+                          + "); build both with one `wan-trt build` of the decoder export")
     return pair
 
 

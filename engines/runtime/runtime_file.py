@@ -27,10 +27,11 @@ frequencies are written as Python's repr, which reads back as the same double.
 A decoder engine's file (one per graph of the pair; ``history`` lines in call order, for both
 calls, though only the steady one takes them as inputs):
 
-    wan_trt_decoder 5
+    wan_trt_decoder 6
     engine <bytes> <sha256>
     device <cpu|cuda>
     config <name>            precision <bf16|fp16|fp32>      call <first|steady>
+    graph <decoder|tiny-decoder>  (the decoder's graph kind: its messages name the export command for it)
     weights <sha256>         (of the graph's weights, as its export's manifest records them: the C++ runtime pairs
                               only a first and a steady engine of the same weights, as Python's check_pair does)
     input <name> <dtype> <dims...>
@@ -85,8 +86,8 @@ def _engine_lines(engine_file: dict, device: str) -> list[str]:
 def decoder_text(spec: DecoderSpec, engine_file: dict, device: str, weights_sha256: str) -> str:
     """``weights_sha256``: of the graph's weights (the manifest's), by which the C++ runtime tells a pair of one
     decoder from a first and a steady graph of two."""
-    lines = ["wan_trt_decoder 5", *_engine_lines(engine_file, device), f"config {spec.config.name}",
-             f"precision {spec.precision}", f"call {spec.call}", f"weights {weights_sha256}"]
+    lines = ["wan_trt_decoder 6", *_engine_lines(engine_file, device), f"config {spec.config.name}",
+             f"precision {spec.precision}", f"call {spec.call}", f"graph {spec.KIND}", f"weights {weights_sha256}"]
     lines += _io_lines(spec) + [f"history {i} {o}" for i, o in spec.histories]
     return sealed("\n".join(lines) + "\n")
 

@@ -235,11 +235,13 @@ def test_check_of_a_file_of_an_export_points_at_the_export(exports, decoder_expo
     assert "rebuild" not in _run(["check", str(export / name)]).output
 
 
-def test_export_refuses_an_opset_with_no_onnx(tmp_path):
-    """`export --no-onnx --opset 18` exported and recorded opset 18 in its manifest, for a graph it did not write."""
+@pytest.mark.parametrize("flag", [["--opset", "18"], ["--ops", "plugins"]])
+def test_export_refuses_a_graph_option_with_no_onnx(tmp_path, flag):
+    """`export --no-onnx --opset 18` exported and recorded opset 18 in its manifest, for a graph it did not write;
+    `--ops plugins` likewise (an engine's fused ops are `build --ops`: a later build made a native engine)."""
     out = tmp_path / "e"
     _one_error_line(_run(["export", "--config", "universal-small", "--precision", "fp32",
-                          "--no-onnx", "--opset", "18", "--out", str(out)]), "--opset 18", "--no-onnx")
+                          "--no-onnx", *flag, "--out", str(out)]), " ".join(flag), "--no-onnx")
     assert not out.exists()
 
 

@@ -215,6 +215,8 @@ def _preset_with(tmp_path, edit):
     (lambda d: d["model"]["action_config"].update(rope_theta=0.0), "rope_theta"),  # a traceback at export
     (lambda d: d["model"]["action_config"].update(mouse_qk_dim_list=[-2, 10, 8]), "mouse_qk_dim_list"),
     (lambda d: d["model"].update(local_attn_size=1_000_000), "local_attn_size"),  # out of memory at export
+    (lambda d: d["inference"].update(timestep_shift=1e-8), "timestep_shift"),  # NaN sigmas: a stream blamed the weights
+    (lambda d: d["inference"].update(timestep_shift=1e39), "timestep_shift"),
 ])
 def test_a_config_that_would_go_wrong_later_is_refused_when_read(tmp_path, edit, message):
     from click.testing import CliRunner

@@ -157,3 +157,19 @@ def test_make_clean_works_in_a_checkout_whose_path_has_a_space(tmp_path):
     run = _make_clean(checkout)  # as a user runs it
     assert run.returncode == 0, run.stdout + run.stderr
     assert not ours[0].parent.exists() and theirs.read_text() == "x"
+
+
+def test_clean_never_removes_files_reached_through_a_linked_folder(tmp_path):
+    """An export whose check/ is a symbolic link to a user's folder: clean removed the files there that looked like
+    check reports (the report rules found them through the link), emptying a folder that was not the export's."""
+    from wan_trt.owned import clean
+    export = tmp_path / "export"
+    ours = _export(export)
+    theirs = tmp_path / "my_reports"
+    theirs.mkdir()
+    report = theirs / "report_other_project.json"
+    report.write_text(json.dumps({"command": "x", "backend": "x", "precision": "fp32", "ok": True}))
+    (export / "check").symlink_to(theirs)
+    said = clean(export)
+    assert report.is_file() and "kept what it did not write (check)" in said, said
+    assert not any(p.exists() for p in ours) and (export / "check").is_symlink()

@@ -107,3 +107,23 @@ def test_the_recorded_command_runs_as_it_was_given(monkeypatch):
     assert shlex.split(provenance("wan-trt")["command"]) == ["wan-trt", *argv]
     monkeypatch.setattr(sys, "argv", ["scripts/time_blocks.py", "current", "out/uni"])
     assert provenance()["command"] == "time_blocks.py current out/uni"  # plain arguments stay as they were
+
+
+def test_a_file_rewritten_with_its_modification_time_set_back_is_not_unchanged(tmp_path):
+    """A file rewritten in place at the same size with its modification time set back (cp -p, rsync -t) kept its
+    identity: a stream's report named the new actions file's sha256 while the run had read the old one. The change
+    time, which no writer can set, is part of the identity."""
+    import os
+    import time
+    from wan_trt.digest import file_identity, require_unchanged
+    from wan_trt.errors import WanTrtError
+    path = tmp_path / "actions.jsonl"
+    path.write_text("{}\n")
+    before = os.stat(path)
+    identity = file_identity(path)
+    time.sleep(0.01)
+    path.write_text("[]\n")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns and os.stat(path).st_size == before.st_size
+    with pytest.raises(WanTrtError, match="was replaced or rewritten"):
+        require_unchanged(path, identity, "--actions", "while the stream ran", "run it again")

@@ -543,3 +543,21 @@ def test_the_benchs_pytorch_decoder_rows_refuse_non_finite_frames():
         decoder.decoder.head[2].weight[0, 0, 0, 0, 0] = float("nan")
     with pytest.raises(NonFiniteFrames, match="non-finite .* in block 1"):
         decode(1, latents[:, :, 3:])
+
+
+def test_a_decoder_engine_pair_built_two_ways_is_refused(decoder_aoti, tmp_path):
+    """A pair whose first engine was built otherwise than its steady one (another backend or ops under the same file
+    name) ran, and its check's report named the steady engine's backend only. One `wan-trt build` of the decoder
+    export builds both alike: a pair built two ways is refused (here the first engine's metadata says --ops plugins)."""
+    from wan_trt.engines.runtime.decoder import paired_engines
+    pair = tmp_path / "pair"
+    for call in CALLS:
+        (pair / call).mkdir(parents=True)
+        for f in decoder_aoti.parents[1].joinpath(call).glob(decoder_aoti.name + "*"):
+            shutil.copy(f, pair / call / f.name)
+    paired_engines(pair / "steady" / decoder_aoti.name)
+    meta = pair / "first" / (decoder_aoti.name + ".json")
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "ops": "plugins"}))
+    with pytest.raises(WanTrtError, match=r"its two engines were built differently \(first: aoti-plugins on cpu, "
+                                          r"steady: aoti on cpu\)"):
+        paired_engines(pair / "steady" / decoder_aoti.name)

@@ -1,6 +1,7 @@
 """Export outputs: --overwrite replaces only wan-trt exports, staging and locking, failed writes, manifests."""
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -9,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from wan_trt.cli import main
@@ -192,13 +194,17 @@ def test_a_symlinked_out_is_written_where_it_points_and_stays_a_link(tmp_path, p
     assert dangling.is_symlink() and not (tmp_path / "missing").exists()
 
 
-def test_what_a_killed_build_left_does_not_block_an_overwrite(tmp_path, plain_export):
+@pytest.mark.parametrize("engine", ["engine_aoti_cpu.pt2", "my.pt2"])
+def test_what_a_killed_build_left_does_not_block_an_overwrite(tmp_path, plain_export, engine):
     """A build killed mid-write leaves its lock file and its partial engine: nobody holds the lock, so they
-    are stale leftovers of wan-trt's own, removed with the export they are in (they blocked it for good)."""
+    are stale leftovers of wan-trt's own, removed with the export they are in (they blocked it for good).
+    my.pt2: a build of `--out E` (a name of the user's) killed before its first engine was installed has no
+    metadata beside them to say they were a build's, and `export --overwrite` refused the export for good over
+    wan-trt's own files: a lock and a staging file of one engine name, together, are a build's."""
     out = tmp_path / "export"
     shutil.copytree(plain_export, out)
-    (out / ".engine_aoti_cpu.pt2.lock").write_text("")
-    (out / ".engine_aoti_cpu.pt2.partial-h8ea2z25.pt2").write_bytes(b"half an engine")
+    (out / f".{engine}.lock").write_text("")
+    (out / f".{engine}.partial-h8ea2z25.pt2").write_bytes(b"half an engine")
     _export(out, overwrite=True)
     assert _tree(out) == _tree(plain_export)
 
@@ -621,18 +627,6 @@ def test_a_run_that_found_the_folder_another_run_made_survives_that_runs_failure
     assert (new / "b.json").is_file() and not (new / ".b.json.lock").exists()
 
 
-def test_what_a_killed_first_build_of_a_named_engine_left_does_not_block_an_overwrite(tmp_path, plain_export):
-    """A build of `--out E` (a name of the user's) killed before its first engine was installed left its lock and its
-    partial engine, with no metadata beside them to say they were a build's: `export --overwrite` refused the export
-    for good over wan-trt's own files. A lock and a staging file of one engine name, together, are a build's."""
-    out = tmp_path / "export"
-    shutil.copytree(plain_export, out)
-    (out / ".my.pt2.lock").write_text("")
-    (out / ".my.pt2.partial-h8ea2z25.pt2").write_bytes(b"half an engine")
-    _export(out, overwrite=True)
-    assert _tree(out) == _tree(plain_export)
-
-
 def test_a_build_that_fails_leaves_no_folder_it_made_for_its_engine(tmp_path):
     """`build --out new/deeper/e.pt2` whose build failed (here: its checkpoint changed since the export) left the
     folders it had made for the engine."""
@@ -666,13 +660,19 @@ def test_an_out_under_a_dangling_link_is_refused_and_makes_nothing(tmp_path):
     assert not (tmp_path / "missing").exists()
 
 
-@pytest.mark.parametrize("command", ["export", "build"])
+@pytest.mark.parametrize("command", ["export", "decoder", "build", "bench"])
 def test_an_out_in_a_link_loop_is_refused_in_a_line(tmp_path, plain_export, command):
-    """`--out LOOP/x`, LOOP a symbolic link loop, ended in a RuntimeError traceback."""
+    """`--out LOOP/x`, LOOP a symbolic link loop, ended in a RuntimeError traceback (a decoder export's two graphs, and
+    a bench's --out beside its --chart, too). The loop is found by asking each link, as Path.resolve raises on one
+    only before Python 3.13."""
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
-    args = (["export", "--config", CFG, "--no-onnx", "--out", str(tmp_path / "a" / "x")] if command == "export" else
-            ["build", str(plain_export), "--backend", "aoti", "--device", "cpu", "--out", str(tmp_path / "a" / "e.pt2")])
+    export = ["export", "--config", CFG, "--no-onnx", "--out", str(tmp_path / "a" / "x")]
+    args = {"export": export, "decoder": [*export, "--graph", "decoder"],
+            "build": ["build", str(plain_export), "--backend", "aoti", "--device", "cpu", "--out",
+                      str(tmp_path / "a" / "e.pt2")],
+            "bench": ["bench", str(plain_export), "--device", "cpu", "--backends", "torch-eager", "--blocks", "2",
+                      "--out", str(tmp_path / "a" / "b.json"), "--chart", str(tmp_path / "c.png")]}[command]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 1 and "symbolic link loop" in res.output and "Traceback" not in res.output, res.output
 
@@ -696,3 +696,39 @@ def test_a_decoder_export_whose_two_graphs_are_one_folder_is_refused(tmp_path):
     (out / "first").symlink_to("steady")
     res = CliRunner().invoke(main, ["export", "--config", CFG, "--graph", "decoder", "--no-onnx", "--out", str(out)])
     assert res.exit_code == 1 and "are one folder" in res.output and "another wan-trt" not in res.output, res.output
+
+
+def _resealed(directory, name):
+    """The manifest's record of ``name`` rewritten for the file as it is now (an edit that keeps the digests true)."""
+    from wan_trt.digest import file_digest
+    path = directory / "manifest.json"
+    data = json.loads(path.read_text())
+    data["files"][name] = file_digest(directory / name)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("edit", ["shape", "missing", "damaged"])
+def test_sample_inputs_that_are_not_the_specs_inputs_are_refused(tmp_path, plain_export, edit):
+    """Sample inputs of another shape (their digest re-recorded) had a build trace and compile an engine for that
+    shape under the spec's name, and a check end in a traceback; a missing input or a damaged file ended in a KeyError
+    or a parser's traceback. They are refused naming the file."""
+    from safetensors.torch import load_file, save_file
+    out = tmp_path / "export"
+    shutil.copytree(plain_export, out)
+    path = out / "sample_inputs.safetensors"
+    feeds = load_file(str(path))
+    if edit == "shape":
+        feeds["visual_context"] = torch.cat([feeds["visual_context"]] * 2, dim=1)
+    elif edit == "missing":
+        del feeds["visual_context"]
+    save_file(feeds, str(path))
+    if edit == "damaged":
+        path.write_bytes(path.read_bytes()[:100])
+    _resealed(out, path.name)
+    expected = {"shape": "input 'visual_context': expected", "missing": "missing input 'visual_context'",
+                "damaged": "not a readable safetensors file"}[edit]
+    with pytest.raises(WanTrtError, match=re.escape(f"{path}: ") + ".*" + re.escape(expected)):
+        Manifest.read(out).sample_feeds(out)
+    res = CliRunner().invoke(main, ["build", str(out), "--backend", "aoti", "--device", "cpu"])
+    assert res.exit_code == 1 and expected in res.output and "Traceback" not in res.output, res.output
+    assert not list(out.glob("engine_*"))

@@ -1,6 +1,7 @@
 """The decoder's fused norm (bias [+ residual], norm, SiLU, join with the history) against its
 reference, on odd shapes: channels not a power of two, extra (padded) input channels, several
-batches, rows that do not fill the last program."""
+batches, frames of odd sizes (a program's rows lie in one frame: 1 row a program where the frame's size is
+odd, many where it is a multiple of a power of two)."""
 import pytest
 import torch
 
@@ -32,7 +33,7 @@ def _inputs(dtype, batch, frames, h, w, c, cx, seed):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch, frames, h, w, c, cx", [
-    (1, 3, 2, 3, 24, 32), (2, 1, 3, 5, 6, 6), (1, 2, 1, 7, 96, 128), (1, 1, 2, 2, 40, 40)])
+    (1, 3, 2, 3, 24, 32), (2, 1, 3, 5, 6, 6), (1, 2, 1, 7, 96, 128), (1, 1, 2, 2, 40, 40), (2, 3, 4, 8, 6, 8)])
 def test_norm_silu_join_matches_reference(dtype, batch, frames, h, w, c, cx):
     x, bias, r, gamma, history = _inputs(dtype, batch, frames, h, w, c, cx, c + frames)
     joined = norm_silu_join(x, bias, gamma, history)
@@ -49,7 +50,8 @@ def test_norm_silu_join_matches_reference(dtype, batch, frames, h, w, c, cx):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch, frames, h, w, c, cx, cx2", [
-    (1, 3, 2, 3, 24, 16, 8), (2, 1, 3, 5, 6, 4, 4), (1, 2, 1, 7, 192, 128, 64), (1, 1, 2, 2, 40, 32, 16)])
+    (1, 3, 2, 3, 24, 16, 8), (2, 1, 3, 5, 6, 4, 4), (1, 2, 1, 7, 192, 128, 64), (1, 1, 2, 2, 40, 32, 16),
+    (2, 3, 4, 8, 6, 4, 4)])
 def test_split_norm_silu_join_matches_reference(dtype, batch, frames, h, w, c, cx, cx2):
     """x in two parts along channels (a convolution computed as two, the tail possibly padded): the same
     as the unsplit ops of the joined x, and as the references."""

@@ -215,6 +215,8 @@ static std::string sealed_text(const std::string& path, const std::string& heade
     throw Error(path + " is from an older wan-trt (no weights' sha256)" + kRewrite);
   if (first == "wan_trt_runtime 5" || first == "wan_trt_decoder 4")
     throw Error(path + " is from an older wan-trt (no device)" + kRewrite);
+  if (first == "wan_trt_decoder 5")
+    throw Error(path + " is from an older wan-trt (no graph kind)" + kRewrite);
   if (first != header) {
     const bool other = first.rfind("wan_trt_", 0) == 0;
     throw Error(path + (other ? " is the runtime file of another kind of engine (" + first + "), not " + header
@@ -313,9 +315,10 @@ RuntimeSpec RuntimeSpec::load(const std::string& path) {
 
 DecoderSpec DecoderSpec::load(const std::string& path) {
   DecoderSpec s;
-  read_runtime_file(path, "wan_trt_decoder 5", s, [&s](Line& line) {
+  read_runtime_file(path, "wan_trt_decoder 6", s, [&s](Line& line) {
     const std::string& key = line.key();
     if (key == "call") s.call = line.next<std::string>();
+    else if (key == "graph") s.graph = line.next<std::string>();
     else if (key == "weights") s.weights = parse_sha256(line);
     else if (key == "history") {
       std::pair<std::string, std::string> pair;
@@ -326,7 +329,7 @@ DecoderSpec DecoderSpec::load(const std::string& path) {
     return true;
   });
   bool complete = (s.call == "first" || s.call == "steady") && s.has_input("latents") && s.has_output("rgb") &&
-                  !s.histories.empty() && has_engine(s) && !s.weights.empty();
+                  !s.histories.empty() && has_engine(s) && !s.weights.empty() && !s.graph.empty();
   for (const auto& [input, output] : s.histories)
     complete = complete && s.has_output(output) && (s.call == "first" || s.has_input(input));
   if (!complete) throw Error(path + ": incomplete decoder runtime file (rebuild the engine with `wan-trt build`)");
@@ -344,7 +347,9 @@ static std::vector<std::string> names(const std::vector<TensorSpec>& tensors) {
 // swaps, or an embedding program's own pairing, leaves them).
 static std::string pair_problem(const DecoderSpec& a, const DecoderSpec& b) {
   if (a.call != "first" || b.call != "steady")
-    return "expected the first and the steady decoder graphs, got '" + a.call + "' and '" + b.call + "'";
+    return "not the first and the steady decoder graphs (calls '" + a.call + "' and '" + b.call + "')";
+  if (a.graph != b.graph)
+    return "graphs of two decoders ('" + a.graph + "' and '" + b.graph + "')";
   if (a.config != b.config || a.precision != b.precision || a.histories != b.histories ||
       names(a.outputs) != names(b.outputs))
     return "not the first and steady graphs of one decoder (config, precision or histories differ)";
@@ -371,8 +376,8 @@ DecoderEngines DecoderEngines::load(const std::string& engine) {
   const std::string problem = pair_problem(d.first_spec, d.steady_spec);
   if (!problem.empty())
     throw Error("decoder engine " + engine + ": " + d.first + " and " + d.steady + " are " + problem +
-                "; re-export both with `wan-trt export --graph decoder --overwrite` (--graph tiny-decoder for the " +
-                "tiny decoder) and build them with `wan-trt build " + root.string() + "`");
+                "; re-export both with `wan-trt export --graph " + d.steady_spec.graph + " --overwrite` and build " +
+                "them with `wan-trt build " + root.string() + "`");
   return d;
 }
 

@@ -285,7 +285,7 @@ def test_cpp_runtime_refuses_a_decoder_that_is_not_the_streams(aoti, decoder_aot
         for f in (engine, engine.with_name(engine.name + ".runtime.txt")):
             shutil.copy(f, tmp_path / "dit" / call / f.name)
     dit = tmp_path / "dit" / "steady" / engine.name
-    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 6\\), not wan_trt_decoder 5")
+    refused(dit, "runtime file of another kind of engine \\(wan_trt_runtime 6\\), not wan_trt_decoder 6")
 
 
 @pytest.fixture(scope="module")
@@ -326,8 +326,7 @@ def test_cpp_runtime_refuses_a_decoder_pair_of_two_weights_as_python_does(aoti, 
     inputs = write_stream_inputs(synthetic_stream(cfg, 1, seed=9), tmp_path / "in.pt")
     with pytest.raises(WanTrtError, match=r"wan_stream failed \(1\): error: decoder engine .*first/.* and .*steady/.* are "
                                           r"exported from different weights \(sha256 \w{12}\.\.\. and \w{12}\.\.\.\); "
-                                          r"re-export both with `wan-trt export --graph decoder --overwrite` "
-                                          r"\(--graph tiny-decoder for the tiny decoder\)"):
+                                          r"re-export both with `wan-trt export --graph decoder --overwrite` and build"):
         run_wan_stream(wan_stream, engine, inputs, 1, out, decoder=mixed)
     assert not out.exists()
 
@@ -342,17 +341,17 @@ def test_the_library_refuses_a_decoder_stream_of_two_exports_graphs(aoti, decode
                         r"\.\.\. and \w{12}\.\.\.\); give it the pair of one decoder export .*", message), message
 
 
-@pytest.mark.parametrize("version, contract", [(3, "no weights' sha256"), (4, "no device")])
+@pytest.mark.parametrize("version, contract", [(3, "no weights' sha256"), (4, "no device"), (5, "no graph kind")])
 def test_cpp_runtime_refuses_a_decoder_runtime_file_of_an_older_contract(decoder_aoti, aoti, wan_stream, tmp_path,
                                                                          version, contract):
     """A decoder runtime file of version 3 records no weights, so its pair cannot be judged, and one of version 4
-    no device, so a run on another kind cannot be refused: rebuild (it rewrites the file), as for the DiT's older
-    runtime files."""
+    no device, so a run on another kind cannot be refused, and one of version 5 no graph kind, so its messages cannot
+    name the export command of its decoder: rebuild (it rewrites the file), as for the DiT's older runtime files."""
     export_dir, engine = aoti
     steady = _copy_pair(decoder_aoti, tmp_path / "old")
     runtime = steady.with_name(steady.name + ".runtime.txt")
-    assert runtime.read_text().startswith("wan_trt_decoder 5\n")
-    runtime.write_text(runtime.read_text().replace("wan_trt_decoder 5", f"wan_trt_decoder {version}"))
+    assert runtime.read_text().startswith("wan_trt_decoder 6\n")
+    runtime.write_text(runtime.read_text().replace("wan_trt_decoder 6", f"wan_trt_decoder {version}"))
     inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
     with pytest.raises(WanTrtError, match=f"error: {re.escape(str(runtime))} is from an older wan-trt "
                                           f"\\({contract}\\): rebuild with `wan-trt build`, which keeps an up-to-date "
@@ -912,3 +911,19 @@ def test_the_library_refuses_actions_for_a_config_without_action_inputs(aoti, de
     message = _api_refusal(wan_stream, "actions-config", engine, decoder_aoti, actions)
     assert message == f"--actions {actions}: the config universal-small has no action inputs (no mouse, no keyboard); " \
                       "drop --actions", message
+
+
+def test_cpp_runtime_refuses_a_pair_of_two_decoders_graphs_naming_them(aoti, decoder_aoti, tiny_decoder_aoti, wan_stream,
+                                                                       tmp_path):
+    """The tiny decoder's first engine beside the Wan decoder's steady one was refused for its histories, and the
+    message named the export commands of both decoders: the runtime files did not say which decoder a graph is of.
+    Refused as two decoders' graphs, by their kinds."""
+    import shutil
+    export_dir, engine = aoti
+    mixed = _copy_pair(decoder_aoti, tmp_path / "mixed")
+    for f in tiny_decoder_aoti.parents[1].joinpath("first").glob(tiny_decoder_aoti.name + "*"):
+        shutil.copy(f, mixed.parents[1] / "first" / f.name)
+    inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 1, seed=9), tmp_path / "in.pt")
+    with pytest.raises(WanTrtError, match="are graphs of two decoders \\('tiny-decoder' and 'decoder'\\); re-export "
+                                          "both with `wan-trt export --graph decoder --overwrite`"):
+        run_wan_stream(wan_stream, engine, inputs, 1, tmp_path / "out.pt", decoder=mixed)

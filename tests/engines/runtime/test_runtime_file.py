@@ -7,7 +7,7 @@ import pytest
 
 from wan_trt.config_load import load_config
 from wan_trt.digest import file_digest
-from wan_trt.decoder_spec import DecoderSpec
+from wan_trt.decoder_spec import DecoderSpec, TinyDecoderSpec
 from wan_trt.engines.runtime.runtime_file import runtime_path, write_runtime_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest
@@ -60,7 +60,18 @@ def test_a_decoder_runtime_file_records_the_weights_of_its_export(tmp_path, call
     engine = tmp_path / "engine.pt2"
     engine.write_bytes(b"an engine")
     lines = write_runtime_file(manifest, engine, file_digest(engine), "cpu").read_text().splitlines()
-    assert lines[0] == "wan_trt_decoder 5" and f"weights {WEIGHTS}" in lines and f"call {call}" in lines
+    assert lines[0] == "wan_trt_decoder 6" and f"weights {WEIGHTS}" in lines and f"call {call}" in lines
+
+
+@pytest.mark.parametrize("kind", [DecoderSpec, TinyDecoderSpec])
+def test_a_decoder_runtime_file_records_its_graph_kind(tmp_path, kind):
+    """The C++ runtime could not tell the Wan decoder's engines from the tiny decoder's: its messages named the export
+    command of both. Each file records its graph kind now (version 6)."""
+    manifest = _manifest(kind.from_config(load_config("universal-small"), "fp32", "steady"))
+    engine = tmp_path / "engine.pt2"
+    engine.write_bytes(b"an engine")
+    lines = write_runtime_file(manifest, engine, file_digest(engine), "cpu").read_text().splitlines()
+    assert lines[0] == "wan_trt_decoder 6" and f"graph {kind.KIND}" in lines
 
 
 @pytest.mark.parametrize("graph", ["pass", "decoder"])
@@ -74,5 +85,5 @@ def test_a_runtime_file_records_the_kind_of_device_its_engine_was_built_for(tmp_
     engine = tmp_path / "engine.pt2"
     engine.write_bytes(b"an engine")
     lines = write_runtime_file(_manifest(spec), engine, file_digest(engine), device).read_text().splitlines()
-    assert lines[0] == ("wan_trt_runtime 6" if graph == "pass" else "wan_trt_decoder 5")
+    assert lines[0] == ("wan_trt_runtime 6" if graph == "pass" else "wan_trt_decoder 6")
     assert [line for line in lines if line.startswith("device")] == [f"device {kind}"]

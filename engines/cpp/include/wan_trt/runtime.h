@@ -84,7 +84,7 @@ struct RuntimeSpec : GraphIO {
 // later block), read from its engine's `.runtime.txt`. histories: (input, output) pairs in call order; weights:
 // the sha256 of its weights, as its export's manifest records them.
 struct DecoderSpec : GraphIO {
-  std::string call, weights;
+  std::string call, graph, weights;  // graph: the decoder's graph kind (decoder, tiny-decoder)
   std::vector<std::pair<std::string, std::string>> histories;
 
   static DecoderSpec load(const std::string& path);
