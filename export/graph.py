@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import DecodeError
 
 from wan_trt.errors import WanTrtError
 from wan_trt.spec import PassSpec
@@ -23,8 +24,13 @@ FORBIDDEN = {onnx.TensorProto.COMPLEX64: "complex64", onnx.TensorProto.COMPLEX12
 
 
 def load_structure(path: Path) -> onnx.ModelProto:
-    """The graph without its external weights (enough for structure and op counts)."""
-    return onnx.load(str(path), load_external_data=False)
+    """The graph without its external weights (enough for structure and op counts); a file that does not parse is
+    refused naming it (one damaged with its digest re-recorded, or rewritten after it was verified)."""
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, OSError) as exc:  # the parser says why
+        raise WanTrtError(f"{path}: not a readable ONNX graph ({type(exc).__name__}: {exc}); re-export it with "
+                          "`wan-trt export --overwrite`") from None
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:

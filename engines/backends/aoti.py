@@ -7,6 +7,7 @@ export directory's manifest), loads in Python (:class:`AotiRunner`) and in C++
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 import zipfile
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from wan_trt.engines.artifact import (EngineMetadata, check_engine_out, check_unchanged, default_engine_path,
+from wan_trt.engines.artifact import (REBUILD, EngineMetadata, check_engine_out, check_unchanged, default_engine_path,
                                      engine_key, install_engine, staged_file, up_to_date)
 from wan_trt.engines.backends import check_engine_name, get_backend
 from wan_trt.engines.backends.inductor_fixes import (apply_inductor_fixes, channels_last_3d_convolutions,
@@ -25,7 +26,7 @@ from wan_trt.engines.runtime.runtime_file import write_runtime_file
 from wan_trt.digest import file_identity
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import Manifest, reference_model, verify_weights
-from wan_trt.log import stage
+from wan_trt.log import logger, stage
 from wan_trt.graphs import graph_kind
 from wan_trt.outputs import output_lock, parent_made
 from wan_trt.plugins.registry import FUSED_OPS
@@ -70,11 +71,19 @@ def build_aoti(directory: str | Path, out: str | Path | None = None, device: str
     check_engine_name(get_backend("aoti"), engine)
     check_engine_out(engine)
     with parent_made(engine, "--out"), output_lock(engine, "build"):  # a failed build leaves no folder it made
-        if force or not up_to_date(engine, key, manifest):
+        if force or not up_to_date(engine, key, manifest) or _mismatched(engine):
             _compile(manifest, directory, engine, key, device, ops)
         meta = EngineMetadata.read(engine)  # verified or just made
         write_runtime_file(manifest, engine, meta.engine_file, meta.device)
     return engine
+
+
+def _mismatched(engine: Path) -> bool:
+    """Whether the up-to-date engine's metadata says other than its package holds (rebuilt then, not reused)."""
+    mismatch = package_mismatch(engine, EngineMetadata.read(engine))
+    if mismatch is not None:
+        logger.info("rebuilding %s: its metadata says %s", engine, mismatch)
+    return mismatch is not None
 
 
 def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device: str, ops: str) -> None:
@@ -125,6 +134,51 @@ def _cpp_compile_error(exc: BaseException) -> BaseException | None:
     return None
 
 
+def _package(engine: Path) -> tuple[list[str], str, str | None]:
+    """(the names inside the package ``engine``, the text of its generated sources, the device kind its code was
+    compiled for: AOTInductor's own record), refused where the file is no readable package."""
+    try:
+        with zipfile.ZipFile(engine) as pkg:
+            names = pkg.namelist()
+            text = "\n".join(pkg.read(n).decode(errors="ignore") for n in names if n.endswith((".cpp", ".py")))
+            records = [json.loads(pkg.read(n)) for n in names if n.endswith("wrapper_metadata.json")]
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise WanTrtError(f"engine {engine}: not a readable AOTInductor package ({exc}); {REBUILD} --force") from None
+    devices = {str(r.get("AOTI_DEVICE_KEY")).partition(":")[0] for r in records if isinstance(r, dict)}
+    return names, text, devices.pop() if len(devices) == 1 else None
+
+
+def _fused_kernels(text: str) -> dict[str, int]:
+    """Per registered fused op, how many compiled variants of its Triton kernel the package's code names (Inductor
+    names a user Triton kernel ``_<op>_kernel`` with a number per variant)."""
+    return {op.name: len(found) for op in FUSED_OPS
+            if (found := set(re.findall(rf"\b{op.kernel_name}(?:_\d+)?\b", text)))}
+
+
+def package_mismatch(engine: Path, meta: EngineMetadata) -> str | None:
+    """Where the metadata ``meta`` says other than the package ``engine`` holds (its device kind, fused kernels or
+    none), or None: an edited metadata file, or another engine's, made a runner run a package under another name
+    (a check report and a bench row named a backend that did not run) and build rewrite the runtime file with it."""
+    _, text, device = _package(engine)
+    problems = []
+    if device is not None and device != meta.device.partition(":")[0]:
+        problems.append(f"device {meta.device}, where the package's code was compiled for {device}")
+    fused = bool(_fused_kernels(text))
+    if meta.ops == "plugins" and not fused:
+        problems.append("ops plugins, where the package holds no fused kernels")
+    if meta.ops != "plugins" and fused:
+        problems.append(f"ops {meta.ops}, where the package holds fused kernels")
+    return "; ".join(problems) or None
+
+
+def check_package(engine: Path, meta: EngineMetadata) -> None:
+    """Refuse an engine whose metadata says other than its package holds (:func:`package_mismatch`)."""
+    mismatch = package_mismatch(engine, meta)
+    if mismatch is not None:
+        raise WanTrtError(f"engine {engine}: its metadata ({engine.name}.json) says {mismatch}: edited, or another "
+                          f"engine's; {REBUILD} --force")
+
+
 class AotiRunner(Runner):
     """Runs an AOTInductor package built by :func:`build_aoti`."""
 
@@ -137,6 +191,7 @@ class AotiRunner(Runner):
         self.meta = EngineMetadata.read(self.engine)
         self.verified = file_identity(self.engine)  # the file whose sha256 check_against verifies
         self.meta.check_against(manifest, self.engine)
+        check_package(self.engine, self.meta)
         self._check_unchanged()
         super().__init__(manifest.spec, self.meta.device)
         self.name = self.meta.backend_name
@@ -188,18 +243,15 @@ def check_runners(engine: Path, manifest: Manifest) -> tuple[Runner, None]:
 
 
 def inspect(engine: Path, meta: EngineMetadata) -> dict:
-    """Files and generated kernels inside an AOTInductor package, and the fused ops it runs: per registered fused op,
-    how many compiled variants of its Triton kernel the package's code names (Inductor names a user Triton kernel
-    ``_<op>_kernel`` with a number per variant), so a --ops plugins package shows which fused kernels it holds.
+    """Files and generated kernels inside an AOTInductor package, and the fused ops it runs (:func:`_fused_kernels`),
+    so a --ops plugins package shows which fused kernels it holds; refused where its metadata says otherwise.
     Files are named as inside the package: the zip holds them all in a folder named after the file it was written
     as, the build's staging file (renamed into place since), which is left out."""
-    with zipfile.ZipFile(engine) as pkg:
-        sources = [n for n in pkg.namelist() if n.endswith((".cpp", ".py"))]
-        text = "\n".join(pkg.read(n).decode(errors="ignore") for n in sources)
-        names = [n.split("/", 1)[-1] for n in pkg.namelist()]
+    check_package(engine, meta)
+    names, text, _ = _package(engine)
+    names = [n.split("/", 1)[-1] for n in names]
     kernels = sorted({n.rsplit("/", 1)[-1].split(".")[0] for n in names if n.endswith((".cubin", ".ptx", ".hsaco"))})
-    fused = {op.name: len(found) for op in FUSED_OPS
-             if (found := set(re.findall(rf"\b{op.kernel_name}(?:_\d+)?\b", text)))}
+    fused = _fused_kernels(text)
     summary = {"backend": "aoti", "device": meta.device, "config": meta.config, "precision": meta.precision,
                "ops": meta.ops, "files": len(names), "gpu_kernels": len(kernels), "fused_kernels": sum(fused.values())}
     return {"summary": summary, "files": names, "kernels": kernels, "fused_kernels": fused}

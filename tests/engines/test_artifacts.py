@@ -221,6 +221,68 @@ def test_engine_metadata_with_values_no_build_writes_is_refused(aoti, tmp_path, 
         assert res.output.startswith("error: ") and expected in res.output and "--force" in res.output, res.output
 
 
+@pytest.mark.parametrize("field, value, expected", [("device", "cuda", "says device cuda, where the package's code "
+                                                                       "was compiled for cpu"),
+                                                    ("ops", "plugins", "says ops plugins, where the package holds no "
+                                                                       "fused kernels")])
+def test_engine_metadata_that_says_other_than_its_package_is_refused(aoti, tmp_path, field, value, expected):
+    """Metadata edited to values a build writes (device cuda, ops plugins) was taken as it read: inspect reported
+    what the package does not hold, a check passed under the name aoti-plugins with a report saying so, a bench row
+    was named so, and the C++ runtime file was rewritten with the false device. The package says what it holds:
+    its device (AOTInductor's record) and its fused kernels."""
+    import json
+    import shutil
+
+    from wan_trt.engines.artifact import EngineMetadata
+    _, engine = aoti
+    copy = tmp_path / engine.name
+    shutil.copy(engine, copy)
+    meta = json.loads(EngineMetadata.path_for(engine).read_text())
+    EngineMetadata.path_for(copy).write_text(json.dumps({**meta, field: value}))
+    for command in (["check", str(copy), "--no-stream"], ["inspect", str(copy)]):
+        res = CliRunner().invoke(main, command)
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (command, res.output)
+        assert expected in res.output and "--force" in res.output, res.output
+
+
+def test_a_damaged_engine_with_its_digest_re_recorded_is_refused_in_a_line(aoti, tmp_path):
+    """A package cut short, its metadata's size and sha256 re-recorded, ended in zipfile's BadZipFile (inspect) or
+    torch's RuntimeError (check)."""
+    import json
+    import shutil
+
+    from wan_trt.digest import file_digest
+    from wan_trt.engines.artifact import EngineMetadata
+    _, engine = aoti
+    copy = tmp_path / engine.name
+    copy.write_bytes(engine.read_bytes()[:100_000])
+    meta = json.loads(EngineMetadata.path_for(engine).read_text())
+    EngineMetadata.path_for(copy).write_text(json.dumps({**meta, "engine_file": file_digest(copy)}))
+    for command in (["check", str(copy), "--no-stream"], ["inspect", str(copy)]):
+        res = CliRunner().invoke(main, command)
+        assert res.exit_code == 1 and "not a readable AOTInductor package" in res.output, res.output
+        assert "Traceback" not in res.output
+
+
+def test_a_damaged_graph_with_its_digest_re_recorded_is_refused_in_a_line(exports, tmp_path):
+    """An ONNX graph cut short, its manifest's record re-written, ended in protobuf's DecodeError traceback for check,
+    build and bench alike (each reads the graph's structure with the manifest)."""
+    import json
+    import shutil
+
+    from wan_trt.digest import file_digest
+    export = tmp_path / "export"
+    shutil.copytree(exports["universal-small"], export, ignore=shutil.ignore_patterns("check"))
+    graph = export / "model.onnx"
+    graph.write_bytes(graph.read_bytes()[:1000])
+    data = json.loads((export / "manifest.json").read_text())
+    data["files"]["model.onnx"] = file_digest(graph)
+    (export / "manifest.json").write_text(json.dumps(data))
+    res = CliRunner().invoke(main, ["check", str(export), "--no-stream"])
+    assert res.exit_code == 1 and f"{graph}: not a readable ONNX graph" in res.output, res.output
+    assert "Traceback" not in res.output
+
+
 def test_an_installed_engine_and_its_metadata_get_the_usual_file_mode(plain_export, tmp_path):
     """Built through mkstemp's private files, engines and their .json were 0600 (another account, a server's,
     could not read them) where exports and reports get the usual mode."""
