@@ -23,7 +23,7 @@ from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 from wan_trt.engines.backends import BACKENDS, RunnerSources, backend_module, get_backend
 from wan_trt.engines.runtime.finite import NonFiniteFrames, first_non_finite
-from wan_trt.engines.runtime.runner import Runner, check_device
+from wan_trt.engines.runtime.runner import Runner, check_device, checked_tensor
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import check_pair
 from wan_trt.export.manifest import Manifest
@@ -37,6 +37,9 @@ class DecoderStream:
 
     def __init__(self, first: Runner, steady: Runner):
         for call, runner in (("first", first), ("steady", steady)):
+            if not isinstance(runner, Runner):
+                raise WanTrtError(f"the decoder's {call} runner: expected a Runner (a decoder graph's: "
+                                  f"DecoderStream.from_engine makes both), got {type(runner).__name__}")
             if not isinstance(runner.spec, DecoderSpec) or runner.spec.call != call:
                 raise WanTrtError(f"the decoder's {call} runner ({runner.name}) does not run the {call} decoder graph")
         a, b = first.spec, steady.spec
@@ -127,14 +130,15 @@ class DecoderStream:
         if not self.active:
             raise WanTrtError("the decoder is not active: use it in a `with decoder:` block, or attach it to a "
                               "session, whose start() activates it")
-        t = self.spec.tensor(LATENTS)
-        if tuple(latents.shape) != t.shape:
-            raise WanTrtError(f"decoder latents: expected {list(t.shape)}, got {list(latents.shape)}")
+        checked_tensor("decoder latents", latents, self.spec.tensor(LATENTS).shape, "a decoder call")
         runner = self.steady if self.started else self.first
         self.feeds[LATENTS].copy_(latents)
         feeds = self.feeds if self.started else {LATENTS: self.feeds[LATENTS]}
         outputs = runner.infer(feeds)
         if checked and first_non_finite({RGB: outputs[RGB]}) is not None:
+            if first_non_finite({LATENTS: latents}) is not None:  # asked only now: no sync where all is well
+                raise NonFiniteFrames("the decoder's latents are non-finite (NaN or Inf), and so came its frames; its "
+                                      "histories were not carried on: check what made the latents")
             raise NonFiniteFrames(f"the decoder's frames ({RGB}) came out non-finite (NaN or Inf); its histories "
                                   "were not carried on: check the VAE weights (or the precision: fp16 overflows "
                                   "where bf16 does not)")

@@ -23,6 +23,25 @@ from wan_trt.errors import WanTrtError
 from wan_trt.spec import PassSpec
 
 
+def checked_tensor(name: str, value: object, shape: tuple[int, ...], what: str, numbers: bool = False) -> torch.Tensor:
+    """``value`` refused unless it is a dense tensor with values (not on the meta device, not sparse) of ``shape`` and
+    a floating dtype (``numbers``: any real one, as actions given as 0/1 integers or booleans); ``what`` it is for, in
+    messages. A sparse or meta tensor had ended in torch's error where it was copied in; an integer or boolean image
+    feature was converted without a word."""
+    if not isinstance(value, torch.Tensor):
+        raise WanTrtError(f"{name}: expected a torch.Tensor for {what}, got {type(value).__name__}")
+    if value.layout != torch.strided or value.is_meta:
+        kind = "a meta tensor (no values)" if value.is_meta else f"a {value.layout} tensor"
+        raise WanTrtError(f"{name}: expected a dense tensor with values for {what}, got {kind}")
+    if value.is_complex():
+        raise WanTrtError(f"{name}: expected a real tensor for {what}, got {value.dtype}")
+    if not (value.is_floating_point() or numbers):
+        raise WanTrtError(f"{name}: expected a floating-point tensor for {what}, got {value.dtype}")
+    if tuple(value.shape) != tuple(shape):
+        raise WanTrtError(f"{name}: expected shape {list(shape)} for {what}, got {list(value.shape)}")
+    return value
+
+
 def check_device(device: str) -> torch.device:
     """The torch device ``device`` names, if this machine has it (cpu, cuda, cuda:N)."""
     try:

@@ -33,7 +33,7 @@ from wan_trt.engines.runtime.cuda_graph import CapturedCall
 from wan_trt.engines.runtime.decoder import DecoderStream
 from wan_trt.engines.runtime.finite import (NonFiniteBlock, NonFiniteFrames, first_flagged, first_non_finite,
                                             largest_magnitudes)
-from wan_trt.engines.runtime.runner import Runner
+from wan_trt.engines.runtime.runner import Runner, checked_tensor
 from wan_trt.engines.runtime.staging import HostStaging
 from wan_trt.errors import WanTrtError
 from wan_trt.log import logger, progress
@@ -319,18 +319,11 @@ class StreamingSession:
 
     def _checked(self, name: str, value: torch.Tensor, shape: tuple[int, ...], what: str | None = None
                  ) -> torch.Tensor:
-        """``value`` as a real tensor of ``shape`` on the session's device and dtype; ``what`` it is for in
-        messages (default: the block about to run)."""
-        what = what or f"block {self.block}"
-        if not isinstance(value, torch.Tensor):
-            raise WanTrtError(f"{name}: expected a torch.Tensor for {what} of '{self.cfg.name}', "
-                              f"got {type(value).__name__}")
-        if value.is_complex():
-            raise WanTrtError(f"{name}: expected a real tensor for {what}, got {value.dtype}")
-        if tuple(value.shape) != tuple(shape):
-            raise WanTrtError(f"{name}: expected shape {list(shape)} for {what} of "
-                              f"'{self.cfg.name}', got {list(value.shape)}")
-        return value.to(self.device, self.dtype)
+        """``value`` as a tensor of ``shape`` (:func:`checked_tensor`: actions may be 0/1 integers or booleans, the
+        image features must be floating) on the session's device and dtype; ``what`` it is for in messages
+        (default: the block about to run)."""
+        what = f"{what or f'block {self.block}'} of '{self.cfg.name}'"
+        return checked_tensor(name, value, shape, what, numbers=name in ACTION_WINDOWS).to(self.device, self.dtype)
 
     def _check_start_block(self, start_block: int) -> None:
         if isinstance(start_block, bool) or not isinstance(start_block, int) or start_block < 0:

@@ -494,3 +494,22 @@ def test_a_runner_of_the_decoders_graph_is_refused_naming_it():
     decoder_runner = TorchRunner(build_decoder(cfg, seed=1), DecoderSpec.from_config(cfg, "fp32", "steady"))
     with pytest.raises(WanTrtError, match=r"runner: torch runs the decoder graph, not the DiT's pass"):
         StreamingSession(decoder_runner)
+
+
+def test_a_step_refuses_tensors_without_values_or_of_another_kind(universal_small):
+    """The session's checks let a meta tensor and a sparse one through to torch's copy (NotImplementedError,
+    RuntimeError), and converted boolean or integer image features without a word. Actions may still be 0/1
+    integers or booleans (a keyboard's keys)."""
+    cfg, model, inputs = universal_small
+    session = StreamingSession(TorchRunner(model, PassSpec.from_config(cfg, "fp32")), noise=NoiseSource(5))
+    visual = inputs.visual_context
+    for value, message in ((visual.to("meta"), "a meta tensor"), (visual.bool(), "expected a floating-point tensor"),
+                           (visual.long(), "expected a floating-point tensor")):
+        with pytest.raises(WanTrtError, match=f"visual_context: .*{message}"):
+            session.start(value)
+    session.start(visual)
+    cond = inputs.block_cond(cfg, 0)
+    mouse, keyboard = inputs.block_actions(cfg, 0)
+    with pytest.raises(WanTrtError, match="cond_concat: .*a torch.sparse_coo tensor"):
+        session.step(cond.to_sparse(), mouse, keyboard)
+    session.step(cond, mouse, (keyboard > 0.5).long())  # 0/1 keys as integers: taken

@@ -158,3 +158,26 @@ def test_a_decoder_engine_that_is_not_there_is_named_as_missing(tmp_path):
     for engine in (steady / "engine_aoti_cpu.pt2", tmp_path / "engine_aoti_cpu.pt2"):
         with pytest.raises(WanTrtError, match=f"^decoder engine {engine}: no such file$"):
             DecoderStream.from_engine(engine, "aoti", "cpu")
+
+
+def test_a_decoder_call_refuses_what_is_not_latents_in_a_line():
+    """DecoderStream checked the latents' shape only: a list or None ended in AttributeError, a meta tensor in
+    NotImplementedError, integer latents were converted without a word, a runner of None in AttributeError; NaN
+    latents were reported as frames that came out non-finite, blaming the VAE weights."""
+    cfg = load_config(CFG)
+    _, decoder = _decoder(cfg)
+    with pytest.raises(WanTrtError, match="first runner: expected a Runner"):
+        DecoderStream(None, None)
+    shape = decoder.spec.tensor("latents").shape
+    latents = torch.randn(shape)
+    bad = {"expected a torch.Tensor": [1, 2], "a meta tensor": latents.to("meta"),
+           "expected a floating-point tensor": latents.long(), "expected a real tensor": latents.to(torch.complex64),
+           "a torch.sparse_coo tensor": latents.to_sparse(), "expected shape": latents[:, :, :1]}
+    with decoder:
+        for message, value in bad.items():
+            with pytest.raises(WanTrtError, match=f"decoder latents: .*{message}"):
+                decoder.decode(value)
+        assert not decoder.started  # nothing ran
+        with pytest.raises(WanTrtError, match="the decoder's latents are non-finite"):
+            decoder.decode(torch.full(shape, float("nan")))
+        assert decoder.decode(latents).dtype == torch.uint8
