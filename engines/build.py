@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from wan_trt.config import WanConfig
-from wan_trt.config_load import load_config
+from wan_trt.config_load import load_config, preset_names
 from wan_trt.decoder_spec import DecoderSpec
 from wan_trt.digest import verify_file
 from wan_trt.engines.artifact import REBUILD, EngineMetadata
 from wan_trt.engines.backends import BUILDABLE, DEFAULT_BUILD, backend_module, check_engine_name, get_backend
 from wan_trt.errors import WanTrtError
+from wan_trt.export.writer import DEFAULT_OPSET
 from wan_trt.log import logger
 from wan_trt.export.decoder import decoder_dirs, read_decoder
 from wan_trt.export.manifest import Manifest
@@ -81,13 +82,18 @@ def export_command(manifest: Manifest, out: Path | None = None, **changed: Any) 
     command makes both of its graphs, into the folder above its own."""
     spec, recorded = manifest.spec, manifest.weights
     decoder = isinstance(spec, DecoderSpec)
-    flags = {"config": spec.config.name, "graph": spec.KIND if decoder else None, "precision": spec.precision,
-             "ops": None if decoder else manifest.ops, "weights": recorded.get("path"), "seed": recorded["seed"],
+    preset = spec.config.name in preset_names()  # else a file's config, which its name does not find
+    onnx = manifest.graph is not None
+    flags = {"config": spec.config.name if preset else "CONFIG_FILE", "graph": spec.KIND if decoder else None,
+             "precision": spec.precision, "ops": None if decoder or not onnx else manifest.ops,
+             "opset": manifest.opset if onnx and manifest.opset != DEFAULT_OPSET else None,
+             "weights": recorded.get("path"), "seed": recorded["seed"],
              **{k: v for k, v in changed.items() if v is not None}}
     names = {"weights": graph_kind(spec).weights_flag}
     line = " ".join(f"{names.get(k, '--' + k)} {v}" for k, v in flags.items() if v is not None)
     where = "DIR" if out is None else f"{out.parent if decoder else out} --overwrite"
-    return f"wan-trt export {line} --out {where}"
+    return (f"wan-trt export {line}{'' if onnx else ' --no-onnx'} --out {where}"
+            + ("" if preset else f" (CONFIG_FILE: the file of config '{spec.config.name}')"))
 
 
 def check_config_flag(path: Path, exported: WanConfig, config_name: str) -> None:

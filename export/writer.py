@@ -31,11 +31,12 @@ from wan_trt.owned import owned_export_files
 from wan_trt.spec import GraphSpec
 
 OPSETS = (18, 23)
+DEFAULT_OPSET = 23
 PROTOBUF_LIMIT = 1_800_000_000  # bytes of weights above which they go to one external data file
 
 
 def export_graph(spec: GraphSpec, out: str | Path, *, weights: str | None = None, seed: int = 0, ops: str = "native",
-                 opset: int = 23, overwrite: bool = False, onnx: bool = True) -> Manifest:
+                 opset: int = DEFAULT_OPSET, overwrite: bool = False, onnx: bool = True) -> Manifest:
     """Export the graph ``spec`` describes to ``out/model.onnx`` with manifest and sample inputs.
 
     ``onnx=False`` writes the manifest and sample inputs only (seconds instead of minutes at full
@@ -51,7 +52,8 @@ def export_graph(spec: GraphSpec, out: str | Path, *, weights: str | None = None
 
 
 def export_graphs(graphs: list[tuple[GraphSpec, Path]], *, weights: str | None = None, seed: int = 0,
-                  ops: str = "native", opset: int = 23, overwrite: bool = False, onnx: bool = True) -> list[Manifest]:
+                  ops: str = "native", opset: int = DEFAULT_OPSET, overwrite: bool = False, onnx: bool = True
+                  ) -> list[Manifest]:
     """Export several graphs of one model (``(spec, out)`` each, as :func:`export_graph`) as one unit: every
     ``out`` is checked before any work, all are written into staging folders, and they are swapped into
     place only when every one is complete. A refusal or a failed write leaves every ``out`` as it was."""

@@ -112,4 +112,11 @@ def load_config(name_or_path: str | Path) -> WanConfig:
         raise WanTrtError(f"--config '{text}' is {kind}; presets: {', '.join(preset_names())}")
     path = path.resolve()  # `--config config.json` in its own folder: the folder's name, not ''
     name = path.parent.name if path.name == "config.json" else path.stem
-    return config_from_dict(read_json_object(path), name, str(path))
+    cfg = config_from_dict(read_json_object(path), name, str(path))
+    if cfg.name in preset_names() and cfg != load_config(cfg.name):
+        # outputs are named after a config (out/<name>_...), and commands wan-trt advises say --config <name>
+        raise WanTrtError(f"--config {text}: its name '{cfg.name}' is a preset's, and it is not that preset: its "
+                          f"outputs would take the preset's default folders (out/{cfg.name}_...) and the commands "
+                          "wan-trt advises would name the preset; give it a name of its own (\"name\" in the file, "
+                          "or the file's name)")
+    return cfg

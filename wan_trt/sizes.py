@@ -23,6 +23,8 @@ MAX_LAYERS = 1024
 MAX_TOKENS_PER_FRAME = 1 << 16  # upstream: 22 x 40 = 880
 MAX_WINDOW_FRAMES = 1024
 MAX_CACHE_BYTES = 64 << 30  # a pass's K/V caches (previous frames and the block's) in fp32; universal: 2.4 GiB
+MAX_VAE_DIM = 1024  # the video decoder's base width (Wan2.1's VAE: 96; its parameters grow as its square)
+MAX_CLIP_TOKENS = 1 << 16  # image-context tokens (CLIP's: 257)
 
 
 def host_memory() -> int:
@@ -44,6 +46,17 @@ def require_host_room(blocks: int, held: int, holds: str, advice: str) -> None:
     if held > have // 2:
         raise WanTrtError(f"--blocks {blocks}: {holds} in memory, about {held / 2**30:,.1f} GiB, and this machine has "
                           f"{have / 2**30:.1f} GiB; {advice}")
+
+
+def require_room_for(module: "torch.nn.Module", what: str, fix: str) -> None:
+    """Refuse, before any allocation, drawing ``module`` (made on the meta device) in fp32 on this machine when its
+    parameters would take more than half its memory: it ended in the allocator's traceback or the kernel's
+    out-of-memory killer. ``what`` it is, ``fix``: which fields to change."""
+    count = sum(p.numel() for p in module.parameters())
+    have = host_memory()
+    if 4 * count > have // 2:
+        raise WanTrtError(f"{what}: {count / 1e9:,.1f} B parameters, {4 * count / 2**30:,.1f} GiB in fp32, and this "
+                          f"machine has {have / 2**30:.1f} GiB; {fix}")
 
 
 def _linear(n_in: int, n_out: int, bias: bool = True) -> int:
@@ -98,6 +111,11 @@ def check_sizes(cfg: "WanConfig", where: str) -> None:
             f"{a.keyboard_hidden_dim}/{a.mouse_hidden_dim}); expected at most {MAX_PARAMETERS / 1e9:.0f} B "
             "(Matrix-Game 2.0 has 1.6 B); fix dim, ffn_dim, num_layers or the action_config sizes in that "
             "file, or pass a preset to --config")
+    if inf.vae_dim > MAX_VAE_DIM:
+        raise field_error("inference.vae_dim", f"at most {MAX_VAE_DIM} (Wan2.1's VAE: 96; the decoder's parameters "
+                          "grow as its square)", inf.vae_dim, where)
+    if m.clip_tokens > MAX_CLIP_TOKENS:
+        raise field_error("model.clip_tokens", f"at most {MAX_CLIP_TOKENS} (CLIP's: 257)", m.clip_tokens, where)
     if m.local_attn_size > MAX_WINDOW_FRAMES:
         raise field_error("model.local_attn_size", f"a window of at most {MAX_WINDOW_FRAMES} latent frames (the "
                           "presets': 4 to 6)", m.local_attn_size, where)

@@ -217,6 +217,8 @@ def _preset_with(tmp_path, edit):
     (lambda d: d["model"].update(local_attn_size=1_000_000), "local_attn_size"),  # out of memory at export
     (lambda d: d["inference"].update(timestep_shift=1e-8), "timestep_shift"),  # NaN sigmas: a stream blamed the weights
     (lambda d: d["inference"].update(timestep_shift=1e39), "timestep_shift"),
+    (lambda d: d["inference"].update(vae_dim=1_048_576), "vae_dim"),  # a 1.9 PB allocation's traceback
+    (lambda d: d["model"].update(clip_tokens=1_048_576), "clip_tokens"),  # 180 GiB of cross-attention K/V
 ])
 def test_a_config_that_would_go_wrong_later_is_refused_when_read(tmp_path, edit, message):
     from click.testing import CliRunner
@@ -313,3 +315,39 @@ def test_inject_sample_info_is_checked_not_ignored(tmp_path, value, message):
         load_config(path)
     path = _upstream(tmp_path, lambda d: d.__setitem__("inject_sample_info", False))
     assert load_config(path).model == load_config("universal").model
+
+
+@pytest.mark.parametrize("graph", ["dit", "decoder"])
+def test_a_model_larger_than_half_the_machine_is_refused_before_it_is_drawn(tmp_path, monkeypatch, graph):
+    """A decoder of vae_dim 960 (a typo for 96: 7.3 B parameters, 27 GiB in fp32) passed every bound and ended in the
+    allocator's traceback or the out-of-memory killer on a machine with less; so did a DiT within the parameter bound.
+    Seeded weights are drawn only where they take at most half the machine's memory (here said to be 8 GiB)."""
+    from wan_trt import sizes
+    from wan_trt.model import build_decoder, build_model
+    monkeypatch.setattr(sizes, "host_memory", lambda: 8 << 30)
+    edit = (lambda d: d.update(name="big") or d["inference"].update(vae_dim=960)) if graph == "decoder" else \
+        (lambda d: d.update(name="big") or d["model"].update(num_layers=1024, ffn_dim=32768))  # 4.3 B parameters
+    cfg = load_config(_preset_with(tmp_path, edit))
+    build = build_decoder if graph == "decoder" else build_model
+    with pytest.raises(WanTrtError, match=r"B parameters, .* GiB in fp32, and this machine has 8.0 GiB; fix "
+                                          + ("inference.vae_dim" if graph == "decoder" else "dim")):
+        build(cfg)
+
+
+def test_a_config_file_named_as_a_preset_must_be_that_preset(tmp_path):
+    """A file keeping a preset's name with other contents (a copy edited) wrote its outputs into the preset's default
+    folders (out/universal-small_...), and the commands wan-trt advised named the preset: following one wrote the
+    preset's model over the file's export. Such a file is refused; a copy equal to the preset is still the preset."""
+    import json
+    data = load_config("universal-small").to_dict()
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(data))
+    assert load_config(same) == load_config("universal-small")
+    data["model"]["num_layers"] = 3
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    with pytest.raises(WanTrtError, match="its name 'universal-small' is a preset's, and it is not that preset"):
+        load_config(edited)
+    data["name"] = "mine"
+    edited.write_text(json.dumps(data))
+    assert load_config(edited).name == "mine"

@@ -57,13 +57,15 @@ def test_build_with_a_config_edited_since_its_export_refuses_the_old_export(plai
     """build --config FILE (no DIRECTORY) took out/<name>_<precision>_<ops> whatever config it was made from: after
     the file changed, the engine of the old config was reported up to date (exit 0)."""
     monkeypatch.chdir(tmp_path)
-    shutil.copytree(plain_export, tmp_path / "out" / f"{CFG}_fp32_native")
-    data = load_config(CFG).to_dict()
+    data = {**load_config(CFG).to_dict(), "name": "mine"}
+    (tmp_path / "mine.json").write_text(json.dumps(data))
+    from wan_trt.export.transformer import export_transformer
+    export_transformer(load_config(tmp_path / "mine.json"), tmp_path / "out" / "mine_fp32_native", "fp32", onnx=False)
     data["model"]["num_layers"] -= 1
-    (tmp_path / "edited.json").write_text(json.dumps(data))
-    res = _build("--config", "edited.json", "--fp32", "--backend", "aoti", "--device", "cpu")
+    (tmp_path / "mine.json").write_text(json.dumps(data))
+    res = _build("--config", "mine.json", "--fp32", "--backend", "aoti", "--device", "cpu")
     assert res.exit_code == 1 and "as it was before (the config differs now)" in res.output, res.output
-    assert not list((tmp_path / "out" / f"{CFG}_fp32_native").glob("engine*"))
+    assert not list((tmp_path / "out" / "mine_fp32_native").glob("engine*"))
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "aoti"])
@@ -353,3 +355,16 @@ def test_a_symbolic_link_given_as_the_engine_is_refused_not_replaced(plain_expor
     res = _build(str(plain_export), "--backend", "aoti", "--device", "cpu", "--out", str(link))
     assert res.exit_code == 1 and "is a symbolic link" in res.output and "name the file to write itself" in res.output
     assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["engine.pt2"]
+
+
+def test_the_export_command_advised_remakes_the_export_it_names(tmp_path):
+    """A refusal's advised `wan-trt export` named a file's config by its name (`--config myexp`: 'neither a preset nor
+    a file') and left out --no-onnx, so following it failed or wrote another kind of export."""
+    data = {**load_config(CFG).to_dict(), "name": "myexp"}
+    (tmp_path / "myexp.json").write_text(json.dumps(data))
+    from wan_trt.export.transformer import export_transformer
+    export_transformer(load_config(tmp_path / "myexp.json"), tmp_path / "e", "fp32", seed=2, onnx=False)
+    res = _build(str(tmp_path / "e"), "--seed", "3", "--backend", "aoti", "--device", "cpu")
+    assert res.exit_code == 1, res.output
+    assert "wan-trt export --config CONFIG_FILE --precision fp32 --seed 3 --no-onnx --out" in res.output, res.output
+    assert "(CONFIG_FILE: the file of config 'myexp')" in res.output and "--ops" not in res.output, res.output

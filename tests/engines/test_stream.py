@@ -411,12 +411,12 @@ def test_a_block_an_absurd_action_made_non_finite_names_its_actions(tmp_path):
 
 
 def test_the_report_names_the_configs_every_field(tmp_path):
-    """report.json named the config by name only: a config file of another model (2 layers) under a preset's name
-    gave the same report as the preset."""
+    """report.json named the config by name only: a config file of another model (2 layers) gave a report that told
+    only its name apart from the preset's (a file under a preset's name is refused now)."""
     from wan_trt.config_load import PRESET_DIR, load_config
     data = json.loads((PRESET_DIR / "universal-small.json").read_text())
-    data["model"]["num_layers"] = 2
-    own = tmp_path / "universal-small.json"
+    data["model"]["num_layers"], data["name"] = 2, "two-layers"
+    own = tmp_path / "two-layers.json"
     own.write_text(json.dumps(data))
     reports = {}
     for name, config in (("preset", "universal-small"), ("file", str(own))):

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from wan_trt.config import WanConfig, validate
+from wan_trt.sizes import require_room_for
 from wan_trt.model.checkpoint import load_checkpoint, load_tiny_decoder, load_vae_decoder
 from wan_trt.model.init import random_init
 from wan_trt.model.rope import RopeTables
@@ -36,6 +37,7 @@ def build_model(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: str 
         model.rope = RopeTables(cfg).to("meta")
         model = model.to(dtype=dtype)
     else:
+        require_room_for(model, f"the model of config '{cfg.name}'", "fix dim, ffn_dim or num_layers in the config")
         model = random_init(model.to_empty(device="cpu"), seed)  # no default init: every value is drawn
         model.rope = RopeTables(cfg)
         model.make_unit_gates("cpu", torch.float32)
@@ -55,6 +57,9 @@ def build_decoder(cfg: WanConfig, dtype: torch.dtype = torch.float32, device: st
     cfg = decoder_config(cfg)
     with torch.device("meta"):
         decoder = VideoDecoder(cfg)
+    if weights is None:
+        require_room_for(decoder, f"the video decoder of width {cfg.dim}", "fix inference.vae_dim in the config "
+                         "(Wan2.1's VAE: 96)")
     decoder = _with_weights(decoder, load_vae_decoder, weights, dtype, device, seed)
     decoder.mean, decoder.std = (t.to(device=device, dtype=dtype) for t in latent_statistics(cfg))
     return decoder
