@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from wan_trt.digest import bytes_digest, file_digest, verify_file
+from wan_trt.digest import bytes_digest, file_digest, file_identity, require_unchanged, verify_file
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest_schema import FORMAT, parse_manifest
 from wan_trt.graphs import graph_kind
@@ -61,6 +61,8 @@ class Manifest:
     export_seconds: float | None = None
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {size, sha256}, filled by write()
     sha256: str | None = field(default=None, compare=False)  # of manifest.json as written / read
+    # file name -> its file_identity when verify_files hashed it: what a later read of it must still find
+    verified: dict[str, tuple] = field(default_factory=dict, compare=False, repr=False)
 
     def file_names(self) -> list[str]:
         """The files this export wrote besides manifest.json."""
@@ -119,9 +121,21 @@ class Manifest:
         """Refuse a graph, external data or sample inputs whose size or sha256 is not the recorded one."""
 
         for name in self.file_names():
-            verify_file(Path(directory) / name, self.files[name], f"the export is incomplete or damaged; {REMAKE}")
+            path = Path(directory) / name
+            before = file_identity(path) if path.is_file() else None
+            verify_file(path, self.files[name], f"the export is incomplete or damaged; {REMAKE}")
+            require_unchanged(path, before, "export file", "while it was verified", "run again")
+            self.verified[name] = before
         if self.graph is not None:
             self._verify_external_locations(Path(directory))
+
+    def require_verified(self, directory: str | Path, names: list[str], since: str) -> None:
+        """Refuse if a file of ``names`` is no longer the one :meth:`verify_files` hashed (replaced or rewritten
+        ``since``, e.g. 'while ONNX Runtime loaded it'): what was read may not be what was verified."""
+        for name in names:
+            if name in self.verified:
+                require_unchanged(Path(directory) / name, self.verified[name], "export file", since,
+                                  "what was read may not be the file verified; run again")
 
     def _verify_external_locations(self, directory: Path) -> None:
         """The graph's tensors stored outside it (anywhere in it: subgraphs, local functions, sparse and listed

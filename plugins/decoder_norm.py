@@ -21,7 +21,8 @@ activations' dtype, as it is stored.
 
 One program handles ``BLOCK_R`` rows of joined, all of one frame: a program of history rows copies
 them, one of activation rows normalises them (rows of both kinds in every program, each loading for
-both, had run at 2.3-2.7 TB/s on an H200 where a copy of as many bytes runs at 4.3). Every size is a compile-time constant: the decoder's shapes are static, and without
+both, had run at 2.3-2.7 TB/s on an H200 where a copy of as many bytes runs at 4.3).
+Every size is a compile-time constant: the decoder's shapes are static, and without
 them Inductor's launch of the kernel ran 4x slower (no vectorised loads).
 """
 from __future__ import annotations

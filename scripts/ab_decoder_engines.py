@@ -72,8 +72,8 @@ def main() -> int:
             f", {row['median_diff_vs_first_ms']:+.2f} ms vs {names[0]} (median of pairs; faster in "
             f"{row['faster_than_first_blocks']} of {len(kept[name])}), frames equal: {row['frames_equal_first']}"
             if name != names[0] else ""))
-    write_result(args.out, {**provenance(device="cuda"), "blocks": args.blocks, "kept_from_block": DECODER_WARMUP_BLOCKS,
-                            "backend": args.backend, "rows": rows})
+    write_result(args.out, {**provenance(device="cuda"), "blocks": args.blocks,
+                            "kept_from_block": DECODER_WARMUP_BLOCKS, "backend": args.backend, "rows": rows})
     return 0
 
 

@@ -146,11 +146,13 @@ def main() -> int:
         row = {"op": op, "shapes": shapes, "calls_per_block": n, "bytes": nbytes, "today": results[0],
                "best": best, "copy_ms": copy_ms, "copy_tb_per_s": nbytes / copy_ms / 1e9, "launches": results}
         rows.append(row)
-        print(f"{op:26s} {str(shapes[0]):24s} x{n}: today {results[0]['ms']:.4f} ms ({results[0]['tb_per_s']:.2f} TB/s, "
-              f"R{results[0]['block_r']} w{results[0]['warps']}), best {best['ms']:.4f} ({best['tb_per_s']:.2f}, "
+        now = results[0]
+        print(f"{op:26s} {str(shapes[0]):24s} x{n}: today {now['ms']:.4f} ms ({now['tb_per_s']:.2f} TB/s, "
+              f"R{now['block_r']} w{now['warps']}), best {best['ms']:.4f} ({best['tb_per_s']:.2f}, "
               f"R{best['block_r']} w{best['warps']}, same {best['same_as_today']}), copy {copy_ms:.4f}", flush=True)
     print(f"block: today {block_now:.3f} ms, best launches {block_best:.3f} ms")
-    write_result(args.out, {**provenance(device="cuda"), "config": args.config, "calls": len(calls), "block_ms_today": block_now,
+    write_result(args.out, {**provenance(device="cuda"), "config": args.config, "calls": len(calls),
+                            "block_ms_today": block_now,
                             "block_ms_best": block_best, "rows": rows})
     return 0
 

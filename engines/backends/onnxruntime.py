@@ -72,6 +72,7 @@ class OnnxRuntimeRunner(Runner):
         super().__init__(spec, "cuda" if provider == "cuda" else "cpu")
         self.name = f"onnxruntime-{provider}"
         self.graph = Path(graph)
+        self.export: tuple[Path, Manifest] | None = None  # (folder, manifest) whose verified files it loads
         self.provider = provider
         self.session = None
         self.outputs: dict[str, torch.Tensor] = {}
@@ -98,6 +99,10 @@ class OnnxRuntimeRunner(Runner):
             raise WanTrtError(f"ONNX Runtime ({wanted}) cannot load {self.graph}: {exc}") from exc
         if self.session.get_providers()[0] != wanted:
             raise WanTrtError(f"ONNX Runtime fell back to {self.session.get_providers()} for {self.graph}")
+        if self.export is not None:  # ONNX Runtime read the files by their paths, after they were verified
+            directory, manifest = self.export
+            manifest.require_verified(directory, [n for n in (manifest.graph, manifest.external_data) if n],
+                                      "after it was verified (before or while ONNX Runtime loaded it)")
         self._check_io()
         self.outputs = self.spec.allocate("outputs", self.device)
 
@@ -179,6 +184,7 @@ def export_runner(directory: Path, manifest: Manifest, provider: str) -> OnnxRun
     """The graph of the export in ``directory`` on ``provider``, knowing the export's weights."""
     runner = OnnxRuntimeRunner(manifest.graph_path(directory), manifest.spec, provider)
     runner.weights_sha256 = manifest.weights["sha256"]
+    runner.export = (Path(directory), manifest)
     return runner
 
 

@@ -368,3 +368,31 @@ def test_the_export_command_advised_remakes_the_export_it_names(tmp_path):
     assert res.exit_code == 1, res.output
     assert "wan-trt export --config CONFIG_FILE --precision fp32 --seed 3 --no-onnx --out" in res.output, res.output
     assert "(CONFIG_FILE: the file of config 'myexp')" in res.output and "--ops" not in res.output, res.output
+
+
+def test_a_graph_rewritten_after_its_verification_is_refused_once_loaded(exports, tmp_path):
+    """The check verified the export's files when it read the manifest, and ONNX Runtime loaded the graph by its path
+    later: a graph rewritten in between (here in place, one bias changed) was checked, and its report said ok for a
+    graph the next check refused. The runner holds the files it loaded against the ones verified."""
+    import shutil
+
+    import onnx
+
+    from wan_trt.engines.backends.onnxruntime import export_runner
+    from wan_trt.errors import WanTrtError
+    from wan_trt.export.manifest import Manifest
+    export = tmp_path / "export"
+    shutil.copytree(exports["universal-small"], export, ignore=shutil.ignore_patterns("check"))
+    manifest = Manifest.read(export)  # verified
+    runner = export_runner(export, manifest, "cpu")
+    graph = onnx.load(str(export / "model.onnx"))
+    tensor = next(t for t in graph.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 1)
+    values = onnx.numpy_helper.to_array(tensor).copy()
+    values[0] += 1e-6
+    tensor.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
+    with open(export / "model.onnx", "r+b") as f:  # in place, as cp writes
+        f.write(graph.SerializeToString())
+        f.truncate()
+    with pytest.raises(WanTrtError, match="model.onnx was replaced or rewritten after it was verified"):
+        with runner:
+            pass
