@@ -64,6 +64,33 @@ def edited_graph(directory, edit):
     return directory
 
 
+def package_stand_in(engine, to, device: str | None = None, fused_kernel: str | None = None):
+    """A copy ``to`` of the CPU package ``engine`` and its metadata standing in for a package this machine cannot
+    build (a CUDA one, one with the fused kernels): its AOTInductor device record set to ``device``, a source file
+    naming ``fused_kernel`` added, and the metadata saying so (device, ops plugins) with the new file's digest, as a
+    build writes it."""
+    import json
+    import zipfile
+    from pathlib import Path
+
+    from wan_trt.digest import file_digest
+    engine, to = Path(engine), Path(to)
+    with zipfile.ZipFile(engine) as src, zipfile.ZipFile(to, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if device is not None and item.filename.endswith("_metadata.json"):
+                data = json.dumps({**json.loads(data), "AOTI_DEVICE_KEY": device}).encode()
+            dst.writestr(item, data)
+        if fused_kernel is not None:
+            folder = src.namelist()[0].split("/", 1)[0]
+            dst.writestr(f"{folder}/data/aotinductor/model/stand_in.py", f"# {fused_kernel}\n")
+    meta = json.loads(Path(f"{engine}.json").read_text())
+    meta |= {"engine_file": file_digest(to)} | ({"device": device} if device else {}) | (
+        {"ops": "plugins"} if fused_kernel else {})
+    Path(f"{to}.json").write_text(json.dumps(meta))
+    return to
+
+
 def attention_segments(gen: torch.Generator, batch: int, lq: int, n_cur: int, n_prev: int, heads: int,
                        head_dim: int, valid: int, dtype: torch.dtype, device: str):
     """Random inputs of the attentions over [previous ; current] keys: q [B, lq, H, D], k/v_prev

@@ -537,17 +537,18 @@ def fp32_as_fp32() -> Iterator[None]:
     """fp32 computed as fp32 on CUDA for the block (and as before after it): PyTorch lets cuDNN's fp32 convolutions
     round their operands to TF32 (10 bits) by default, which made a check's fp32 reference (the decoder's
     convolutions, the DiT's patch embedding) as far from fp32 as an fp16 model, and an fp32 engine run in the check
-    likewise. Used as a decorator by the checks (a new context each call)."""
-    backends = (torch.backends.cudnn.conv, torch.backends.cudnn.rnn, torch.backends.cuda.matmul)  # rnn: the legacy
-    # allow_tf32 flag (which Inductor reads) raises where conv and rnn differ
-    saved = [b.fp32_precision for b in backends]
-    for b in backends:
-        b.fp32_precision = "ieee"
+    likewise. Set through the flags PyTorch keeps consistent itself (``allow_tf32``): setting the per-operator
+    precisions apart made its own reading of them (Inductor's, torch.export's) raise. Used as a decorator by the
+    checks (a new context each call)."""
+    flags = (torch.backends.cudnn, torch.backends.cuda.matmul)
+    saved = [f.allow_tf32 for f in flags]
+    for f in flags:
+        f.allow_tf32 = False
     try:
         yield
     finally:
-        for b, value in zip(backends, saved):
-            b.fp32_precision = value
+        for f, value in zip(flags, saved):
+            f.allow_tf32 = value
 
 
 @fp32_as_fp32()

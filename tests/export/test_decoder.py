@@ -174,12 +174,11 @@ def test_a_plugins_decoder_engine_is_benched_under_its_own_backend_name(decoder_
     """A decoder engine built with --ops plugins is run and named by the registry's aoti-plugins entries,
     as the DiT's is, not as a plain AOTInductor package."""
     from wan_trt.engines.bench_decoder import engine_variants
-    for call in ("first", "steady"):
+    from tests.conftest import package_stand_in
+    for call in ("first", "steady"):  # CPU packages standing in for ones with the fused norms (a GPU's)
         (tmp_path / call).mkdir()
-        engine = tmp_path / call / decoder_aoti.name
-        shutil.copy(decoder_aoti.parent.parent / call / decoder_aoti.name, engine)
-        meta = json.loads(EngineMetadata.path_for(decoder_aoti.parent.parent / call / decoder_aoti.name).read_text())
-        EngineMetadata.path_for(engine).write_text(json.dumps({**meta, "ops": "plugins"}))
+        engine = package_stand_in(decoder_aoti.parent.parent / call / decoder_aoti.name,
+                                  tmp_path / call / decoder_aoti.name, fused_kernel="_norm_silu_join_kernel")
     assert engine_variants(decoder_aoti, "cuda") == ["aoti", "aoti+cudagraph"]
     assert engine_variants(engine, "cpu") == ["aoti-plugins"]
     assert engine_variants(engine, "cuda") == ["aoti-plugins", "aoti-plugins+cudagraph"]

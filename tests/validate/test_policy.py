@@ -51,11 +51,11 @@ def test_a_check_computes_fp32_as_fp32_not_tf32(export_dir):
     manifest, backend = _backend(export_dir, None)
     seen = []
     backend.static.register_forward_pre_hook(
-        lambda *_: seen.append((torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)))
-    before = (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)
+        lambda *_: seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)))
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     report = check_runner(export_dir, manifest, backend, CheckOptions(blocks=2, seed=1, save_results=False))
-    assert report.ok and seen and set(seen) == {("ieee", "ieee")}, seen
-    assert (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision) == before
+    assert report.ok and seen and set(seen) == {(False, False)}, seen
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == before
 
 
 def test_one_slightly_wrong_weight_row_fails_an_fp32_check(export_dir):

@@ -336,10 +336,8 @@ def test_build_config_where_its_export_folder_holds_no_export_says_what_to_do(tm
 def test_checking_a_cuda_package_without_a_gpu_says_what_to_do(aoti, tmp_path):
     """A CUDA package on a machine without a GPU: `check` advised `--device cpu / --provider cpu`, which it does not
     take for an engine (it has no --device, and refuses --provider with one); a package runs where it was built."""
-    engine = tmp_path / "engine_aoti_cuda.pt2"
-    shutil.copy(aoti[1], engine)
-    meta = json.loads(Path(f"{aoti[1]}.json").read_text()) | {"device": "cuda"}  # as a build on a GPU records it
-    Path(f"{engine}.json").write_text(json.dumps(meta))
+    from tests.conftest import package_stand_in
+    engine = package_stand_in(aoti[1], tmp_path / "engine_aoti_cuda.pt2", device="cuda")  # as a GPU's build writes it
     res = CliRunner().invoke(main, ["check", str(engine), "--blocks", "2"])
     assert res.exit_code == 1 and "no CUDA device" in res.output, res.output
     assert "--provider" not in res.output and "--backend aoti --device cpu" in res.output, res.output
