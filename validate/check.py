@@ -185,7 +185,8 @@ class CheckReport:
     engine's, as verified before it ran; ``engines``: every engine file that ran, by graph, each ``{path,
     sha256}``, where a check runs more than one: a decoder's two), ``device`` and ``options``: how it ran;
     ``notes``: what the numbers do not cover (e.g. plugin nodes run as reference functions), in the report and its
-    table."""
+    table; ``manifests``: each export folder whose graph ran, with the sha256 of its manifest.json as read (which
+    records every file's digest: an export's report names the exact graph and inputs it judged)."""
 
     backend: str
     precision: str
@@ -197,6 +198,7 @@ class CheckReport:
     options: dict[str, Any] = field(default_factory=dict)
     engines: dict[str, dict[str, str | None]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    manifests: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -208,6 +210,7 @@ class CheckReport:
         return json_values({
             "backend": self.backend, "precision": self.precision, "ok": self.ok, "target": self.target,
             "engine_sha256": self.engine_sha256, **({"engines": self.engines} if self.engines else {}),
+            "manifests": self.manifests,
             "device": self.device, "options": self.options,
             "single_pass": [{"output": o.name, **o.stats.as_dict(), "yardstick_rel_l2": o.yardstick.rel_l2,
                              "allowed_rel_l2": o.allowed_rel_l2, "polygraphy_ok": o.polygraphy_ok, "ok": o.ok}
@@ -581,7 +584,7 @@ def check_runner(directory: Path, manifest: Manifest, backend: Runner, options: 
             low, fp32 = reference_models(manifest, device)
         report = CheckReport(backend.name, spec.precision, target=str(Path(target or directory).resolve()),
                              engine_sha256=engine_sha256, device=device, options=dataclasses.asdict(o),
-                             notes=list(notes))
+                             notes=list(notes), manifests={str(Path(directory).resolve()): manifest.sha256})
         reference = TorchRunner(fp32, PassSpec.from_config(spec.config, "fp32"))
         reference.name = "torch-fp32"
         yardstick = TorchRunner(low, spec)

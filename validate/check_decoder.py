@@ -92,7 +92,8 @@ def check_decoder(dirs: dict[str, Path], manifests: dict[str, Manifest], runners
             raise WanTrtError(f"{target}: not an engine of the decoder pair checked ({', '.join(engines)})")
         report = CheckReport(name, spec.precision, target=str(target.resolve()), device=device,
                              engine_sha256=engines[ran[0]]["sha256"] if ran else None,
-                             options=dataclasses.asdict(options), engines=engines)
+                             options=dataclasses.asdict(options), engines=engines,
+                             manifests={str(dirs[c].resolve()): manifests[c].sha256 for c in CALLS})
         with results_staged(results if options.save_results else {}, identity, "the decoder") as staging:
             for call in CALLS:
                 call_spec = manifests[call].spec

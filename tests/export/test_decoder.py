@@ -204,6 +204,8 @@ def test_aoti_engines_build_check_stream_and_bench(decoder_export, decoder_aoti,
         assert r["target"] == str(first.resolve()) and r["engine_sha256"] == recorded["first"]
         assert r["engines"] == {c: {"path": str((decoder_export / c / engine.name).resolve()), "sha256": recorded[c]}
                                 for c in ("first", "steady")}
+        assert r["manifests"] == {str((decoder_export / c).resolve()): Manifest.read(decoder_export / c).sha256
+                                  for c in ("first", "steady")}
     cfg = load_config(CFG)
     latents = stream_latents(DecoderSpec.from_config(cfg, "fp32"), 8, seed=5)
     with DecoderStream.from_engine(engine, "aoti", "cpu") as stream:

@@ -145,6 +145,9 @@ def test_cli_export_and_check(tmp_path):
     report = json.loads(res.stdout)  # stdout holds the report alone (Polygraphy's chatter goes to stderr)
     assert report["ok"] and len(report["stream"]) == 2 + 4 and report["single_pass"][0]["output"] == "flow"
     assert not list((out / "check").glob("run_results_*.json"))  # --no-save-results: only the report
+    # an export's report named no digest of what it judged (engine_sha256 null): it names the manifest it read,
+    # which records every file's digest
+    assert report["manifests"] == {str(out.resolve()): Manifest.read(out).sha256} and report["engine_sha256"] is None
     res = runner.invoke(main, ["export", "--config", "nope", "--out", str(tmp_path / "x")])
     assert res.exit_code == 1 and "neither a preset" in res.output
 
