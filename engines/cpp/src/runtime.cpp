@@ -607,6 +607,8 @@ static std::map<std::string, at::Tensor> allocate(const std::vector<TensorSpec>&
 DecoderStream::DecoderStream(Runner& first, const DecoderSpec& first_spec, Runner& steady,
                              const DecoderSpec& steady_spec)
     : first_(first), steady_(steady), spec_(steady_spec) {
+  check_runs(first, first_spec, "DecoderStream (its first graph)");
+  check_runs(steady, steady_spec, "DecoderStream (its steady graph)");
   const std::string problem = pair_problem(first_spec, steady_spec);
   if (!problem.empty())
     throw Error("DecoderStream: its two graphs' specs are " + problem + "; give it the pair of one decoder export "
@@ -761,8 +763,17 @@ std::string prefer_workspace_free_gemms() {
   return c10::utils::get_env("CUBLASLT_WORKSPACE_SIZE").value_or("");
 }
 
+void check_runs(const Runner& runner, const GraphIO& spec, const std::string& what) {
+  const GraphIO* io = runner.io();
+  if (io != nullptr && io->engine_sha256 != spec.engine_sha256)
+    throw Error(what + ": its runner runs the engine of sha256 " + io->engine_sha256.substr(0, 12) + "..., its spec "
+                "is the runtime file of another (" + spec.engine_sha256.substr(0, 12) + "...); give the runner's own "
+                "spec (the runtime file beside its engine)");
+}
+
 StreamingSession::StreamingSession(Runner& runner, const RuntimeSpec& spec, int64_t seed, DecoderStream* decoder)
     : runner_(runner), spec_(spec), seed_(seed), device_(runner.device()), decoder_(decoder) {
+  check_runs(runner, spec, "StreamingSession");
   prefer_workspace_free_gemms();  // effective where no GEMM ran in this process yet
   feeds_ = allocate(spec.inputs, device_);
   std::vector<std::string> rotary;

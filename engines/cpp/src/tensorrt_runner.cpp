@@ -47,6 +47,7 @@ class TensorRTRunner : public Runner {
 
   bool swap_inputs() const override { return false; }
   at::Device device() const override { return device_; }
+  const GraphIO* io() const override { return &io_; }
 
  private:
   // The engine's I/O tensors (by name, TensorRT 10's API) must be the runtime file's, as the Python runner checks.

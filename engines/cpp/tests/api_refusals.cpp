@@ -11,6 +11,8 @@
 //   shared-decoder  one decoder given to two sessions (it carries one stream's histories)
 //   mixed-decoder   a DecoderStream of DECODER's first graph and the steady graph of the decoder engine ACTIONS
 //                   names (another export's)
+//   decoder-specs   a DecoderStream of DECODER's runners given the specs of the decoder pair ACTIONS names
+//   session-spec    a session of ENGINE's runner given the runtime file ACTIONS names (another engine's)
 //   visual-shape    a visual context of another shape
 //   cond-shape      a block's conditioning of another shape
 //   mouse-shape     a block's mouse actions of another shape
@@ -61,6 +63,12 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     const auto pair = wan_trt::DecoderEngines::load(decoder), other = wan_trt::DecoderEngines::load(actions);
     wan_trt::AotiRunner first(pair.first, pair.first_spec, cpu), steady(other.steady, other.steady_spec, cpu);
     wan_trt::DecoderStream stream(first, pair.first_spec, steady, other.steady_spec);
+  } else if (what == "decoder-specs") {
+    const auto pair = wan_trt::DecoderEngines::load(decoder), other = wan_trt::DecoderEngines::load(actions);
+    wan_trt::AotiRunner first(pair.first, pair.first_spec, cpu), steady(pair.steady, pair.steady_spec, cpu);
+    wan_trt::DecoderStream stream(first, other.first_spec, steady, other.steady_spec);
+  } else if (what == "session-spec") {
+    wan_trt::StreamingSession session(runner, wan_trt::RuntimeSpec::load(actions), 0);
   } else if (what == "visual-shape" || what == "cond-shape" || what == "mouse-shape") {
     wan_trt::StreamingSession session(runner, spec, 0);
     auto visual = feeds.at("visual_context"), cond = feeds.at("cond_concat");

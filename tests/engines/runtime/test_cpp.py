@@ -927,3 +927,20 @@ def test_cpp_runtime_refuses_a_pair_of_two_decoders_graphs_naming_them(aoti, dec
     with pytest.raises(WanTrtError, match="are graphs of two decoders \\('tiny-decoder' and 'decoder'\\); re-export "
                                           "both with `wan-trt export --graph decoder --overwrite`"):
         run_wan_stream(wan_stream, engine, inputs, 1, tmp_path / "out.pt", decoder=mixed)
+
+
+def test_the_library_refuses_a_spec_of_another_engine_than_its_runner_runs(aoti, decoder_aoti, overflowing_decoder,
+                                                                          wan_stream, tmp_path):
+    """StreamingSession and DecoderStream took the spec they were given on trust: a program that read one engine's
+    runtime file and ran another engine streamed with the wrong schedule, shapes or pair. The runners say which engine
+    they run (its runtime file's I/O), and a spec of another is refused (here another engine's runtime file: the
+    DiT's edited to another engine hash and resealed; the decoder's, the other pair's)."""
+    text = aoti[1].with_name(aoti[1].name + ".runtime.txt").read_text()
+    other, found = re.subn(r"\nengine (\d+) [0-9a-f]{64}\n", "\nengine \\1 " + "ab" * 32 + "\n", text)
+    assert found == 1
+    spec = tmp_path / "other.runtime.txt"
+    spec.write_text(resealed(other))
+    message = _api_refusal(wan_stream, "session-spec", aoti[1], decoder_aoti, spec)
+    assert message.startswith("StreamingSession: its runner runs the engine of sha256 ") and "abababababab" in message
+    message = _api_refusal(wan_stream, "decoder-specs", aoti[1], decoder_aoti, overflowing_decoder)
+    assert message.startswith("DecoderStream (its first graph): its runner runs the engine of sha256"), message

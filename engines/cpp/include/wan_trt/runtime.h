@@ -108,7 +108,14 @@ class Runner {
   // true: the session may hand new tensors as cache inputs (swap); false: it copies into fixed buffers.
   virtual bool swap_inputs() const { return true; }
   virtual at::Device device() const = 0;
+  // The runtime file's I/O of the engine it runs, or nullptr for a runner that says none (a program's own): a
+  // session or decoder given a spec of another engine refuses it.
+  virtual const GraphIO* io() const { return nullptr; }
 };
+
+// Refuse ``spec`` (named ``what``) for ``runner`` if the runner runs another engine than the one ``spec``'s runtime
+// file was written for (by the engines' sha256).
+void check_runs(const Runner& runner, const GraphIO& spec, const std::string& what);
 
 // A file's identity: its device, inode, size and modification time (a file replaced or rewritten has another).
 struct FileIdentity {
@@ -157,6 +164,7 @@ class AotiRunner : public Runner {
   std::map<std::string, at::Tensor> infer(const std::map<std::string, at::Tensor>& feeds) override;
   bool swap_inputs() const override { return !cuda_graph_; }
   at::Device device() const override { return device_; }
+  const GraphIO* io() const override { return &io_; }
 
  private:
   struct Impl;
