@@ -58,9 +58,9 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
                           f"before (the config differs now); re-export it with `wan-trt export --config "
                           f"{config_name} --precision {precision} --ops {ops} --out {path} --overwrite`, then build")
     if precision is not None and manifest.spec.precision != precision:
+        again = export_command(manifest, backend == "tensorrt", precision=precision)  # TensorRT parses the graph
         raise WanTrtError(f"{path} holds a {manifest.spec.precision} graph but --{precision} was asked: export one "
-                          f"with `{export_command(manifest, precision=precision)}` or build with "
-                          f"--{manifest.spec.precision}")
+                          f"with `{again}` or build with --{manifest.spec.precision}")
     kind = graph_kind(manifest.spec)
     if ops != "native" and not kind.fused_ops:
         raise WanTrtError(f"--ops {ops}: {path} holds a graph of the {kind.name}, which has no fused ops; build it "
@@ -71,20 +71,23 @@ def resolve_export(directory: str | None, config_name: str | None, precision: st
                               "ops (a TensorRT engine runs the graph as exported); its fused norms are an AOTInductor "
                               f"build's: `wan-trt build {path.parent} --backend aoti --ops plugins`, or drop --ops")
         raise WanTrtError(f"{path} holds a --ops {manifest.ops} graph but --ops {ops} was asked; export one with "
-                          f"`{export_command(manifest, ops=ops)}`")
+                          f"`{export_command(manifest, True, ops=ops)}`")
     check_weight_flags(path, manifest, weights, seed)
     return path
 
 
-def export_command(manifest: Manifest, out: Path | None = None, **changed: Any) -> str:
+def export_command(manifest: Manifest, graph: bool = False, out: Path | None = None, **changed: Any) -> str:
     """The `wan-trt export` command that makes ``manifest``'s export again with the ``changed`` flags (precision, ops,
-    weights, seed), into ``out`` (replacing the export there; None: a folder of the user's). A decoder graph's
-    command makes both of its graphs, into the folder above its own."""
+    weights, seed), into ``out`` (replacing the export there; None: a folder of the user's), with an ONNX graph where
+    the export has one or ``graph`` asks for one (a TensorRT build's). A decoder graph's command makes both of its
+    graphs, into the folder above its own. A config of a file, which its name does not find, is CONFIG_FILE_OF_<name>:
+    a placeholder a shell takes as one word."""
     spec, recorded = manifest.spec, manifest.weights
     decoder = isinstance(spec, DecoderSpec)
-    preset = spec.config.name in preset_names()  # else a file's config, which its name does not find
-    onnx = manifest.graph is not None
-    flags = {"config": spec.config.name if preset else "CONFIG_FILE", "graph": spec.KIND if decoder else None,
+    preset = spec.config.name in preset_names()
+    onnx = graph or manifest.graph is not None
+    flags = {"config": spec.config.name if preset else f"CONFIG_FILE_OF_{spec.config.name}",
+             "graph": spec.KIND if decoder else None,
              "precision": spec.precision, "ops": None if decoder or not onnx else manifest.ops,
              "opset": manifest.opset if onnx and manifest.opset != DEFAULT_OPSET else None,
              "weights": recorded.get("path"), "seed": recorded["seed"],
@@ -92,8 +95,7 @@ def export_command(manifest: Manifest, out: Path | None = None, **changed: Any) 
     names = {"weights": graph_kind(spec).weights_flag}
     line = " ".join(f"{names.get(k, '--' + k)} {v}" for k, v in flags.items() if v is not None)
     where = "DIR" if out is None else f"{out.parent if decoder else out} --overwrite"
-    return (f"wan-trt export {line}{'' if onnx else ' --no-onnx'} --out {where}"
-            + ("" if preset else f" (CONFIG_FILE: the file of config '{spec.config.name}')"))
+    return f"wan-trt export {line}{'' if onnx else ' --no-onnx'} --out {where}"
 
 
 def check_config_flag(path: Path, exported: WanConfig, config_name: str) -> None:
@@ -106,7 +108,7 @@ def check_config_flag(path: Path, exported: WanConfig, config_name: str) -> None
 def check_weight_flags(path: Path, manifest: Manifest, weights: str | None, seed: int | None) -> None:
     """Refuse ``--weights`` / ``--seed`` that disagree with what the export at ``path`` was made from."""
     recorded = manifest.weights
-    fix = f"re-export with `{export_command(manifest, path, weights=weights, seed=seed)}`, or drop the flag"
+    fix = f"re-export with `{export_command(manifest, out=path, weights=weights, seed=seed)}`, or drop the flag"
     if weights is not None:
         check_input_file(weights, "--weights")
         if recorded["source"] != "checkpoint":

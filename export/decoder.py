@@ -13,13 +13,13 @@ from wan_trt.config import WanConfig
 from wan_trt.decoder_spec import CALLS, DecoderSpec
 from wan_trt.errors import WanTrtError
 from wan_trt.export.manifest import MANIFEST, Manifest
-from wan_trt.export.writer import export_graphs
+from wan_trt.export.writer import DEFAULT_OPSET, export_graphs
 from wan_trt.graphs import GRAPH_KINDS
 from wan_trt.outputs import followed, marked_kind
 
 
 def export_decoder(cfg: WanConfig, out: str | Path, precision: str = "bf16", weights: str | None = None,
-                   seed: int = 0, opset: int = 23, overwrite: bool = False, onnx: bool = True,
+                   seed: int = 0, opset: int = DEFAULT_OPSET, overwrite: bool = False, onnx: bool = True,
                    kind: str = DecoderSpec.KIND) -> dict[str, Manifest]:
     """Export the decoder of ``cfg`` (``kind``: 'decoder', Wan2.1's VAE decoder, or 'tiny-decoder') into
     ``out/first`` and ``out/steady``; ``weights``: its checkpoint (a Wan2.1 VAE, or TAEHV's taew2_1.pth; seeded

@@ -129,10 +129,10 @@ class Manifest:
         if self.graph is not None:
             self._verify_external_locations(Path(directory))
 
-    def require_verified(self, directory: str | Path, names: list[str], since: str) -> None:
-        """Refuse if a file of ``names`` is no longer the one :meth:`verify_files` hashed (replaced or rewritten
-        ``since``, e.g. 'while ONNX Runtime loaded it'): what was read may not be what was verified."""
-        for name in names:
+    def require_graph_verified(self, directory: str | Path, since: str) -> None:
+        """Refuse if the graph or its external data is no longer the file :meth:`verify_files` hashed (replaced or
+        rewritten ``since``, e.g. 'while ONNX Runtime loaded it'): what was read may not be what was verified."""
+        for name in (n for n in (self.graph, self.external_data) if n):
             if name in self.verified:
                 require_unchanged(Path(directory) / name, self.verified[name], "export file", since,
                                   "what was read may not be the file verified; run again")

@@ -9,13 +9,13 @@ from wan_trt.decoder_spec import CALLS
 from wan_trt.errors import WanTrtError
 from wan_trt.export.decoder import decoder_dirs
 from wan_trt.export.manifest import Manifest
-from wan_trt.export.writer import export_graph
+from wan_trt.export.writer import DEFAULT_OPSET, export_graph
 from wan_trt.outputs import followed
 from wan_trt.spec import PassSpec
 
 
 def export_transformer(cfg: WanConfig, out: str | Path, precision: str = "bf16", weights: str | None = None,
-                       seed: int = 0, ops: str = "native", opset: int = 23, overwrite: bool = False,
+                       seed: int = 0, ops: str = "native", opset: int = DEFAULT_OPSET, overwrite: bool = False,
                        onnx: bool = True) -> Manifest:
     """Export one pass of ``cfg`` to ``out/model.onnx`` with manifest and sample inputs (see ``export_graph``)."""
     out = Path(out)

@@ -543,15 +543,14 @@ def fp32_as_fp32() -> Iterator[None]:
     likewise. Set through the flags PyTorch keeps consistent itself (``allow_tf32``): setting the per-operator
     precisions apart made its own reading of them (Inductor's, torch.export's) raise. Used as a decorator by the
     checks (a new context each call)."""
-    flags = (torch.backends.cudnn, torch.backends.cuda.matmul)
-    saved = [f.allow_tf32 for f in flags]
-    for f in flags:
-        f.allow_tf32 = False
+    convolutions, matmuls = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")  # the matmul setting's own API, as a user sets it ("high": TF32)
     try:
         yield
     finally:
-        for f, value in zip(flags, saved):
-            f.allow_tf32 = value
+        torch.backends.cudnn.allow_tf32 = convolutions
+        torch.set_float32_matmul_precision(matmuls)
 
 
 @fp32_as_fp32()

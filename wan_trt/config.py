@@ -218,7 +218,7 @@ def validate(cfg: WanConfig, where: str = "config") -> None:
            "inference.denoising_step_list", "strictly decreasing steps", list(steps), where)
     # the schedule is computed in fp32 (scheduler.py): a shift far from 1 makes its sigmas 0/0 or Inf/Inf
     _check(1e-3 <= inf.timestep_shift <= 1e3, "inference.timestep_shift",
-           "a number in [0.001, 1000] (the presets': 5; further out the fp32 schedule's sigmas are NaN or Inf)",
+           "a number in [0.001, 1000] (the presets': 5; far out the fp32 schedule breaks: at 1e-8 its sigmas are 0/0)",
            inf.timestep_shift, where)
     _check(inf.context_noise == 0, "inference.context_noise", "0 (the clean pass runs at t=0)",
            inf.context_noise, where)

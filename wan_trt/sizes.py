@@ -28,8 +28,18 @@ MAX_CLIP_TOKENS = 1 << 16  # image-context tokens (CLIP's: 257)
 
 
 def host_memory() -> int:
-    """Bytes of this machine's physical memory."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """Bytes of memory this process may use: the machine's physical memory, or a container's (cgroup) limit on it
+    where that is lower."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # cgroup v2, v1
+        try:
+            with open(limit) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            physical = min(physical, int(text))
+    return physical
 
 
 def require_blocks(blocks: object) -> None:
@@ -50,11 +60,11 @@ def require_host_room(blocks: int, held: int, holds: str, advice: str) -> None:
 
 def require_room_for(module: "torch.nn.Module", what: str, fix: str) -> None:
     """Refuse, before any allocation, drawing ``module`` (made on the meta device) in fp32 on this machine when its
-    parameters would take more than half its memory: it ended in the allocator's traceback or the kernel's
-    out-of-memory killer. ``what`` it is, ``fix``: which fields to change."""
+    parameters would take more than 80 % of its memory (:func:`host_memory`): it ended in the allocator's traceback
+    or the kernel's out-of-memory killer. ``what`` it is, ``fix``: which fields to change."""
     count = sum(p.numel() for p in module.parameters())
     have = host_memory()
-    if 4 * count > have // 2:
+    if 4 * count > 0.8 * have:
         raise WanTrtError(f"{what}: {count / 1e9:,.1f} B parameters, {4 * count / 2**30:,.1f} GiB in fp32, and this "
                           f"machine has {have / 2**30:.1f} GiB; {fix}")
 

@@ -194,8 +194,8 @@ def why_not(backend: Backend, sources: RunnerSources) -> str | None:
                 backend_module(backend).import_tensorrt()
             except WanTrtError as exc:
                 return str(exc)
-        if need == "engine" and missing_engine(backend, sources.engines) is not None:
-            return missing_engine(backend, sources.engines)
+        if need == "engine" and (missing := missing_engine(backend, sources.engines)) is not None:
+            return missing
         if need == "cuda" and not str(sources.device).startswith("cuda"):
             what = "the fused Triton kernels need" if backend.module == "torch" else "CUDA graphs need"
             return f"{what} a CUDA device (--device cuda)"

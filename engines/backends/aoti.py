@@ -118,6 +118,11 @@ def _compile(manifest: Manifest, directory: Path, engine: Path, key: str, device
                               "version") from exc
         meta = EngineMetadata.of_build(manifest, directory, backend="aoti", device=device, key=key, ops=ops,
                                        build_seconds=time.perf_counter() - begin)
+        mismatch = package_mismatch(partial, meta)  # the rule runners hold engines to, asked of the build itself
+        if mismatch is not None:
+            raise WanTrtError(f"the package just built does not show what it was built as ({mismatch}): this PyTorch "
+                              f"{torch.__version__} records devices or names its kernels otherwise than wan-trt reads "
+                              "them, and its runners would refuse the engine; nothing was installed")
         install_engine(partial, engine, meta)
 
 
@@ -144,7 +149,8 @@ def _package(engine: Path) -> tuple[list[str], str, str | None]:
             records = [json.loads(pkg.read(n)) for n in names if n.endswith("wrapper_metadata.json")]
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise WanTrtError(f"engine {engine}: not a readable AOTInductor package ({exc}); {REBUILD} --force") from None
-    devices = {str(r.get("AOTI_DEVICE_KEY")).partition(":")[0] for r in records if isinstance(r, dict)}
+    devices = {str(r["AOTI_DEVICE_KEY"]).partition(":")[0] for r in records
+               if isinstance(r, dict) and r.get("AOTI_DEVICE_KEY") is not None}  # no record: no device judged
     return names, text, devices.pop() if len(devices) == 1 else None
 
 
@@ -155,11 +161,11 @@ def _fused_kernels(text: str) -> dict[str, int]:
             if (found := set(re.findall(rf"\b{op.kernel_name}(?:_\d+)?\b", text)))}
 
 
-def package_mismatch(engine: Path, meta: EngineMetadata) -> str | None:
+def package_mismatch(engine: Path, meta: EngineMetadata, package: tuple | None = None) -> str | None:
     """Where the metadata ``meta`` says other than the package ``engine`` holds (its device kind, fused kernels or
     none), or None: an edited metadata file, or another engine's, made a runner run a package under another name
     (a check report and a bench row named a backend that did not run) and build rewrite the runtime file with it."""
-    _, text, device = _package(engine)
+    _, text, device = package or _package(engine)  # ``package``: :func:`_package` of it, read already
     problems = []
     if device is not None and device != meta.device.partition(":")[0]:
         problems.append(f"device {meta.device}, where the package's code was compiled for {device}")
@@ -171,9 +177,9 @@ def package_mismatch(engine: Path, meta: EngineMetadata) -> str | None:
     return "; ".join(problems) or None
 
 
-def check_package(engine: Path, meta: EngineMetadata) -> None:
+def check_package(engine: Path, meta: EngineMetadata, package: tuple | None = None) -> None:
     """Refuse an engine whose metadata says other than its package holds (:func:`package_mismatch`)."""
-    mismatch = package_mismatch(engine, meta)
+    mismatch = package_mismatch(engine, meta, package)
     if mismatch is not None:
         raise WanTrtError(f"engine {engine}: its metadata ({engine.name}.json) says {mismatch}: edited, or another "
                           f"engine's; {REBUILD} --force")
@@ -247,8 +253,9 @@ def inspect(engine: Path, meta: EngineMetadata) -> dict:
     so a --ops plugins package shows which fused kernels it holds; refused where its metadata says otherwise.
     Files are named as inside the package: the zip holds them all in a folder named after the file it was written
     as, the build's staging file (renamed into place since), which is left out."""
-    check_package(engine, meta)
-    names, text, _ = _package(engine)
+    package = _package(engine)
+    check_package(engine, meta, package)
+    names, text, _ = package
     names = [n.split("/", 1)[-1] for n in names]
     kernels = sorted({n.rsplit("/", 1)[-1].split(".")[0] for n in names if n.endswith((".cubin", ".ptx", ".hsaco"))})
     fused = _fused_kernels(text)

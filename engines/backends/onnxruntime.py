@@ -101,8 +101,7 @@ class OnnxRuntimeRunner(Runner):
             raise WanTrtError(f"ONNX Runtime fell back to {self.session.get_providers()} for {self.graph}")
         if self.export is not None:  # ONNX Runtime read the files by their paths, after they were verified
             directory, manifest = self.export
-            manifest.require_verified(directory, [n for n in (manifest.graph, manifest.external_data) if n],
-                                      "after it was verified (before or while ONNX Runtime loaded it)")
+            manifest.require_graph_verified(directory, "after it was verified (before or while ONNX Runtime loaded it)")
         self._check_io()
         self.outputs = self.spec.allocate("outputs", self.device)
 

@@ -155,8 +155,7 @@ def _build(trt, manifest: Manifest, directory: Path, engine: Path, key: str, *, 
         config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
     network = _parse(trt, builder, trt_logger, manifest.graph_path(directory), weak_typing)
     # the parser read the files by their paths
-    manifest.require_verified(directory, [n for n in (manifest.graph, manifest.external_data) if n],
-                              "after it was verified (before or while TensorRT parsed it)")
+    manifest.require_graph_verified(directory, "after it was verified (before or while TensorRT parsed it)")
     with stage(f"TensorRT {trt.__version__} build (opt level {opt_level})"):
         serialized = builder.build_serialized_network(network, config)
     if serialized is None:

@@ -318,10 +318,10 @@ def test_inject_sample_info_is_checked_not_ignored(tmp_path, value, message):
 
 
 @pytest.mark.parametrize("graph", ["dit", "decoder"])
-def test_a_model_larger_than_half_the_machine_is_refused_before_it_is_drawn(tmp_path, monkeypatch, graph):
+def test_a_model_larger_than_the_machine_allows_is_refused_before_it_is_drawn(tmp_path, monkeypatch, graph):
     """A decoder of vae_dim 960 (a typo for 96: 7.3 B parameters, 27 GiB in fp32) passed every bound and ended in the
     allocator's traceback or the out-of-memory killer on a machine with less; so did a DiT within the parameter bound.
-    Seeded weights are drawn only where they take at most half the machine's memory (here said to be 8 GiB)."""
+    Seeded weights are drawn only where they take at most 80 % of the machine's memory (here said to be 8 GiB)."""
     from wan_trt import sizes
     from wan_trt.model import build_decoder, build_model
     monkeypatch.setattr(sizes, "host_memory", lambda: 8 << 30)

@@ -512,4 +512,6 @@ def test_a_step_refuses_tensors_without_values_or_of_another_kind(universal_smal
     mouse, keyboard = inputs.block_actions(cfg, 0)
     with pytest.raises(WanTrtError, match="cond_concat: .*a torch.sparse_coo tensor"):
         session.step(cond.to_sparse(), mouse, keyboard)
+    with pytest.raises(WanTrtError, match="keyboard: .*a torch.sparse_coo tensor"):  # one held over the block
+        session.step(cond, mouse, keyboard[:, 0].to_sparse())
     session.step(cond, mouse, (keyboard > 0.5).long())  # 0/1 keys as integers: taken
