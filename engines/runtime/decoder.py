@@ -53,7 +53,7 @@ class DecoderStream:
         if None not in weights and weights[0] != weights[1]:
             raise WanTrtError(f"the decoder's first runner ({first.name}) runs weights {weights[0][:12]}, its steady "
                               f"runner ({steady.name}) weights {weights[1][:12]}: give both of one decoder export "
-                              "(`wan-trt export --graph decoder` writes the pair)")
+                              f"(`wan-trt export --graph {a.KIND}` writes the pair)")
         self.first, self.steady = first, steady
         self.spec = steady.spec
         self.device = steady.device

@@ -310,11 +310,11 @@ class StreamingSession:
                 raise WanTrtError(f"config '{self.cfg.name}' needs {name} actions for every block")
             dim = self.spec.tensor(ACTION_WINDOWS[name]).shape[-1]
             if isinstance(value, torch.Tensor) and value.ndim == 2:  # one action held over the block: [1, D]
-                if tuple(value.shape) == (1, dim):  # checked before it is expanded (a sparse one cannot be)
-                    checked_tensor(name, value, (1, dim), f"block {self.block} of '{self.cfg.name}'", numbers=True)
                 if tuple(value.shape) != (1, dim):
                     raise WanTrtError(f"{name}: expected [1, {dim}] (one action held for block {self.block}) or "
                                       f"[1, {n}, {dim}] (one per video frame), got {list(value.shape)}")
+                # its kind checked before it is expanded (a sparse one cannot be)
+                checked_tensor(name, value, (1, dim), f"block {self.block} of '{self.cfg.name}'", numbers=True)
                 value = value[:, None, :].expand(-1, n, -1)
             raw[name] = self._checked(name, value, (1, n, dim))
         return raw
