@@ -41,6 +41,7 @@ from wan_trt.engines.backends.aoti import check_fp8_device
 from wan_trt.engines.bench_decoder import (DECODER_PROFILE, DECODER_WARMUP_BLOCKS, bench_decoder, check_decoder_request,
                                            engine_variants)
 from wan_trt.engines.flops import graph_flops, roofline_ms, throughput
+from wan_trt.engines.runtime.arithmetic import computed_as
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.decoder import DecoderStream, check_attachable
 from wan_trt.engines.runtime.finite import NonFiniteBlock, first_non_finite
@@ -168,7 +169,8 @@ class Bench:
         reset_peak_memory(self.device)
         start = allocated_memory_gib(self.device)
         if get_backend(backend).reference_pipeline:
-            result = bench_upstream(self.model(), inputs, blocks, self.device)
+            with computed_as(self.spec.dtype):  # fp32 as fp32, as the runners of the other rows compute it
+                result = bench_upstream(self.model(), inputs, blocks, self.device)
         else:
             result = bench_session(self.runner(backend), inputs, blocks, decoder=decoder)
         # a row that decodes too did the decoder's arithmetic in its blocks' time

@@ -35,6 +35,7 @@ from wan_trt.digest import file_identity
 from wan_trt.engines.artifact import EngineMetadata, check_unchanged, export_for_engine
 from wan_trt.engines.backends import backend_module, get_backend
 from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.runtime.arithmetic import fp32_as_fp32
 from wan_trt.engines.runtime.cublas_workspace import prefer_workspace_free_gemms
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.engines.runtime.finite import NonFiniteBlock
@@ -533,24 +534,6 @@ def results_staged(results: dict[str, Path], identity: dict[Path, tuple[int, int
     finally:
         for s in staged.values():
             s.staging.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def fp32_as_fp32() -> Iterator[None]:
-    """fp32 computed as fp32 on CUDA for the block (and as before after it): PyTorch lets cuDNN's fp32 convolutions
-    round their operands to TF32 (10 bits) by default, which made a check's fp32 reference (the decoder's
-    convolutions, the DiT's patch embedding) as far from fp32 as an fp16 model, and an fp32 engine run in the check
-    likewise. Set through the flags PyTorch keeps consistent itself (``allow_tf32``): setting the per-operator
-    precisions apart made its own reading of them (Inductor's, torch.export's) raise. Used as a decorator by the
-    checks (a new context each call)."""
-    convolutions, matmuls = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")  # the matmul setting's own API, as a user sets it ("high": TF32)
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32 = convolutions
-        torch.set_float32_matmul_precision(matmuls)
 
 
 @fp32_as_fp32()

@@ -24,6 +24,7 @@ from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
 from wan_trt.engines.artifact import EngineMetadata, export_for_engine
 from wan_trt.engines.backends import backend_module, get_backend
 from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.runtime.arithmetic import fp32_as_fp32
 from wan_trt.engines.runtime.decoder import DecoderStream, PairedEngine, paired_engines
 from wan_trt.engines.runtime.runner import Runner
 from wan_trt.errors import WanTrtError
@@ -34,7 +35,7 @@ from wan_trt.owned import recorded_files
 from wan_trt.spec import LATENTS
 from wan_trt.validate.check import (CheckOptions, CheckReport, OutputCheck, check_engine, check_export,
                                     check_single_pass, clear_report, engine_report_name, folder_identities,
-                                    former_report_name, fp32_as_fp32, identities_of_read, report_locked, report_path,
+                                    former_report_name, identities_of_read, report_locked, report_path,
                                     require_blocks_fit, require_polygraphy, results_path, results_staged,
                                     verified_runners, write_report)
 from wan_trt.validate.metrics import error_stats, passes, tolerance

@@ -221,7 +221,8 @@ class AotiRunner(Runner):
 
     def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         self.check_feeds(feeds)
-        outputs = self.compiled(*(feeds[n] for n in self.spec.input_names))
+        with self.arithmetic():
+            outputs = self.compiled(*(feeds[n] for n in self.spec.input_names))
         return dict(zip(self.spec.output_names, outputs))
 
 

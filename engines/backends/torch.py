@@ -27,7 +27,8 @@ class TorchRunner(Runner):
     @torch.no_grad()
     def infer(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         self.check_feeds(feeds)
-        outputs = self._fn(*(feeds[name] for name in self.spec.input_names))
+        with self.arithmetic():  # under torch.compile, its compile too (Inductor reads the settings then)
+            outputs = self._fn(*(feeds[name] for name in self.spec.input_names))
         return dict(zip(self.spec.output_names, outputs))
 
 

@@ -16,9 +16,11 @@ per-block work over them as CUDA graphs too.
 from __future__ import annotations
 
 import abc
+from typing import ContextManager
 
 import torch
 
+from wan_trt.engines.runtime.arithmetic import computed_as
 from wan_trt.errors import WanTrtError
 from wan_trt.spec import PassSpec
 
@@ -129,6 +131,14 @@ class Runner(abc.ABC):
                 problems.append(f"input '{name}' is not contiguous (pass .contiguous())")
         if problems:
             raise WanTrtError(f"feeds of {self.name}: " + "; ".join(problems))
+
+    def arithmetic(self) -> ContextManager[None]:
+        """The setting this runner's graph computes under (:func:`~wan_trt.engines.runtime.arithmetic.computed_as`):
+        an fp32 graph in IEEE fp32, not TF32, wherever it runs (a check, a stream, a bench), so what is timed and
+        streamed computes as what was checked. Runners whose own library computes through PyTorch's convolutions and
+        matmuls (AOTInductor, torch) enter it around every call; ONNX Runtime and TensorRT have their own switches
+        (``use_tf32``, the TF32 builder flag)."""
+        return computed_as(self.spec.dtype)
 
     def rebind_output(self, name: str, tensor: torch.Tensor) -> None:
         """Give an owned output a new buffer (only for runners with ``owns_outputs``)."""

@@ -2,6 +2,7 @@
 // Mirrors engines/session.py step for step; tests compare the two on the same engine.
 #include "wan_trt/runtime.h"
 
+#include <ATen/Context.h>
 #include <c10/util/env.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
@@ -530,8 +531,27 @@ static std::map<std::string, at::Tensor> run_package(torch::inductor::AOTIModelP
   return named;
 }
 
+Fp32AsFp32::Fp32AsFp32(bool fp32) : active_(fp32) {
+  if (!active_) return;
+  auto& context = at::globalContext();
+  convolutions_ = context.allowTF32CuDNN();
+  matmuls_ = context.float32MatmulPrecision();
+  context.setAllowTF32CuDNN(false);
+  context.setFloat32MatmulPrecision("highest");
+}
+
+Fp32AsFp32::~Fp32AsFp32() {
+  if (!active_) return;
+  auto& context = at::globalContext();
+  context.setAllowTF32CuDNN(convolutions_);
+  context.setFloat32MatmulPrecision(matmuls_ == at::Float32MatmulPrecision::HIGHEST ? "highest"
+                                    : matmuls_ == at::Float32MatmulPrecision::HIGH  ? "high"
+                                                                                    : "medium");
+}
+
 std::map<std::string, at::Tensor> AotiRunner::infer(const std::map<std::string, at::Tensor>& feeds) {
   check_feeds(io_, feeds, device_);
+  const Fp32AsFp32 arithmetic(io_.precision == "fp32");  // around the capture too: cuDNN picks its kernels then
 #ifdef WAN_TRT_WITH_CUDA
   if (cuda_graph_) {
     if (!impl_->graph) {

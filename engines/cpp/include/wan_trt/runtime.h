@@ -153,6 +153,23 @@ bool is_aoti_package(const std::string& engine);
 // outputs). The runners call it on every infer().
 void check_feeds(const GraphIO& io, const std::map<std::string, at::Tensor>& feeds, at::Device device);
 
+// fp32 computed as fp32 while it lives (the settings as before after it), where `fp32` is true: libtorch lets
+// cuDNN round fp32 convolution operands to TF32 (10 bits of mantissa) by default, and a program may have let the
+// matmuls do so too. AotiRunner::infer holds one around every call of an fp32 engine (its CUDA-graph capture
+// included), so the engine computes as `wan-trt check` judged it (engines/runtime/arithmetic.py in Python).
+class Fp32AsFp32 {
+ public:
+  explicit Fp32AsFp32(bool fp32);
+  ~Fp32AsFp32();
+  Fp32AsFp32(const Fp32AsFp32&) = delete;
+  Fp32AsFp32& operator=(const Fp32AsFp32&) = delete;
+
+ private:
+  bool active_;
+  bool convolutions_ = true;
+  at::Float32MatmulPrecision matmuls_ = at::Float32MatmulPrecision::HIGHEST;
+};
+
 // AOTInductor package (`wan-trt build --backend aoti`), optionally replayed as a CUDA graph. Keeps a copy of ``io``.
 // Refused before it loads: a package built for another kind of device than ``device`` (check_built_for), one that is
 // not the engine its runtime file was written for (verify_engine), and a TensorRT plan (that engine, but no zip file,

@@ -1,0 +1,82 @@
+"""An fp32 graph computes as fp32 wherever it runs, not only in a check: PyTorch lets cuDNN's fp32 convolutions round
+their operands to TF32 by default (and a user may let the matmuls do so), so a stream or bench of an fp32 engine ran
+other arithmetic than its check had judged. Every runner of an fp32 graph, the bench's reference row and the C++
+runner compute under :func:`fp32_as_fp32` and give the caller's settings back."""
+import subprocess
+
+import pytest
+import torch
+
+from wan_trt.engines.backends.aoti import AotiRunner
+from wan_trt.engines.backends.torch import TorchRunner
+from wan_trt.engines.bench import Bench
+from wan_trt.export.manifest import Manifest, reference_model
+
+TF32 = (True, "high")  # a user's settings that let convolutions and matmuls round fp32 to TF32
+FP32 = (False, "highest")
+
+
+def _settings() -> tuple[bool, str]:
+    return torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+
+
+@pytest.fixture
+def user_tf32():
+    """The caller's process with TF32 allowed everywhere, as before the test after it."""
+    before = _settings()
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.backends.cudnn.allow_tf32 = before[0]
+    torch.set_float32_matmul_precision(before[1])
+
+
+def _seen_by(module: torch.nn.Module) -> list:
+    seen = []
+    module.register_forward_pre_hook(lambda *_: seen.append(_settings()))
+    return seen
+
+
+@pytest.mark.parametrize("precision, expected", [("fp32", FP32), ("bf16", TF32)])
+def test_a_torch_runner_of_an_fp32_graph_computes_fp32_as_fp32(plain_export, user_tf32, precision, expected):
+    """Only an fp32 graph changes the settings (a bf16 one has no TF32 path to close), for its call only."""
+    manifest = Manifest.read(plain_export)
+    spec = manifest.spec if precision == "fp32" else type(manifest.spec).from_config(manifest.spec.config, precision)
+    model = reference_model(manifest, spec.dtype, "cpu")
+    seen = _seen_by(model)
+    runner = TorchRunner(model, spec)
+    with runner:
+        runner.infer(spec.sample_inputs(device="cpu"))
+    assert seen and set(seen) == {expected}, seen
+    assert _settings() == TF32
+
+
+def test_an_aoti_engine_of_an_fp32_graph_runs_fp32_as_fp32(aoti, user_tf32):
+    """The package's own call (the real engine) is observed through the runner's loaded package."""
+    export_dir, engine = aoti
+    runner = AotiRunner(engine, Manifest.read(export_dir))
+    seen = []
+    with runner:
+        package = runner.compiled
+
+        def observed(*args):
+            seen.append(_settings())
+            return package(*args)
+        runner.compiled = observed
+        outputs = runner.infer(runner.spec.sample_inputs(device="cpu"))
+    assert seen == [FP32] and "flow" in outputs
+    assert _settings() == TF32
+
+
+def test_the_bench_reference_row_of_an_fp32_export_computes_fp32_as_fp32(plain_export, user_tf32):
+    bench = Bench(plain_export, "cpu", {})
+    seen = _seen_by(bench.model())
+    bench.run("reference-eager", 2)
+    assert seen and set(seen) == {FP32}, set(seen)
+    assert _settings() == TF32
+
+
+def test_the_cpp_runner_computes_fp32_as_fp32(wan_stream):
+    """engines/cpp/tests/arithmetic.cpp: Fp32AsFp32, which AotiRunner::infer holds for an fp32 engine."""
+    run = subprocess.run([str(wan_stream.parent / "arithmetic")], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr[-2000:]
