@@ -57,8 +57,14 @@ def require_unchanged(path: str | Path, identity: tuple, what: str, since: str, 
     """Refuse ``path`` (named ``what``: a flag, or a kind of file) if it is no longer the file whose
     :func:`file_identity` was ``identity``, taken ``since`` ('while the export read it'); ``why`` says what that would
     cost and what to do."""
-    if file_identity(path) != identity:
-        raise WanTrtError(f"{what} {path} was replaced or rewritten {since}: {why}")
+    now = file_identity(path)
+    if now == identity:
+        return
+    if now[:4] == tuple(identity[:4]):  # the same file, size and modification time: only its change time moved
+        raise WanTrtError(f"{what} {path} changed {since}: its status changed (a chmod, chown, new hard link or a write "
+                          f"that set its modification time back: only its change time tells), so it cannot be taken "
+                          f"for the file verified without reading it again; {why}")
+    raise WanTrtError(f"{what} {path} was replaced or rewritten {since}: {why}")
 
 
 def verify_file(path: str | Path, record: dict[str, Any], remake: str) -> None:

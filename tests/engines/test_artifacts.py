@@ -396,3 +396,22 @@ def test_a_graph_rewritten_after_its_verification_is_refused_once_loaded(exports
     with pytest.raises(WanTrtError, match="model.onnx was replaced or rewritten after it was verified"):
         with runner:
             pass
+
+
+def test_a_file_whose_status_alone_changed_is_refused_as_such(tmp_path):
+    """A chmod or a new hard link moves only a file's change time, which the identity holds (cp -p keeps the
+    modification time): such a file was refused as 'replaced or rewritten', sending a user looking for a writer that
+    never ran. The message now says what is known: its status changed, which a write that set its modification time
+    back also does."""
+    import os
+    from wan_trt.digest import file_identity, require_unchanged
+    path = tmp_path / "engine.pt2"
+    path.write_bytes(b"engine")
+    identity = file_identity(path)
+    os.chmod(path, 0o600)
+    with pytest.raises(WanTrtError, match=r"engine .*engine.pt2 changed since it was verified: its status changed "
+                                          r"\(a chmod, chown, new hard link"):
+        require_unchanged(path, identity, "engine", "since it was verified", "run again")
+    path.write_bytes(b"another engine")
+    with pytest.raises(WanTrtError, match="was replaced or rewritten since it was verified: run again"):
+        require_unchanged(path, identity, "engine", "since it was verified", "run again")
