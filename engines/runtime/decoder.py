@@ -12,6 +12,7 @@ reuse their output buffers, and CUDA graphs need fixed input addresses).
 """
 from __future__ import annotations
 
+import json
 import weakref
 
 from dataclasses import dataclass
@@ -185,12 +186,22 @@ def paired_engines(engine: str | Path) -> dict[str, PairedEngine]:
         meta = EngineMetadata.read(path)
         pair[call] = PairedEngine(path, meta, *export_for_engine(path, meta))
     check_pair({call: e.manifest for call, e in pair.items()}, f"decoder engine {engine}")
-    built = {call: (e.meta.backend_name, e.meta.device) for call, e in pair.items()}
-    if len(set(built.values())) > 1:  # one `wan-trt build` of the pair builds both alike; a check reports one
+    built = {call: _build_of(e.meta) for call, e in pair.items()}
+    first, steady = built.values()
+    differ = [k for k in first if first[k] != steady[k]]
+    if differ:  # one `wan-trt build` of the pair builds both alike; a check reports one
         raise WanTrtError(f"decoder engine {engine}: its two engines were built differently ("
-                          + ", ".join(f"{call}: {b} on {d}" for call, (b, d) in built.items())
+                          + ", ".join(f"{call}: " + "; ".join(f"{k} {b[k]}" for k in differ)
+                                      for call, b in built.items())
                           + "); build both with one `wan-trt build` of the decoder export")
     return pair
+
+
+def _build_of(meta: EngineMetadata) -> dict[str, str]:
+    """How an engine was built, as one build of a decoder pair builds both alike: the backend that runs it, the device,
+    the build's own options (TensorRT's optimisation level, typing, ...) and the tools' versions."""
+    return {"backend": meta.backend_name, "device": meta.device,
+            "options": json.dumps(meta.extra, sort_keys=True), "versions": json.dumps(meta.versions, sort_keys=True)}
 
 
 def check_attachable(decoder: DecoderSpec, spec: PassSpec) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
@@ -559,6 +560,28 @@ def test_a_decoder_engine_pair_built_two_ways_is_refused(decoder_aoti, tmp_path)
     paired_engines(pair / "steady" / decoder_aoti.name)
     meta = pair / "first" / (decoder_aoti.name + ".json")
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "ops": "plugins"}))
-    with pytest.raises(WanTrtError, match=r"its two engines were built differently \(first: aoti-plugins on cpu, "
-                                          r"steady: aoti on cpu\)"):
+    with pytest.raises(WanTrtError, match=r"its two engines were built differently \(first: backend aoti-plugins, "
+                                          r"steady: backend aoti\)"):
+        paired_engines(pair / "steady" / decoder_aoti.name)
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("extra", {"opt_level": 5}, 'options {"opt_level": 5}'),  # a TensorRT option, say, given to one build only
+    ("versions", {"torch": "0.0"}, 'versions {"torch": "0.0"}'),  # one engine rebuilt after an upgrade
+])
+def test_a_decoder_engine_pair_built_with_other_options_or_tools_is_refused(decoder_aoti, tmp_path, field, value,
+                                                                           named):
+    """The pair was compared by backend and device only: engines built by the same backend with other build options
+    (`wan-trt build D/steady --opt-level 5` beside a pair built at 3) or by another version of the tools passed as one
+    build's, and a check reported them as one."""
+    from wan_trt.engines.runtime.decoder import paired_engines
+    pair = tmp_path / "pair"
+    for call in CALLS:
+        (pair / call).mkdir(parents=True)
+        for f in decoder_aoti.parents[1].joinpath(call).glob(decoder_aoti.name + "*"):
+            shutil.copy(f, pair / call / f.name)
+    meta = pair / "steady" / (decoder_aoti.name + ".json")
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), field: value}))
+    with pytest.raises(WanTrtError, match=r"its two engines were built differently \(first: (options|versions) .*, "
+                                          r"steady: " + re.escape(named) + r"\)"):
         paired_engines(pair / "steady" / decoder_aoti.name)
