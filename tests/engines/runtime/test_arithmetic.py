@@ -80,3 +80,26 @@ def test_the_cpp_runner_computes_fp32_as_fp32(wan_stream):
     """engines/cpp/tests/arithmetic.cpp: Fp32AsFp32, which AotiRunner::infer holds for an fp32 engine."""
     run = subprocess.run([str(wan_stream.parent / "arithmetic")], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a CUDA arithmetic: needs a CUDA device")
+def test_an_fp32_cuda_engine_streamed_under_tf32_settings_computes_ieee_fp32(plain_export, tmp_path, user_tf32):
+    """On a GPU, with the caller's settings letting cuDNN and cuBLAS round fp32 to TF32: the engine's own call made so
+    is far from the IEEE fp32 model (the control: what a stream of it computed before), the runner's call is not."""
+    from wan_trt.engines.backends.aoti import build_aoti
+    from wan_trt.engines.runtime.arithmetic import fp32_as_fp32
+    from wan_trt.validate.metrics import error_stats
+    manifest = Manifest.read(plain_export)
+    engine = build_aoti(plain_export, tmp_path / "engine.pt2", device="cuda")
+    feeds = manifest.spec.sample_inputs(device="cuda")
+    with fp32_as_fp32():
+        expected = TorchRunner(reference_model(manifest, torch.float32, "cuda"), manifest.spec).infer(feeds)["flow"]
+    runner = AotiRunner(engine, manifest)
+    with runner:
+        flow = runner.infer(feeds)["flow"]
+        assert _settings() == TF32
+        tf32_flow = runner.compiled(*(feeds[n] for n in manifest.spec.input_names))[0]  # outside the runner's setting
+    ieee, tf32 = (error_stats(f, expected).rel_l2 for f in (flow, tf32_flow))
+    assert tf32 > 1e-4, f"the control computed as fp32 ({tf32:.2e}): these settings made no TF32 here"
+    assert ieee < 1e-5, f"the runner's call is {ieee:.2e} off fp32 (TF32's: {tf32:.2e})"
