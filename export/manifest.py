@@ -133,9 +133,12 @@ class Manifest:
         """Refuse if the graph or its external data is no longer the file :meth:`verify_files` hashed (replaced or
         rewritten ``since``, e.g. 'while ONNX Runtime loaded it'): what was read may not be what was verified."""
         for name in (n for n in (self.graph, self.external_data) if n):
-            if name in self.verified:
-                require_unchanged(Path(directory) / name, self.verified[name], "export file", since,
-                                  "what was read may not be the file verified; run again")
+            if name not in self.verified:  # nothing to hold it against: its digest was never checked
+                raise WanTrtError(f"export file {Path(directory) / name} was read by a runtime, but never verified "
+                                  f"against the manifest (read with verify=False): read the export with "
+                                  f"Manifest.read({str(directory)!r}) before a runtime reads its graph")
+            require_unchanged(Path(directory) / name, self.verified[name], "export file", since,
+                              "what was read may not be the file verified; run again")
 
     def _verify_external_locations(self, directory: Path) -> None:
         """The graph's tensors stored outside it (anywhere in it: subgraphs, local functions, sparse and listed

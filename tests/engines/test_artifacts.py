@@ -415,3 +415,20 @@ def test_a_file_whose_status_alone_changed_is_refused_as_such(tmp_path):
     path.write_bytes(b"another engine")
     with pytest.raises(WanTrtError, match="was replaced or rewritten since it was verified: run again"):
         require_unchanged(path, identity, "engine", "since it was verified", "run again")
+
+
+def test_a_graph_whose_manifest_was_read_unverified_is_refused_by_its_runtime(exports):
+    """A runner of an export whose manifest was read without verification (a library caller's Manifest.read(...,
+    verify=False)) loaded its graph and held it against nothing: no digest of what ran was ever checked, and no word
+    said so. It is refused, naming how to read the export."""
+    from wan_trt.engines.backends.onnxruntime import export_runner
+    from wan_trt.errors import WanTrtError
+    from wan_trt.export.manifest import Manifest
+    export = exports["universal-small"]
+    runner = export_runner(export, Manifest.read(export, verify=False), "cpu")
+    with pytest.raises(WanTrtError, match=r"model.onnx was read by a runtime, but never verified against the manifest "
+                                          r"\(read with verify=False\)"):
+        with runner:
+            pass
+    with export_runner(export, Manifest.read(export), "cpu"):  # verified: loads
+        pass
