@@ -80,6 +80,9 @@ class Manifest:
             feeds = load_file(str(path))
         except (SafetensorError, OSError) as exc:
             raise WanTrtError(f"{path}: not a readable safetensors file ({exc}); {fix}") from None
+        if self.sample_inputs in self.verified:  # read by its path after it was verified: held against that file
+            require_unchanged(path, self.verified[self.sample_inputs], "export file", "after it was verified",
+                              "the inputs read may not be the ones verified; run again")
         try:
             self.spec.check_feeds(feeds)
         except WanTrtError as exc:

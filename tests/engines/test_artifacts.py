@@ -432,3 +432,24 @@ def test_a_graph_whose_manifest_was_read_unverified_is_refused_by_its_runtime(ex
             pass
     with export_runner(export, Manifest.read(export), "cpu"):  # verified: loads
         pass
+
+
+def test_sample_inputs_rewritten_after_their_verification_are_refused_when_read(plain_export, tmp_path):
+    """The sample inputs (what an engine is compiled and checked with) were verified when the manifest was read and
+    loaded by their path later: a file rewritten in between, with values of the same shapes, was taken."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from wan_trt.errors import WanTrtError
+    from wan_trt.export.manifest import Manifest
+    export = tmp_path / "export"
+    shutil.copytree(plain_export, export, ignore=shutil.ignore_patterns("check"))
+    manifest = Manifest.read(export)  # verified
+    manifest.sample_feeds(export)  # as verified: read
+    path = export / manifest.sample_inputs
+    feeds = load_file(str(path))
+    save_file({name: t + 1 if t.is_floating_point() else t for name, t in feeds.items()}, str(path))
+    with pytest.raises(WanTrtError, match="was replaced or rewritten after it was verified: the inputs read may not "
+                                          "be the ones verified"):
+        manifest.sample_feeds(export)
