@@ -453,3 +453,26 @@ def test_sample_inputs_rewritten_after_their_verification_are_refused_when_read(
     with pytest.raises(WanTrtError, match="was replaced or rewritten after it was verified: the inputs read may not "
                                           "be the ones verified"):
         manifest.sample_feeds(export)
+
+
+def test_a_build_rebuilds_an_engine_whose_metadata_says_other_than_its_package(aoti, tmp_path, monkeypatch):
+    """An up-to-date engine (key, manifest and file as recorded) whose metadata says what its package does not hold
+    (device cuda over a CPU package) is compiled again by `wan-trt build`, not reused: every runner refuses it. The
+    compile itself is recorded, not run (the decision to rebuild is what is tested; tests/engines/backends builds)."""
+    import json
+    import shutil
+
+    from wan_trt.engines.artifact import EngineMetadata
+    from wan_trt.engines.backends import aoti as aoti_backend
+    export, engine = aoti
+    copy = tmp_path / "export"
+    shutil.copytree(export, copy, ignore=shutil.ignore_patterns("check"))
+    built = copy / engine.name
+    compiled = []
+    monkeypatch.setattr(aoti_backend, "_compile", lambda *args: compiled.append(args[2]))
+    aoti_backend.build_aoti(copy, device="cpu")
+    assert compiled == []  # as built: reused
+    meta = EngineMetadata.path_for(built)
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "device": "cuda"}))
+    aoti_backend.build_aoti(copy, device="cpu")
+    assert compiled == [built]
