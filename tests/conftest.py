@@ -6,8 +6,9 @@ import os
 import torch
 
 # Without a GPU, Triton kernels run through Triton's interpreter on CPU tensors. Set before any
-# kernel module is imported (tests/plugins/*); its bf16 tl.dot is wrong, so bf16 kernels are
-# checked on the GPU (scripts/bench_kernels.py) instead.
+# kernel module is imported (tests/plugins/*); its bf16 tl.dot is wrong, so the kernels that use
+# it (window attention) are checked in bf16 on the GPU (scripts/bench_kernels.py) instead; the
+# others are checked in bf16 here too.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

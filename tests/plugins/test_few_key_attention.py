@@ -3,12 +3,12 @@ import torch
 
 from wan_trt.errors import WanTrtError
 from wan_trt.plugins.few_key_attention import few_key_attention, reference_few_key_attention
-from wan_trt.plugins.window_attention import INTERPRET
 from tests.conftest import assert_close, attention_segments
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.float16] + ([] if INTERPRET else [torch.bfloat16])
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]  # no tl.dot: the interpreter computes bf16 right
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+RTOL = {torch.float32: 0.0, torch.float16: 0.0, torch.bfloat16: 8e-3}  # bf16 output: its rounding scales with |x|
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -27,7 +27,7 @@ def test_matches_reference(dtype, batch, lq, prev_frames, units, n_cur, heads, h
     ref = reference_few_key_attention(q.float(), kp.float(), vp.float(), kc.float(), vc.float(), valid_t,
                                       prev_frames, units)
     assert out.dtype == dtype
-    assert_close(out, ref, atol=TOL[dtype], what=f"few-key attention {dtype}")
+    assert_close(out, ref, atol=TOL[dtype], rtol=RTOL[dtype], what=f"few-key attention {dtype}")
 
 
 def test_reads_strided_views_as_the_model_makes_them():

@@ -57,14 +57,28 @@ def test_the_bug_is_recognised_by_its_cache_key():
     assert not has_transient_int_array_key(int_array_var_keyed_by_buffer)
 
 
-def test_replacement_fits_the_installed_method_and_is_applied_only_where_needed():
+def test_replacement_fits_the_installed_method():
     installed = CppWrapperCpu.codegen_int_array_var
     assert list(inspect.signature(int_array_var_keyed_by_buffer).parameters) == \
         list(inspect.signature(installed).parameters)
-    needed = installed is not int_array_var_keyed_by_buffer and has_transient_int_array_key(installed)
-    assert apply_inductor_fixes() == (["int_array_cache_key"] if needed else [])
-    if needed:
-        assert CppWrapperCpu.codegen_int_array_var is int_array_var_keyed_by_buffer
+
+
+def test_the_fix_is_applied_where_the_method_has_the_bug_and_only_there(monkeypatch):
+    """Both branches, whichever this torch installs: a method keyed by the id of a transient writeline is replaced
+    (once: a second call finds the fix in place), a method without that key is left alone."""
+    def buggy(self, int_array, writeline, known_statically=False, graph=None):
+        cache_key = (int_array, id(writeline), known_statically, id(graph) if graph else None)
+        return cache_key
+
+    def fixed(self, int_array, writeline, known_statically=False, graph=None):
+        return int_array
+
+    monkeypatch.setattr(CppWrapperCpu, "codegen_int_array_var", buggy)
+    assert apply_inductor_fixes() == ["int_array_cache_key"]
+    assert CppWrapperCpu.codegen_int_array_var is int_array_var_keyed_by_buffer
+    assert apply_inductor_fixes() == []  # in place already
+    monkeypatch.setattr(CppWrapperCpu, "codegen_int_array_var", fixed)
+    assert apply_inductor_fixes() == [] and CppWrapperCpu.codegen_int_array_var is fixed
 
 
 class Conv(torch.nn.Module):
