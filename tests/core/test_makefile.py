@@ -102,6 +102,11 @@ def test_make_clean_of_another_demo_folder_removes_only_what_wan_trt_wrote_there
     run = _make_clean(work, f"DEMO_OUT={mine}", f"VENV={tmp_path / 'venv'}")
     assert run.returncode == 0, run.stdout + run.stderr
     assert all(p.read_text() == "x" for p in theirs), [p for p in theirs if not p.exists()]
+    demo = tmp_path / "demo"  # wan-trt's outputs in another DEMO_OUT: they go (clean reads DEMO_OUT, not out/demo)
+    ours = _export(demo / "export") + _stream(demo / "stream") + [_bench_report(demo / "bench.json")]
+    run = _make_clean(work, f"DEMO_OUT={demo}", f"VENV={tmp_path / 'venv'}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not any(p.exists() for p in ours), [p for p in ours if p.exists()]
 
 
 def test_make_clean_removes_the_environment_beside_the_makefile_not_the_current_folders(tmp_path):

@@ -163,6 +163,22 @@ def test_a_whole_clip_reference_the_gpu_cannot_hold_is_refused_naming_blocks():
         torch.cuda.set_per_process_memory_fraction(1.0)
 
 
+def test_a_whole_clip_reference_that_runs_out_of_memory_is_refused_naming_blocks():
+    """The refusal's logic on any machine (the GPU test above runs the real allocator): an out-of-memory error of the
+    whole-clip decode, here raised by the decoder standing in for the allocator, becomes a one-line error naming
+    --blocks and the least the check takes."""
+    cfg = load_config(CFG)
+    decoder = build_decoder(cfg, torch.float32, "cpu", None, 0)
+
+    def exhausted(*args, **kwargs):
+        raise torch.OutOfMemoryError("out of memory (allocating the whole clip)")
+    decoder.forward = exhausted
+    latents = stream_latents(DecoderSpec.from_config(cfg, "fp32", "steady"), 3, seed=0)
+    with pytest.raises(WanTrtError, match=r"that clip \(9 latent frames, float32\) does not fit in cpu's memory: pass "
+                                          r"fewer --blocks \(at least 3\)"):
+        decode_whole_clip(decoder, latents)
+
+
 def test_a_decoder_stream_the_check_cannot_hold_is_refused_before_any_work(decoder_export):
     """--blocks 100000000000 died with a traceback from the allocator (the seeded latents of the whole clip)."""
     res = CliRunner().invoke(main, ["check", str(decoder_export), "--blocks", str(10 ** 11), "--no-save-results"])

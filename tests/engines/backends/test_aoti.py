@@ -104,6 +104,19 @@ def test_inspect_and_bench_on_cpu(aoti, tmp_path):
     assert not report["skipped"] and not report["failed"]
 
 
+def test_inspect_counts_the_fused_kernels_a_plugins_package_holds(aoti, tmp_path):
+    """The count of fused kernels in a --ops plugins package (by each registered op's Triton kernel names in the
+    package's code) had only a GPU test; here a CPU package standing in for one, its code naming window attention's
+    kernel once, is counted so (and nothing else)."""
+    from tests.conftest import package_stand_in
+    from wan_trt.plugins.window_attention import _window_attention_kernel
+    plugins = package_stand_in(aoti[1], tmp_path / "plugins.pt2", fused_kernel=_window_attention_kernel.__name__)
+    res = CliRunner().invoke(main, ["inspect", str(plugins), "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert info["fused_kernels"] == {"window_attention": 1} and info["summary"]["fused_kernels"] == 1, info
+
+
 def test_inspect_names_the_files_inside_the_package_not_the_staging_file_it_was_built_as(aoti):
     """`inspect --json` listed every file under `.engine_aoti_cpu.pt2.partial-XXXXXXXX/`: the zip keeps the name of
     the staging file the build wrote it as, gone once the package was renamed into place."""
