@@ -364,7 +364,12 @@ DecoderEngines DecoderEngines::load(const std::string& engine) {
   namespace fs = std::filesystem;
   const fs::path path(engine);
   if (!fs::is_regular_file(path)) throw Error("decoder engine " + engine + ": no such file");
-  const fs::path root = fs::canonical(path).parent_path().parent_path();  // symlinks followed, as Python does
+  const fs::path folder = fs::canonical(path).parent_path();  // symlinks followed, as Python does
+  if (folder.filename() != "first" && folder.filename() != "steady")  // no pair to look for beside another engine
+    throw Error("decoder engine " + engine + ": " + folder.string() + " is not first/ or steady/ of a decoder export "
+                "(`wan-trt export --graph decoder`), where `wan-trt build DECODER_EXPORT` writes the decoder's two "
+                "engines, one per graph; give one of those");
+  const fs::path root = folder.parent_path();
   DecoderEngines d;
   d.first = (root / "first" / path.filename()).string();
   d.steady = (root / "steady" / path.filename()).string();
@@ -436,18 +441,28 @@ FileIdentity verify_engine(const std::string& engine, const GraphIO& io) {
   if (static_cast<int64_t>(size) != io.engine_bytes)
     throw Error("engine " + engine + " is " + std::to_string(size) + " bytes, not the " +
                 std::to_string(io.engine_bytes) + " of the engine its runtime file was written for" + fix);
-  std::ifstream file(engine, std::ios::binary);
-  if (!file) throw Error("engine " + engine + ": cannot be read (" + std::strerror(errno) + ")");
+  if (file_sha256(engine, "engine") != io.engine_sha256)
+    throw Error("engine " + engine + ": its sha256 is not that of the engine its runtime file was written for" + fix);
+  return identity;
+}
+
+std::string sha256_hex(const void* data, size_t n) {
+  Sha256 digest;
+  digest.update(static_cast<const unsigned char*>(data), n);
+  return digest.hex();
+}
+
+std::string file_sha256(const std::string& path, const std::string& what) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw Error(what + " " + path + ": cannot be read (" + std::strerror(errno) + ")");
   Sha256 digest;
   std::vector<char> chunk(1 << 20);
   while (file) {
     file.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
     digest.update(reinterpret_cast<const unsigned char*>(chunk.data()), static_cast<size_t>(file.gcount()));
   }
-  if (file.bad()) throw Error("engine " + engine + ": reading it failed");
-  if (digest.hex() != io.engine_sha256)
-    throw Error("engine " + engine + ": its sha256 is not that of the engine its runtime file was written for" + fix);
-  return identity;
+  if (file.bad()) throw Error(what + " " + path + ": reading it failed");
+  return digest.hex();
 }
 
 void check_built_for(const GraphIO& io, const std::string& engine, at::Device device, const std::string& what,
@@ -508,8 +523,18 @@ void check_feeds(const GraphIO& io, const std::map<std::string, at::Tensor>& fee
 AotiRunner::AotiRunner(const std::string& package, const GraphIO& io, at::Device device, bool cuda_graph)
     // the engine's kind of device is judged first: concrete() asks libtorch for the current device of that kind
     : io_(io), device_((check_built_for(io, package, device), concrete(device))), cuda_graph_(cuda_graph) {
+  // a CPU package's calls captured as a CUDA graph capture nothing: every replay would hand back the first outputs
+  if (cuda_graph && !device_.is_cuda())
+    throw Error("engine " + package + ": CUDA graphs replay work on a CUDA device, and this runner runs on " +
+                device_.str() + "; pass cuda_graph = false");
 #ifndef WAN_TRT_WITH_CUDA
   if (cuda_graph) throw Error("CUDA graphs need a CUDA build of libtorch");
+#else
+  // AOTInductor loads a package onto the current CUDA device, whatever index the feeds are on
+  if (device_.is_cuda() && device_.index() != c10::cuda::current_device())
+    throw Error("engine " + package + ": asked to run on " + device_.str() + ", but AOTInductor loads its package " +
+                "onto the current CUDA device, cuda:" + std::to_string(c10::cuda::current_device()) +
+                "; make " + device_.str() + " current first (c10::cuda::set_device), or run on that one");
 #endif
   const FileIdentity verified = verify_engine(package, io);
   check_package(package);
@@ -562,11 +587,23 @@ std::map<std::string, at::Tensor> AotiRunner::infer(const std::map<std::string, 
         c10::cuda::CUDAStreamGuard guard(side);
         for (int i = 0; i < 2; ++i) run_package(impl_->loader, io_, feeds, side.stream());
         side.synchronize();
-        impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
-        impl_->graph->capture_begin();
-        impl_->outputs = run_package(impl_->loader, io_, feeds, side.stream());
-        impl_->graph->capture_end();
+        auto graph = std::make_unique<at::cuda::CUDAGraph>();  // kept only once captured: a capture that fails is
+        graph->capture_begin();                                 // tried again by the next call
+        std::map<std::string, at::Tensor> outputs;
+        try {
+          outputs = run_package(impl_->loader, io_, feeds, side.stream());
+        } catch (...) {
+          try {
+            graph->capture_end();  // the stream leaves capture mode either way
+          } catch (...) {
+          }
+          throw;
+        }
+        graph->capture_end();
+        impl_->outputs = std::move(outputs);
+        impl_->graph = std::move(graph);
       }
+      impl_->pointers.clear();
       for (const auto& [name, v] : feeds) impl_->pointers[name] = v.data_ptr();
     }
     for (const auto& [name, v] : feeds)
@@ -885,11 +922,20 @@ void StreamingSession::start(const at::Tensor& visual_context, int64_t start_blo
   if (decoder_) decoder_->reset();
 }
 
-// ``t`` on the session's device and dtype; a complex tensor is refused (a conversion would drop its imaginary part).
-at::Tensor StreamingSession::real_input(const std::string& name, const at::Tensor& t, const std::string& of) const {
-  if (t.defined() && at::isComplexType(t.scalar_type()))
-    throw Error(name + ": expected a real tensor" + of + ", got " + std::string(c10::toString(t.scalar_type())));
-  return t.defined() ? t.to(device_, spec_.dtype()) : t;
+// ``t`` on the session's device and dtype, refused as the Python session's checked_tensor refuses: a meta or sparse
+// tensor (no values to copy), a complex one (a conversion would drop its imaginary part), and an integer or boolean
+// one where floats are meant (the image features and latents; actions may be 0/1 integers or booleans: ``numbers``).
+at::Tensor StreamingSession::real_input(const std::string& name, const at::Tensor& t, const std::string& of,
+                                        bool numbers) const {
+  if (!t.defined()) return t;
+  if (t.is_meta() || t.layout() != at::kStrided)
+    throw Error(name + ": expected a dense tensor with values" + of + ", got " +
+                (t.is_meta() ? std::string("a meta tensor (no values)") : "a " + c10::str(t.layout()) + " tensor"));
+  const std::string dtype(c10::toString(t.scalar_type()));
+  if (at::isComplexType(t.scalar_type())) throw Error(name + ": expected a real tensor" + of + ", got " + dtype);
+  if (!numbers && !at::isFloatingType(t.scalar_type()))
+    throw Error(name + ": expected a floating-point tensor" + of + ", got " + dtype);
+  return t.to(device_, spec_.dtype());
 }
 
 bool StreamingSession::check_actions(const std::string& name, const at::Tensor& raw) const {
@@ -997,8 +1043,9 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
   // the inputs on the session's device and dtype, checked with the outputs; a refused one is judged as given
   std::vector<std::pair<std::string, at::Tensor>> inputs{{"cond_concat", real_input("cond_concat", cond, for_block)}};
   const std::map<std::string, at::Tensor> as_given{{"cond_concat", cond}, {"mouse", mouse}, {"keyboard", keyboard}};
-  if (check_actions("mouse", mouse)) inputs.emplace_back("mouse", real_input("mouse", mouse, for_block));
-  if (check_actions("keyboard", keyboard)) inputs.emplace_back("keyboard", real_input("keyboard", keyboard, for_block));
+  if (check_actions("mouse", mouse)) inputs.emplace_back("mouse", real_input("mouse", mouse, for_block, true));
+  if (check_actions("keyboard", keyboard))
+    inputs.emplace_back("keyboard", real_input("keyboard", keyboard, for_block, true));
   const auto kept_history = history_;  // tensor handles: feed_actions replaces, never writes in place
   const auto kept_base = base_;
   StageClock clock(device_);

@@ -22,6 +22,11 @@
 //   actions-none    ... 0 blocks from block 0
 //   actions-config  ... of a spec without action inputs (ENGINE's runtime file edited so; no runner made)
 //   step-past       a session started at the last block a stream reaches, stepped twice
+//   cpu-graph       the runner made for the CPU with cuda_graph = true (a capture of CPU work captures nothing)
+//   visual-int      an integer visual context (image features are floats; actions may be 0/1 integers)
+//   cond-bool       a boolean conditioning of the right shape
+//   cond-sparse     a sparse conditioning of the right shape
+//   decoder-folder  DecoderEngines::load of DECODER copied by the test outside first/ and steady/ (ACTIONS names it)
 // Exits 0 when refused with wan_trt::Error, 1 when not refused or refused otherwise.
 #include <iostream>
 
@@ -35,6 +40,14 @@ void run(const std::string& what, const std::string& engine, const std::string& 
   const auto spec = wan_trt::RuntimeSpec::load(engine + ".runtime.txt");
   if (what == "actions-config") {
     wan_trt::read_actions(actions, spec, 0, 1);
+    return;
+  }
+  if (what == "cpu-graph") {
+    wan_trt::AotiRunner graphed(engine, spec, cpu, /*cuda_graph=*/true);
+    return;
+  }
+  if (what == "decoder-folder") {
+    wan_trt::DecoderEngines::load(actions);
     return;
   }
   wan_trt::AotiRunner runner(engine, spec, cpu);
@@ -77,6 +90,15 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     session.start(visual);
     if (what == "cond-shape") cond = cond.narrow(2, 0, 1);
     if (what == "mouse-shape") mouse = mouse.narrow(1, 0, 1);
+    session.step(cond, mouse, keyboard);
+  } else if (what == "visual-int" || what == "cond-bool" || what == "cond-sparse") {
+    wan_trt::StreamingSession session(runner, spec, 0);
+    auto visual = feeds.at("visual_context"), cond = feeds.at("cond_concat");
+    const auto [mouse, keyboard] = zero_actions(spec, 0);
+    if (what == "visual-int") visual = visual.to(at::kInt);
+    session.start(visual);
+    if (what == "cond-bool") cond = cond.to(at::kBool);
+    if (what == "cond-sparse") cond = cond.to_sparse();
     session.step(cond, mouse, keyboard);
   } else if (what == "actions-before") {
     wan_trt::read_actions(actions, spec, -1, 1);

@@ -20,7 +20,8 @@
 // the current CUDA device), an --engine or --decoder built for another kind of device than --device's (the library's
 // check_built_for, asked as soon as their runtime files are read), a TensorRT plan without --tensorrt (by the
 // library's AotiRunner, once it has verified the plan), --out or --frames that is a folder, lies in no folder, is a
-// file the run reads (or the other output), or exists (--overwrite replaces only a tensor file such as a run writes),
+// file the run reads (or the other output), or exists (--overwrite replaces only an output of wan_stream: one whose record,
+// OUT.wan_stream, gives its size and sha256), or lies where hard links cannot be made (without --overwrite),
 // more --blocks than the inputs hold or a stream reaches from their first block, a --seed outside 0..2^32-1, a
 // defect of the --actions file, by line (a value beyond the range of the engine's dtype too: fp16 65504),
 // an --inputs file that is not one (a folder, a pipe, unreadable, no file torch.save wrote or one libtorch cannot load,
@@ -30,9 +31,10 @@
 // A runtime file that is older, edited or cut (its last line, the sha256 of the lines before it, does not
 // match), or with a field that does not parse, is refused before anything else is read; a file that is no
 // runtime file (the engine given by mistake, GBs) by its first line, without reading the rest.
-// Outputs are written whole or not at all: each into a fresh staging file beside it, both staged before
-// either is put at its path (without --overwrite, never over a file that appeared meanwhile); a failed write
-// exits 1 and removes only the staging files.
+// Outputs are written whole or not at all: each, and its record OUT.wan_stream (its size and sha256: what --overwrite
+// knows an output of wan_stream by), into a fresh staging file beside it, all staged before any is put at its path
+// (without --overwrite, never over a file that appeared meanwhile); a failed write exits 1 and removes only the
+// staging files.
 #include <torch/serialize.h>
 
 #include <stdlib.h>
@@ -82,12 +84,36 @@ bool tensor_head(const std::string& head) {
          rest.find_first_not_of("0123456789", 5) == std::string::npos;
 }
 
-// Whether ``path`` holds a tensor file as torch.save writes (:func:`tensor_head`), as an earlier run's outputs
-// are: the only kind of file --overwrite replaces.
-bool tensor_file(const fs::path& path) {
+// An output's record, PATH.wan_stream beside it, written with every output: what tells an output of wan_stream from
+// any other file (a tensor file alone could be a user's checkpoint), so --overwrite replaces only those. It names the
+// output's size and sha256, so an output changed since it was written is no longer one.
+std::string record_path(const std::string& path) { return path + ".wan_stream"; }
+
+std::string record_text(size_t size, const std::string& sha256) {
+  return "wan_stream output\nsize " + std::to_string(size) + "\nsha256 " + sha256 + "\n";
+}
+
+constexpr size_t kRecordBytes = 200;  // a record's size: larger files are none
+
+// Whether ``record`` is a file wan_stream may replace as a record: one in the record's format (any output's).
+bool record_file(const std::string& record) {
   try {
-    return tensor_head(wan_trt::read_bytes(path.string(), "", kTensorHead));
+    return wan_trt::read_bytes(record, "", kRecordBytes).rfind("wan_stream output\n", 0) == 0;
   } catch (const wan_trt::Error&) {  // a file that cannot be read is not one to replace
+    return false;
+  }
+}
+
+// Whether ``path`` is an output wan_stream wrote and nobody changed since: its record says its size and sha256.
+bool own_output(const fs::path& path) {
+  std::error_code error;
+  const auto size = fs::file_size(path, error);
+  if (error || !fs::is_regular_file(path, error)) return false;
+  try {
+    const std::string text = wan_trt::read_bytes(record_path(path.string()), "", kRecordBytes);
+    const std::string head = "wan_stream output\nsize " + std::to_string(size) + "\n";
+    return text.rfind(head, 0) == 0 && text == record_text(size, wan_trt::file_sha256(path.string(), ""));
+  } catch (const wan_trt::Error&) {  // no record, or one that cannot be read: not an output of wan_stream's
     return false;
   }
 }
@@ -241,9 +267,10 @@ std::string staging_file(const std::string& path) {
   return name.data();
 }
 
-// The outputs, written whole or not at all: each into a staging file of its own beside it (a fresh name:
-// never a file of someone else's), all staged before any is put at its path. Without ``overwrite`` a path
-// taken meanwhile is not replaced (a hard link, refused where the name exists); with it, only a tensor file is.
+// The outputs, written whole or not at all: each, and its record (record_path), into a staging file of its own
+// beside it (a fresh name: never a file of someone else's), all staged before any is put at its path. Without
+// ``overwrite`` a path taken meanwhile is not replaced (a hard link, refused where the name exists); with it, only an
+// output of wan_stream's (own_output) and a record are.
 void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs, bool overwrite) {
   std::vector<std::pair<std::string, std::string>> staged;  // (staging file, path), not renamed yet
   auto fail = [&](const std::string& path, const std::string& why, const std::string& written = "nothing") {
@@ -252,27 +279,33 @@ void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs, bo
   };
   const mode_t mask = umask(0);
   umask(mask);
+  auto stage = [&](const std::string& path, const char* data, size_t n) {
+    const std::string name = staging_file(path);
+    if (name.empty()) fail(path, std::strerror(errno));
+    staged.emplace_back(name, path);
+    std::ofstream file(name, std::ios::binary);
+    file.write(data, static_cast<std::streamsize>(n));
+    file.close();
+    if (!file) fail(path, "disk full or not writable");
+    std::error_code mode;  // mkstemp's files are private
+    fs::permissions(name, static_cast<fs::perms>(0666 & ~mask), mode);
+    if (mode) fail(path, mode.message());
+  };
   try {
     for (const auto& [tensor, path] : outputs) {
-      const std::string name = staging_file(path);
-      if (name.empty()) fail(path, std::strerror(errno));
-      staged.emplace_back(name, path);
       std::vector<char> bytes = torch::pickle_save(tensor);
-      std::ofstream file(staged.back().first, std::ios::binary);
-      file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-      file.close();
-      if (!file) fail(path, "disk full or not writable");
-      std::error_code mode;  // mkstemp's files are private
-      fs::permissions(staged.back().first, static_cast<fs::perms>(0666 & ~mask), mode);
-      if (mode) fail(path, mode.message());
+      stage(path, bytes.data(), bytes.size());
+      const std::string record = record_text(bytes.size(), wan_trt::sha256_hex(bytes.data(), bytes.size()));
+      stage(record_path(path), record.data(), record.size());
     }
   } catch (...) {  // fail()'s own error too: removing a removed staging file does nothing
     for (const auto& [staging, _] : staged) std::remove(staging.c_str());
     throw;
   }
   std::string written = "nothing";
-  while (!staged.empty()) {
+  while (!staged.empty()) {  // each output, then its record
     const auto& [staging, path] = staged.front();
+    const bool record = staged.size() % 2 == 1;
     std::error_code placed;
     if (!overwrite) {  // link() refuses a name that exists: nothing that appeared meanwhile is replaced
       if (link(staging.c_str(), path.c_str()) != 0)
@@ -280,8 +313,9 @@ void save_all(const std::vector<std::pair<at::Tensor, std::string>>& outputs, bo
              written);
       std::remove(staging.c_str());
     } else {
-      if (fs::exists(path) && !tensor_file(path))
-        fail(path, "it is now a file other than a tensor file", written);
+      if (fs::exists(path) && !(record ? record_file(path) : own_output(path)))
+        fail(path, record ? "it is now a file other than an output's record"
+                          : "it is now a file other than an output of wan_stream", written);
       fs::rename(staging, path, placed);
       if (placed) fail(path, placed.message(), written);
     }
@@ -310,16 +344,33 @@ void check_output(const std::string& flag, const std::string& path,
     if (same_file(file, other)) throw wan_trt::Error(flag + " " + path + " is also " + other_flag);
   if (fs::is_symlink(file) || (fs::exists(file) && !fs::is_regular_file(file)))
     throw wan_trt::Error(flag + " " + path + " is a link or not a plain file; give another path");
-  if (fs::exists(file) && !overwrite)
-    throw wan_trt::Error(flag + " " + path + " exists; pass --overwrite to replace an earlier output, or give "
-                         "another path");
-  if (fs::exists(file) && !tensor_file(file))
-    throw wan_trt::Error(flag + " " + path + " exists and is not a tensor file as wan_stream writes (--overwrite "
-                         "replaces only those); give another path");
+  const std::string record = record_path(path);
+  if (fs::is_symlink(record) || (fs::exists(record) && !fs::is_regular_file(record)))
+    throw wan_trt::Error(flag + " " + path + ": " + record + " (where its record goes) is a link or not a plain file; "
+                         "give another path");
+  if ((fs::exists(file) || fs::exists(record)) && !overwrite)
+    throw wan_trt::Error(flag + " " + path + " exists" + (fs::exists(file) ? "" : " (its record " + record + ")") +
+                         "; pass --overwrite to replace an earlier output, or give another path");
+  if (fs::exists(file) && !own_output(file))
+    throw wan_trt::Error(flag + " " + path + " exists and is not an output of wan_stream (--overwrite replaces only "
+                         "those: a file whose record " + record + " gives its size and sha256, as wan_stream writes "
+                         "beside each output; an output changed since, or written by a wan_stream before records, has "
+                         "none that matches); give another path, or move it away yourself");
+  if (fs::exists(record) && !record_file(record))
+    throw wan_trt::Error(flag + " " + path + ": " + record + " (where its record goes) exists and is not one; give "
+                         "another path, or move it away yourself");
   const std::string probe = staging_file(path);  // where the output will be staged: a folder one cannot write
   if (probe.empty())                             // into (/proc, read-only) is found now, not after every block
     throw wan_trt::Error(flag + " " + path + ": cannot be written (" + std::strerror(errno) + "); give another path");
+  const std::string linked = probe + ".link";  // without --overwrite an output is placed by a hard link
+  const bool links = link(probe.c_str(), linked.c_str()) == 0;
+  const int why = errno;
+  std::remove(linked.c_str());
   std::remove(probe.c_str());
+  if (!links && !overwrite)
+    throw wan_trt::Error(flag + " " + path + ": its folder takes no hard link (" + std::strerror(why) + "), which " +
+                         "places an output without replacing a file that appears meanwhile; pass --overwrite (it " +
+                         "replaces only outputs of wan_stream), or give a path on another file system");
 }
 
 // The device --device ``text`` names, which must be cpu, cuda or cuda:N with an N libtorch holds (judged before any
@@ -356,6 +407,10 @@ void check_device_available(const at::Device& device, const std::string& text) {
   if (device.is_cuda() && !at::hasCUDA())
     throw wan_trt::Error("--device " + text + ": this libtorch has no CUDA device (a CPU-only build, or no GPU); use "
                          "--device cpu");
+  const size_t count = device.is_cuda() ? at::getNumGPUs() : 0;
+  if (device.is_cuda() && device.has_index() && static_cast<size_t>(device.index()) >= count)
+    throw wan_trt::Error("--device " + text + ": no such CUDA device (this machine has " + std::to_string(count) +
+                         "); pass --device cuda:0 .. cuda:" + std::to_string(count - 1));
 }
 
 // Blocks from ``first`` on that the inputs hold: cond_concat's frames and the raw action frames.

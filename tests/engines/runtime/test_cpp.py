@@ -668,19 +668,22 @@ def test_cpp_runtime_refuses_frames_that_come_out_non_finite(aoti, overflowing_d
 
 def test_wan_stream_replaces_only_its_own_earlier_outputs(aoti, decoder_aoti, wan_stream, tmp_path):
     """--out and --frames replaced any file: a user's notes, an engine's metadata (which broke that engine), and
-    a fixed staging name PATH.partial took over a user's file of that name. An existing output is now refused
-    unless --overwrite is given, and then only if it is a tensor file as wan_stream writes; staging files have
-    fresh names."""
+    a fixed staging name PATH.partial took over a user's file of that name. Then --overwrite replaced any tensor file
+    as torch.save writes, a user's checkpoint among them. An existing output is now refused unless --overwrite is
+    given, and then only if it is an output of wan_stream: its record (OUT.wan_stream) gives its size and sha256;
+    staging files have fresh names."""
     export_dir, engine = aoti
     inputs = write_stream_inputs(synthetic_stream(Manifest.read(export_dir).spec.config, 2, seed=9), tmp_path / "in.pt")
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
+    checkpoint = tmp_path / "checkpoint.pt"
+    torch.save(torch.arange(6.0), checkpoint)  # a tensor file, not an output of wan_stream
     metadata = engine.with_name(engine.name + ".json")
-    for target in (notes, metadata):
+    for target in (notes, checkpoint, metadata):
         before = target.read_bytes()
         with pytest.raises(WanTrtError, match=f"--out {target} exists; pass --overwrite"):
             run_wan_stream(wan_stream, engine, inputs, 1, target)
-        with pytest.raises(WanTrtError, match=f"--out {target} exists and is not a tensor file"):
+        with pytest.raises(WanTrtError, match=f"--out {target} exists and is not an output of wan_stream"):
             run_wan_stream(wan_stream, engine, inputs, 1, target, overwrite=True)
         assert target.read_bytes() == before
     out = tmp_path / "out.pt"
@@ -691,8 +694,12 @@ def test_wan_stream_replaces_only_its_own_earlier_outputs(aoti, decoder_aoti, wa
     second = run_wan_stream(wan_stream, engine, inputs, 2, out, decoder=decoder_aoti, overwrite=True)
     assert first.latents.shape[2] * 2 == second.latents.shape[2] and second.frames.shape[0] > first.frames.shape[0]
     assert (tmp_path / "out.pt.partial").read_text() == "mine too"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.pt", "notes.txt", "out.pt", "out.pt.frames.pt",
-                                                          "out.pt.partial"]  # no staging file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint.pt", "in.pt", "notes.txt", "out.pt", "out.pt.frames.pt", "out.pt.frames.pt.wan_stream",
+        "out.pt.partial", "out.pt.wan_stream"]  # each output's record beside it; no staging file left
+    torch.save(torch.load(out), out)  # an output rewritten since (its record no longer matches): a file of the user's
+    with pytest.raises(WanTrtError, match=f"--out {out} exists and is not an output of wan_stream"):
+        run_wan_stream(wan_stream, engine, inputs, 1, out, decoder=decoder_aoti, overwrite=True)
 
 
 def test_cpp_runtime_loads_only_the_engine_its_runtime_file_was_written_for(aoti, aoti_fp16, wan_stream, tmp_path):
@@ -787,6 +794,41 @@ def test_the_library_refuses_what_its_runners_and_sessions_cannot_run(aoti, deco
     """What the Python runners and session refuse (Runner.check_feeds, attach_decoder), the C++ library refuses too,
     for a program that calls it directly (engines/cpp/tests/api_refusals.cpp)."""
     assert re.fullmatch(message + ".*", _api_refusal(wan_stream, case, aoti[1], decoder_aoti))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("cpu-graph", "engine .*: CUDA graphs replay work on a CUDA device, and this runner runs on cpu; pass cuda_graph = "
+                  "false"),
+    ("visual-int", re.escape("visual_context: expected a floating-point tensor of the stream, got Int")),
+    ("cond-bool", re.escape("cond_concat: expected a floating-point tensor for block 0, got Bool")),
+    ("cond-sparse", re.escape("cond_concat: expected a dense tensor with values for block 0, got a Sparse tensor")),
+])
+def test_the_library_refuses_what_the_python_session_refuses(aoti, decoder_aoti, wan_stream, case, message):
+    """The Python session refuses integer or boolean image features and conditioning, and meta or sparse tensors
+    (checked_tensor), and a CUDA-graph runner off CUDA; the C++ library converted the first without a word, ended in
+    libtorch's error on the second, and in a CUDA build captured a CPU package's calls as an empty graph whose every
+    replay handed back the first call's outputs."""
+    assert re.fullmatch(message + ".*", _api_refusal(wan_stream, case, aoti[1], decoder_aoti)), \
+        _api_refusal(wan_stream, case, aoti[1], decoder_aoti)
+
+
+def test_the_library_refuses_a_decoder_engine_outside_a_decoder_exports_folders(aoti, decoder_aoti, wan_stream,
+                                                                                tmp_path):
+    """DecoderEngines::load took the engines in first/ and steady/ beside any folder the given engine lay in: a
+    decoder engine copied to X/other/ decoded with X/first/ and X/steady/ (a pair it was never checked against), where
+    Python refuses the folder."""
+    import shutil
+    root = tmp_path / "x"
+    for call in ("first", "steady", "other"):
+        (root / call).mkdir(parents=True)
+        source = decoder_aoti.parents[1] / ("steady" if call == "other" else call)
+        for f in source.glob(decoder_aoti.name + "*"):
+            shutil.copy(f, root / call / f.name)
+    given = root / "other" / decoder_aoti.name
+    assert _api_refusal(wan_stream, "decoder-folder", aoti[1], decoder_aoti, given) == (
+        f"decoder engine {given}: {root.resolve() / 'other'} is not first/ or steady/ of a decoder export (`wan-trt "
+        "export --graph decoder`), where `wan-trt build DECODER_EXPORT` writes the decoder's two engines, one per graph; "
+        "give one of those")
 
 
 def _api_refusal(wan_stream, case, engine, decoder, *actions):

@@ -105,7 +105,10 @@ class Runner {
  public:
   virtual ~Runner() = default;
   virtual std::map<std::string, at::Tensor> infer(const std::map<std::string, at::Tensor>& feeds) = 0;
-  // true: the session may hand new tensors as cache inputs (swap); false: it copies into fixed buffers.
+  // true: the session may hand new tensors as cache inputs (swap): only for a runner whose outputs are fresh tensors
+  // every call, never buffers it reads or writes again (a cache output swapped in as its own next input would be read
+  // and written in one pass); false: the session copies into fixed buffers (CUDA graphs, TensorRT: their outputs are
+  // the runner's own buffers). A program's own runner that keeps its outputs must say false.
   virtual bool swap_inputs() const { return true; }
   virtual at::Device device() const = 0;
   // The runtime file's I/O of the engine it runs, or nullptr for a runner that says none (a program's own): a
@@ -311,7 +314,8 @@ class StreamingSession {
 
  private:
   std::map<std::string, at::Tensor> run(const at::Tensor& x, double t);
-  at::Tensor real_input(const std::string& name, const at::Tensor& t, const std::string& of) const;
+  at::Tensor real_input(const std::string& name, const at::Tensor& t, const std::string& of,
+                        bool numbers = false) const;
   bool check_actions(const std::string& name, const at::Tensor& raw) const;  // false: the config has no such input
   void feed_actions(const std::string& name, const at::Tensor& raw);
   void load_rotaries(int64_t start_frame);  // unless the feeds hold that start frame's tables already
@@ -345,6 +349,11 @@ std::string number_6g(double x);
 
 // Refuse ``path``, given as ``flag``, unless it is a regular file: a folder, a pipe or a missing file by name.
 void check_input_file(const std::string& path, const std::string& flag);
+
+// The SHA-256 of ``n`` bytes at ``data``, and of the file ``path`` (refused as read_bytes refuses, named ``what``), as
+// lowercase hex.
+std::string sha256_hex(const void* data, size_t n);
+std::string file_sha256(const std::string& path, const std::string& what);
 
 // The bytes of ``path``, the first ``n`` of them at most (all by default); a file that cannot be opened or read is
 // refused naming the error: "<what> <path>: cannot be read (<why>)" (``what``: the flag or kind of file it was given as).
