@@ -1,4 +1,5 @@
-"""Actions from a JSON-lines file: one line per block, in stream order from block 0.
+"""Actions from a JSON-lines file: one line per block, in stream order from the stream's first block (block 0 for
+``wan-trt stream``; the C++ ``wan_stream`` reads its first line as the block its inputs start at).
 
 Each line is a JSON object with one key per action input the config has (``mouse``: camera delta,
 2 values; ``keyboard``: ``keyboard_dim_in`` values, 1 for a key held and 0 otherwise, as the model was
