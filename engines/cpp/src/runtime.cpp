@@ -938,6 +938,21 @@ at::Tensor StreamingSession::real_input(const std::string& name, const at::Tenso
   return t.to(device_, spec_.dtype());
 }
 
+// ``raw`` as this block's frames: one action [1, D] held for the whole block is expanded to [1, n, D], as the Python
+// session takes it; any other tensor as it is (check_actions judges it). A [1, D'] of another width is refused naming
+// both forms.
+at::Tensor StreamingSession::held_expanded(const std::string& name, const at::Tensor& raw) const {
+  const std::string window = name + "_window";
+  if (!raw.defined() || raw.dim() != 2 || !spec_.has_input(window)) return raw;
+  const int64_t f = spec_.block_frames, r = spec_.ratio, d = spec_.input(window).shape.back();
+  const int64_t n = block_ == 0 ? 1 + r * (f - 1) : r * f;
+  if (raw.size(0) != 1 || raw.size(1) != d)
+    throw Error(name + ": expected [1, " + std::to_string(d) + "] (one action held for block " +
+                std::to_string(block_) + ") or [1, " + std::to_string(n) + ", " + std::to_string(d) +
+                "] (one per video frame), got " + c10::str(raw.sizes()));
+  return raw.unsqueeze(1).expand({1, n, d});
+}
+
 bool StreamingSession::check_actions(const std::string& name, const at::Tensor& raw) const {
   const std::string window = name + "_window";
   if (!spec_.has_input(window)) {
@@ -1042,10 +1057,13 @@ Block StreamingSession::step(const at::Tensor& cond, const at::Tensor& mouse, co
   const std::string for_block = " for block " + std::to_string(block_);
   // the inputs on the session's device and dtype, checked with the outputs; a refused one is judged as given
   std::vector<std::pair<std::string, at::Tensor>> inputs{{"cond_concat", real_input("cond_concat", cond, for_block)}};
-  const std::map<std::string, at::Tensor> as_given{{"cond_concat", cond}, {"mouse", mouse}, {"keyboard", keyboard}};
-  if (check_actions("mouse", mouse)) inputs.emplace_back("mouse", real_input("mouse", mouse, for_block, true));
-  if (check_actions("keyboard", keyboard))
-    inputs.emplace_back("keyboard", real_input("keyboard", keyboard, for_block, true));
+  const at::Tensor mouse_frames = held_expanded("mouse", mouse), keyboard_frames = held_expanded("keyboard", keyboard);
+  const std::map<std::string, at::Tensor> as_given{
+      {"cond_concat", cond}, {"mouse", mouse_frames}, {"keyboard", keyboard_frames}};
+  if (check_actions("mouse", mouse_frames))
+    inputs.emplace_back("mouse", real_input("mouse", mouse_frames, for_block, true));
+  if (check_actions("keyboard", keyboard_frames))
+    inputs.emplace_back("keyboard", real_input("keyboard", keyboard_frames, for_block, true));
   const auto kept_history = history_;  // tensor handles: feed_actions replaces, never writes in place
   const auto kept_base = base_;
   StageClock clock(device_);

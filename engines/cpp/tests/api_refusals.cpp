@@ -16,6 +16,7 @@
 //   visual-shape    a visual context of another shape
 //   cond-shape      a block's conditioning of another shape
 //   mouse-shape     a block's mouse actions of another shape
+//   held-shape      a block's mouse action held for the block [1, D] of another width D
 //   actions-before  read_actions of the JSON-lines file ACTIONS (two blocks' lines) from block -1
 //   actions-beyond  ... from the first block a stream does not reach
 //   actions-past    ... 2 blocks from the last block a stream reaches
@@ -82,7 +83,7 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     wan_trt::DecoderStream stream(first, other.first_spec, steady, other.steady_spec);
   } else if (what == "session-spec") {
     wan_trt::StreamingSession session(runner, wan_trt::RuntimeSpec::load(actions), 0);
-  } else if (what == "visual-shape" || what == "cond-shape" || what == "mouse-shape") {
+  } else if (what == "visual-shape" || what == "cond-shape" || what == "mouse-shape" || what == "held-shape") {
     wan_trt::StreamingSession session(runner, spec, 0);
     auto visual = feeds.at("visual_context"), cond = feeds.at("cond_concat");
     auto [mouse, keyboard] = zero_actions(spec, 0);
@@ -90,6 +91,7 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     session.start(visual);
     if (what == "cond-shape") cond = cond.narrow(2, 0, 1);
     if (what == "mouse-shape") mouse = mouse.narrow(1, 0, 1);
+    if (what == "held-shape") mouse = at::zeros({1, mouse.size(2) + 1});
     session.step(cond, mouse, keyboard);
   } else if (what == "visual-int" || what == "cond-bool" || what == "cond-sparse") {
     wan_trt::StreamingSession session(runner, spec, 0);

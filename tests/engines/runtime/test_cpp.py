@@ -789,6 +789,8 @@ def test_the_runtime_reads_its_files_alike_whatever_locale_the_program_set(aoti,
     ("cond-shape", re.escape("cond_concat: expected shape [1, 20, 3, 4, 6] for block 0 of 'universal-small', got "
                              "[1, 20, 1, 4, 6]")),
     ("mouse-shape", re.escape("mouse: expected shape [1, 9, 2] for block 0 of 'universal-small', got [1, 1, 2]")),
+    ("held-shape", re.escape("mouse: expected [1, 2] (one action held for block 0) or [1, 9, 2] (one per video frame), "
+                             "got [1, 3]")),
 ])
 def test_the_library_refuses_what_its_runners_and_sessions_cannot_run(aoti, decoder_aoti, wan_stream, case, message):
     """What the Python runners and session refuse (Runner.check_feeds, attach_decoder), the C++ library refuses too,
@@ -810,6 +812,14 @@ def test_the_library_refuses_what_the_python_session_refuses(aoti, decoder_aoti,
     replay handed back the first call's outputs."""
     assert re.fullmatch(message + ".*", _api_refusal(wan_stream, case, aoti[1], decoder_aoti)), \
         _api_refusal(wan_stream, case, aoti[1], decoder_aoti)
+
+
+def test_the_library_takes_an_action_held_for_the_block_as_python_does(aoti, wan_stream):
+    """The Python session takes one action [1, D] held for a whole block; the C++ session refused it (a program had to
+    repeat it per frame itself). Both forms now stream the same latents (engines/cpp/tests/held_actions.cpp)."""
+    import subprocess
+    run = subprocess.run([str(wan_stream.parent / "held_actions"), str(aoti[1])], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "held: same latents", run.stdout + run.stderr[-2000:]
 
 
 def test_the_library_refuses_a_decoder_engine_outside_a_decoder_exports_folders(aoti, decoder_aoti, wan_stream,

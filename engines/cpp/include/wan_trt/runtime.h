@@ -305,7 +305,8 @@ class StreamingSession {
   // start_block: absolute index of the first block (its position and noise), with empty caches; one a stream does
   // not reach is refused (check_within_reach).
   void start(const at::Tensor& visual_context, int64_t start_block = 0);
-  // cond: [1, C, F, H, W]; mouse/keyboard: this block's raw frames [1, n, D] (empty if the config has none).
+  // cond: [1, C, F, H, W]; mouse/keyboard: this block's raw frames [1, n, D], or one action [1, D] held for the whole
+  // block (as the Python session takes them; empty if the config has none).
   // Throws Error on a bad input (nothing changed), or on a non-finite input or block (its passes ran, overwriting
   // only the per-block feeds; nothing committed). An input is judged as given: a finite value beyond the range of
   // the engine's dtype is named so, not as NaN or Inf (its conversion made it one).
@@ -316,6 +317,7 @@ class StreamingSession {
   std::map<std::string, at::Tensor> run(const at::Tensor& x, double t);
   at::Tensor real_input(const std::string& name, const at::Tensor& t, const std::string& of,
                         bool numbers = false) const;
+  at::Tensor held_expanded(const std::string& name, const at::Tensor& raw) const;  // [1, D] held: [1, n, D]
   bool check_actions(const std::string& name, const at::Tensor& raw) const;  // false: the config has no such input
   void feed_actions(const std::string& name, const at::Tensor& raw);
   void load_rotaries(int64_t start_frame);  // unless the feeds hold that start frame's tables already
