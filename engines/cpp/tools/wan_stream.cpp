@@ -34,10 +34,11 @@
 // Outputs are written whole or not at all: each, and its record OUT.wan_stream (its size and sha256: what --overwrite
 // knows an output of wan_stream by), into a fresh staging file beside it, all staged before any is put at its path
 // (without --overwrite, never over a file that appeared meanwhile); a failed write exits 1 and removes only the
-// staging files.
+// staging files. Staging files a killed run left (named with its process id, gone) are removed by the next run.
 #include <torch/serialize.h>
 
 #include <stdlib.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -256,15 +257,40 @@ int64_t integer(std::map<std::string, std::string>& args, const std::string& key
   return value;
 }
 
-// A fresh staging file beside ``path`` (``path``.partial-XXXXXX, private, empty), or "" with errno set.
+// A fresh staging file beside ``path`` (``path``.partial-PID-XXXXXX, private, empty; PID: this process's), or "" with
+// errno set.
 std::string staging_file(const std::string& path) {
-  std::vector<char> name(path.begin(), path.end());
-  const char suffix[] = ".partial-XXXXXX";
-  name.insert(name.end(), suffix, suffix + sizeof(suffix));  // with its terminating zero
+  const std::string pattern = path + ".partial-" + std::to_string(getpid()) + "-XXXXXX";
+  std::vector<char> name(pattern.begin(), pattern.end());
+  name.push_back('\0');
   const int fd = mkstemp(name.data());
   if (fd < 0) return "";
   close(fd);
   return name.data();
+}
+
+// Remove the staging files a killed run left beside ``path`` and its record (staging_file's names whose process is
+// gone on this machine); those of a run still going, and every other file, stay.
+void remove_stale_staging(const std::string& path) {
+  const fs::path file(path);
+  const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  std::error_code error;
+  std::vector<fs::path> stale;  // collected first: the folder is not changed while it is read
+  for (const std::string& base : {file.filename().string(), fs::path(record_path(path)).filename().string()}) {
+    const std::string prefix = base + ".partial-";
+    for (const auto& entry : fs::directory_iterator(folder, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string rest = name.substr(prefix.size());  // PID-XXXXXX
+      const size_t dash = rest.find('-');
+      if (dash == std::string::npos || dash == 0 || dash > 9 || rest.size() != dash + 7 ||
+          rest.find_first_not_of("0123456789") != dash || !entry.is_regular_file(error))
+        continue;
+      const pid_t pid = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+      if (kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(entry.path());
+    }
+  }
+  for (const auto& path_left : stale) fs::remove(path_left, error);
 }
 
 // The outputs, written whole or not at all: each, and its record (record_path), into a staging file of its own
@@ -359,6 +385,7 @@ void check_output(const std::string& flag, const std::string& path,
   if (fs::exists(record) && !record_file(record))
     throw wan_trt::Error(flag + " " + path + ": " + record + " (where its record goes) exists and is not one; give "
                          "another path, or move it away yourself");
+  remove_stale_staging(path);
   const std::string probe = staging_file(path);  // where the output will be staged: a folder one cannot write
   if (probe.empty())                             // into (/proc, read-only) is found now, not after every block
     throw wan_trt::Error(flag + " " + path + ": cannot be written (" + std::strerror(errno) + "); give another path");

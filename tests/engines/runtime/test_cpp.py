@@ -1,5 +1,6 @@
 """The C++ runtime (engines/cpp, driven by engines/runtime/cpp.py) over the CPU AOTInductor package:
 the same latents as the Python session, and the same refusals."""
+import os
 import re
 from pathlib import Path
 
@@ -697,6 +698,12 @@ def test_wan_stream_replaces_only_its_own_earlier_outputs(aoti, decoder_aoti, wa
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint.pt", "in.pt", "notes.txt", "out.pt", "out.pt.frames.pt", "out.pt.frames.pt.wan_stream",
         "out.pt.partial", "out.pt.wan_stream"]  # each output's record beside it; no staging file left
+    dead, alive = 2 ** 22 + 1, os.getpid()  # above the kernel's largest pid, and this process's
+    left = [tmp_path / f"{name}.partial-{pid}-AbC123" for name in ("out.pt", "out.pt.wan_stream") for pid in (dead, alive)]
+    for f in left:  # staging files of killed runs (the pid gone) and of one still going (this process)
+        f.write_text("staged")
+    run_wan_stream(wan_stream, engine, inputs, 1, out, decoder=decoder_aoti, overwrite=True)
+    assert [f.exists() for f in left] == [False, True, False, True]  # the killed run's go, the live one's stay
     torch.save(torch.load(out), out)  # an output rewritten since (its record no longer matches): a file of the user's
     with pytest.raises(WanTrtError, match=f"--out {out} exists and is not an output of wan_stream"):
         run_wan_stream(wan_stream, engine, inputs, 1, out, decoder=decoder_aoti, overwrite=True)
