@@ -197,11 +197,19 @@ def paired_engines(engine: str | Path) -> dict[str, PairedEngine]:
     return pair
 
 
+# What a build records in an engine's metadata that is not how it was built: the layers TensorRT made of each graph
+# (the two graphs differ), and wan-trt's own version (an engine it reuses, its key unchanged, keeps the older one).
+NOT_BUILD_OPTIONS = ("layers",)
+NOT_BUILD_TOOLS = ("wan_trt",)
+
+
 def _build_of(meta: EngineMetadata) -> dict[str, str]:
     """How an engine was built, as one build of a decoder pair builds both alike: the backend that runs it, the device,
     the build's own options (TensorRT's optimisation level, typing, ...) and the tools' versions."""
+    options = {k: v for k, v in meta.extra.items() if k not in NOT_BUILD_OPTIONS}
+    tools = {k: v for k, v in meta.versions.items() if k not in NOT_BUILD_TOOLS}
     return {"backend": meta.backend_name, "device": meta.device,
-            "options": json.dumps(meta.extra, sort_keys=True), "versions": json.dumps(meta.versions, sort_keys=True)}
+            "options": json.dumps(options, sort_keys=True), "versions": json.dumps(tools, sort_keys=True)}
 
 
 def check_attachable(decoder: DecoderSpec, spec: PassSpec) -> None:

@@ -581,6 +581,25 @@ def test_a_decoder_engine_pair_built_two_ways_is_refused(decoder_aoti, tmp_path)
         paired_engines(pair / "steady" / decoder_aoti.name)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("extra", {"layers": {"Convolution": 7}}),  # what TensorRT made of the graph: the two graphs differ
+    ("versions", {"wan_trt": "0.0.1"}),  # an engine a later wan-trt reused (its key leaves wan-trt's version out)
+])
+def test_a_decoder_engine_pair_differing_in_what_is_no_build_option_is_taken(decoder_aoti, tmp_path, field, value):
+    """The pair is compared by how it was built, not by what a build records beside: TensorRT's layer counts of each
+    graph (a pair built by one `wan-trt build` has two) and the wan-trt version of an engine reused as built."""
+    from wan_trt.engines.runtime.decoder import paired_engines
+    pair = tmp_path / "pair"
+    for call in CALLS:
+        (pair / call).mkdir(parents=True)
+        for f in decoder_aoti.parents[1].joinpath(call).glob(decoder_aoti.name + "*"):
+            shutil.copy(f, pair / call / f.name)
+    meta = pair / "steady" / (decoder_aoti.name + ".json")
+    data = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**data, field: {**data[field], **value}}))
+    assert set(paired_engines(pair / "steady" / decoder_aoti.name)) == set(CALLS)
+
+
 @pytest.mark.parametrize("field, value, named", [
     ("extra", {"opt_level": 5}, 'options {"opt_level": 5}'),  # a TensorRT option, say, given to one build only
     ("versions", {"torch": "0.0"}, 'versions {"torch": "0.0"}'),  # one engine rebuilt after an upgrade
