@@ -58,11 +58,10 @@ def compare(export: str, engine: str, decoder_engine: str, blocks: int, device: 
         if baseline_source is not None:
             exes["cpp_baseline"] = build_cpp(build.with_name(build.name + "_baseline"), source=baseline_source)
         stream_inputs = write_stream_inputs(inputs, Path(tmp) / "in.pt")
-        for _ in range(rounds):
-            for name, exe in exes.items():
-                runs[name].append(run_wan_stream(exe, Path(engine), stream_inputs, blocks, Path(tmp) / "out.pt", seed=0,
-                                                 device=device, cuda_graph=cuda, decoder=Path(decoder_engine),
-                                                 overwrite=True))  # the runs write one file in turn
+        for i in range(rounds):
+            for name, exe in exes.items():  # an output of its own per run: a baseline's may carry no record
+                runs[name].append(run_wan_stream(exe, Path(engine), stream_inputs, blocks, Path(tmp) / f"{name}-{i}.pt",
+                                                 seed=0, device=device, cuda_graph=cuda, decoder=Path(decoder_engine)))
     cpp = runs["cpp"][0]
     steady = {name: [ms for run in done for ms in run.block_ms[WARMUP:]] for name, done in runs.items()}
     diff = (cpp.frames.int() - python_frames.int()).abs()

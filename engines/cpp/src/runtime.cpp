@@ -928,6 +928,11 @@ void StreamingSession::start(const at::Tensor& visual_context, int64_t start_blo
 at::Tensor StreamingSession::real_input(const std::string& name, const at::Tensor& t, const std::string& of,
                                         bool numbers) const {
   if (!t.defined()) return t;
+  check_kind(name, t, of, numbers);
+  return t.to(device_, spec_.dtype());
+}
+
+void StreamingSession::check_kind(const std::string& name, const at::Tensor& t, const std::string& of, bool numbers) {
   if (t.is_meta() || t.layout() != at::kStrided)
     throw Error(name + ": expected a dense tensor with values" + of + ", got " +
                 (t.is_meta() ? std::string("a meta tensor (no values)") : "a " + c10::str(t.layout()) + " tensor"));
@@ -935,7 +940,6 @@ at::Tensor StreamingSession::real_input(const std::string& name, const at::Tenso
   if (at::isComplexType(t.scalar_type())) throw Error(name + ": expected a real tensor" + of + ", got " + dtype);
   if (!numbers && !at::isFloatingType(t.scalar_type()))
     throw Error(name + ": expected a floating-point tensor" + of + ", got " + dtype);
-  return t.to(device_, spec_.dtype());
 }
 
 // ``raw`` as this block's frames: one action [1, D] held for the whole block is expanded to [1, n, D], as the Python
@@ -950,6 +954,7 @@ at::Tensor StreamingSession::held_expanded(const std::string& name, const at::Te
     throw Error(name + ": expected [1, " + std::to_string(d) + "] (one action held for block " +
                 std::to_string(block_) + ") or [1, " + std::to_string(n) + ", " + std::to_string(d) +
                 "] (one per video frame), got " + c10::str(raw.sizes()));
+  check_kind(name, raw, " for block " + std::to_string(block_), true);  // before it is expanded (a sparse one cannot be)
   return raw.unsqueeze(1).expand({1, n, d});
 }
 

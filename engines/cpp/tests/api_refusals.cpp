@@ -17,6 +17,7 @@
 //   cond-shape      a block's conditioning of another shape
 //   mouse-shape     a block's mouse actions of another shape
 //   held-shape      a block's mouse action held for the block [1, D] of another width D
+//   held-sparse     a block's mouse action held for the block [1, D], sparse
 //   actions-before  read_actions of the JSON-lines file ACTIONS (two blocks' lines) from block -1
 //   actions-beyond  ... from the first block a stream does not reach
 //   actions-past    ... 2 blocks from the last block a stream reaches
@@ -83,7 +84,8 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     wan_trt::DecoderStream stream(first, other.first_spec, steady, other.steady_spec);
   } else if (what == "session-spec") {
     wan_trt::StreamingSession session(runner, wan_trt::RuntimeSpec::load(actions), 0);
-  } else if (what == "visual-shape" || what == "cond-shape" || what == "mouse-shape" || what == "held-shape") {
+  } else if (what == "visual-shape" || what == "cond-shape" || what == "mouse-shape" || what == "held-shape" ||
+             what == "held-sparse") {
     wan_trt::StreamingSession session(runner, spec, 0);
     auto visual = feeds.at("visual_context"), cond = feeds.at("cond_concat");
     auto [mouse, keyboard] = zero_actions(spec, 0);
@@ -92,6 +94,7 @@ void run(const std::string& what, const std::string& engine, const std::string& 
     if (what == "cond-shape") cond = cond.narrow(2, 0, 1);
     if (what == "mouse-shape") mouse = mouse.narrow(1, 0, 1);
     if (what == "held-shape") mouse = at::zeros({1, mouse.size(2) + 1});
+    if (what == "held-sparse") mouse = at::zeros({1, mouse.size(2)}).to_sparse();
     session.step(cond, mouse, keyboard);
   } else if (what == "visual-int" || what == "cond-bool" || what == "cond-sparse") {
     wan_trt::StreamingSession session(runner, spec, 0);

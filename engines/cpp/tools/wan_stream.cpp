@@ -58,6 +58,10 @@
 
 #include "wan_trt/runtime.h"
 
+#ifdef WAN_TRT_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -357,8 +361,8 @@ bool same_file(const fs::path& a, const fs::path& b) {
 }
 
 // An output file that can be written (a staging file beside it is made and removed) and is none of the files
-// the run reads or its other output; an existing one only with --overwrite, and only a tensor file as torch.save
-// writes (as an earlier run's output is).
+// the run reads, its other output or that output's record; an existing one only with --overwrite, and only an output
+// of wan_stream (own_output: its record OUT.wan_stream gives its size and sha256).
 void check_output(const std::string& flag, const std::string& path,
                   const std::vector<std::pair<std::string, std::string>>& others, bool overwrite) {
   if (path.empty()) throw wan_trt::Error(flag + ": an empty path; give a file path");
@@ -366,8 +370,12 @@ void check_output(const std::string& flag, const std::string& path,
   if (fs::is_directory(file)) throw wan_trt::Error(flag + " " + path + " is a folder; give a file path");
   const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
   if (!fs::is_directory(folder)) throw wan_trt::Error(flag + " " + path + ": no folder " + folder.string());
-  for (const auto& [other_flag, other] : others)
+  for (const auto& [other_flag, other] : others) {
     if (same_file(file, other)) throw wan_trt::Error(flag + " " + path + " is also " + other_flag);
+    if (same_file(record_path(path), other))
+      throw wan_trt::Error(flag + " " + path + ": its record, " + record_path(path) + ", would be " + other_flag +
+                           "; give another path");
+  }
   if (fs::is_symlink(file) || (fs::exists(file) && !fs::is_regular_file(file)))
     throw wan_trt::Error(flag + " " + path + " is a link or not a plain file; give another path");
   const std::string record = record_path(path);
@@ -520,6 +528,9 @@ int run(int argc, char** argv) {
       wan_trt::check_built_for(*io, args["--decoder"], device, "--decoder", "--device " + args["--device"]);
   }
   check_device_available(device, args["--device"]);  // the engines' devices first: the more telling refusal
+#ifdef WAN_TRT_WITH_CUDA
+  if (device.is_cuda() && device.has_index()) c10::cuda::set_device(device.index());  // AOTInductor loads onto it
+#endif
   const int64_t blocks = integer(args, "--blocks");
   if (blocks < 1) throw wan_trt::Error("--blocks: at least 1, got " + std::to_string(blocks));
   const int64_t seed = integer(args, "--seed");
@@ -533,6 +544,7 @@ int run(int argc, char** argv) {
   check_output("--out", args["--out"], read, overwrite);
   if (pair) {
     read.emplace_back("--out", args["--out"]);
+    read.emplace_back("--out's record", record_path(args["--out"]));
     check_output("--frames", args["--frames"], read, overwrite);
   }
 

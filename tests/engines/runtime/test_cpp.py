@@ -587,6 +587,23 @@ def test_wan_stream_refuses_frames_and_latents_into_one_file(aoti, decoder_aoti,
     assert not (tmp_path / "same.pt").exists()
 
 
+@pytest.mark.parametrize("out, frames, message", [
+    ("a.pt", "a.pt.wan_stream", "--frames {tmp}/a.pt.wan_stream is also --out's record"),
+    ("b.pt.wan_stream", "b.pt", "--frames {tmp}/b.pt: its record, {tmp}/b.pt.wan_stream, would be --out; give "
+                                "another path"),
+])
+def test_wan_stream_refuses_an_output_where_the_other_outputs_record_goes(aoti, decoder_aoti, wan_stream, tmp_path,
+                                                                         out, frames, message):
+    """An output named as the other output's record (OUT.wan_stream) passed the checks and met it at the end, after
+    every block had run: one of the two was not written."""
+    import subprocess
+    cmd = _wan_stream_args(wan_stream, aoti, tmp_path, **{"--out": str(tmp_path / out), "--decoder": str(decoder_aoti),
+                                                         "--frames": str(tmp_path / frames)})
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: " + message.format(tmp=tmp_path), proc.stderr
+    assert "block 0" not in proc.stdout
+
+
 LINE = '{"mouse": [0, 0], "keyboard": [0, 0, 0, 0]}'
 
 
@@ -798,6 +815,7 @@ def test_the_runtime_reads_its_files_alike_whatever_locale_the_program_set(aoti,
     ("mouse-shape", re.escape("mouse: expected shape [1, 9, 2] for block 0 of 'universal-small', got [1, 1, 2]")),
     ("held-shape", re.escape("mouse: expected [1, 2] (one action held for block 0) or [1, 9, 2] (one per video frame), "
                              "got [1, 3]")),
+    ("held-sparse", re.escape("mouse: expected a dense tensor with values for block 0, got a Sparse tensor")),
 ])
 def test_the_library_refuses_what_its_runners_and_sessions_cannot_run(aoti, decoder_aoti, wan_stream, case, message):
     """What the Python runners and session refuse (Runner.check_feeds, attach_decoder), the C++ library refuses too,

@@ -317,6 +317,7 @@ class StreamingSession {
   std::map<std::string, at::Tensor> run(const at::Tensor& x, double t);
   at::Tensor real_input(const std::string& name, const at::Tensor& t, const std::string& of,
                         bool numbers = false) const;
+  static void check_kind(const std::string& name, const at::Tensor& t, const std::string& of, bool numbers);
   at::Tensor held_expanded(const std::string& name, const at::Tensor& raw) const;  // [1, D] held: [1, n, D]
   bool check_actions(const std::string& name, const at::Tensor& raw) const;  // false: the config has no such input
   void feed_actions(const std::string& name, const at::Tensor& raw);
