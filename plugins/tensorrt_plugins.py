@@ -47,9 +47,26 @@ def register_plugin(op: FusedOp, trtp) -> None:
         getattr(trtp, decorator)(plugin)(fn)
 
 
-def type_combination(op: FusedOp) -> str:
-    """The op's I/O types for ``trtp.AutoTuneCombination``: inputs, then outputs, by type constraint."""
-    return ", ".join([TRT_TYPES[i.type] for i in op.inputs] + [TRT_TYPES[op.output_type(o)] for o in op.outputs])
+# TensorRT's channels-last formats of 5-D tensors by activation type: DHWC is FP32's only; DHWC8 (channels padded to a
+# multiple of 8) is bf16's and fp16's, the same memory as channels-last where C % 8 == 0 (the decoder's 96, 192, 384).
+CHANNELS_LAST = {"BF16|FP16": "DHWC8", "FP32": "DHWC"}
+
+
+def type_combination(op: FusedOp, floats: str | None = None) -> str:
+    """The op's I/O types for ``trtp.AutoTuneCombination``: inputs, then outputs, by type constraint; ``floats``: the
+    activation types to list (default: every one an export gives, :data:`TRT_TYPES`)."""
+    types = {**TRT_TYPES, **({"T": floats, "U": floats} if floats else {})}
+    return ", ".join([types[i.type] for i in op.inputs] + [types[op.output_type(o)] for o in op.outputs])
+
+
+def tune_combinations(op: FusedOp, ranks: list[int]) -> list[tuple[str, str]]:
+    """(types, formats) of each ``trtp.AutoTuneCombination`` of ``op`` whose I/O (inputs, then outputs) have ``ranks``:
+    one over every type in linear formats; a channels-last op's 5-D tensors in TensorRT's channels-last format of
+    each type (:data:`CHANNELS_LAST`), one combination per format."""
+    if not op.channels_last:
+        return [(type_combination(op), ", ".join("LINEAR" for _ in ranks))]
+    return [(type_combination(op, floats), ", ".join(fmt if rank == 5 else "LINEAR" for rank in ranks))
+            for floats, fmt in CHANNELS_LAST.items()]
 
 
 def trt_tactics(op: FusedOp) -> list[int] | None:
@@ -107,12 +124,11 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
 
     functions = {"register": with_signature(describe, op.signature(trtp.TensorDesc, returns=True), f"{op.name}_desc")}
     if op.tactics or op.channels_last:  # TensorRT times each tiling and keeps the fastest; formats
-        combination, tactics = type_combination(op), trt_tactics(op)
+        tactics = trt_tactics(op)
 
         def tune(args: dict):
-            descs = [args[i.name] for i in op.inputs] + list(args["outputs"])
-            layouts = ", ".join("DHWC" if op.channels_last and d.ndim == 5 else "LINEAR" for d in descs)
-            return [trtp.AutoTuneCombination(combination, layouts, tactics)]
+            ranks = [d.ndim for d in [args[i.name] for i in op.inputs] + list(args["outputs"])]
+            return [trtp.AutoTuneCombination(types, formats, tactics) for types, formats in tune_combinations(op, ranks)]
         functions["autotune"] = with_signature(tune, tune_signature(op), f"{op.name}_tune")
     functions["aot_impl"] = with_signature(
         aot, op.signature(extra=[outputs, tactic]).replace(return_annotation=aot_returns), f"{op.name}_aot")

@@ -191,6 +191,9 @@ def timing_cache(trt, config, path: Path | None):
 
 def _parse(trt, builder, trt_logger, graph: Path, weak_typing: bool):
     flags = 0 if weak_typing else 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    prefer_aot = getattr(trt.NetworkDefinitionCreationFlag, "PREFER_AOT_PYTHON_PLUGINS", None)
+    if prefer_aot is not None:  # every fused node is exported aot=1; a node read without it still takes its AOT form
+        flags |= 1 << int(prefer_aot)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, trt_logger)
     with stage(f"parse {graph.name}"):
@@ -214,6 +217,18 @@ def inspect_tensorrt(engine: str | Path) -> dict[str, Any]:
     plugins = [layer for layer in layers if "Plugin" in str(layer.get("LayerType", ""))]
     return {"layers": layers, "counts": {"layers": len(layers), "plugin_layers": len(plugins)},
             "plugin_layers": [p.get("Name") for p in plugins]}
+
+
+def io_mismatches(spec, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype | None]) -> list[str]:
+    """What differs between the spec's I/O and an engine's (its tensors' ``shapes`` and torch ``dtypes``, None for a
+    TensorRT type without one), by tensor, in the spec's order."""
+    problems = []
+    for t in (*spec.inputs, *spec.outputs):
+        if tuple(shapes[t.name]) != tuple(t.shape):
+            problems.append(f"{t.name}: shape {list(shapes[t.name])}, the spec's {list(t.shape)}")
+        if dtypes[t.name] != t.torch_dtype:
+            problems.append(f"{t.name}: dtype {dtypes[t.name]}, the spec's {t.torch_dtype}")
+    return problems
 
 
 class TensorRTRunner(Runner):
@@ -247,6 +262,13 @@ class TensorRTRunner(Runner):
         expected = set(self.spec.input_names) | set(self.spec.output_names)
         if names != expected:
             raise WanTrtError(f"{self.engine_path} I/O {sorted(names)} differs from the spec {sorted(expected)}")
+        torch_dtype = {trt.float32: torch.float32, trt.float16: torch.float16, trt.bfloat16: torch.bfloat16,
+                       trt.int32: torch.int32, trt.int64: torch.int64, trt.bool: torch.bool}
+        problems = io_mismatches(self.spec, {n: tuple(self.engine.get_tensor_shape(n)) for n in expected},
+                                 {n: torch_dtype.get(self.engine.get_tensor_dtype(n)) for n in expected})
+        if problems:  # its buffers are allocated and bound by the spec: another size is read or written past
+            raise WanTrtError(f"{self.engine_path}: its I/O differs from the spec ({'; '.join(problems)}); rebuild it "
+                              "with `wan-trt build`")
         self.context = self.engine.create_execution_context()
         if self.context is None:  # e.g. its activation memory could not be allocated (TensorRT logs why)
             raise WanTrtError(f"{self.engine_path}: TensorRT could not create an execution context (see its log)")

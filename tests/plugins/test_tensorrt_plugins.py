@@ -127,14 +127,37 @@ def test_tensorrt_tactics_are_non_zero_and_name_every_tiling():
 TRT_NAMES = {1: "FP32", 10: "FP16", 16: "BF16", 6: "INT32"}  # ONNX TensorProto data types
 
 
-def autotune_combinations(op) -> list[list[str]]:
-    """The type combinations of the op's AutoTuneCombination string, as TensorRT's documentation of it reads:
-    positions listing types with '|' take the k-th type together; a single type is every combination's."""
-    from wan_trt.plugins.tensorrt_plugins import type_combination
-    positions = [part.strip().split("|") for part in type_combination(op).split(",")]
+def type_lists(combination: str) -> list[list[str]]:
+    """The type combinations of an AutoTuneCombination's types, as TensorRT's documentation of it reads: positions
+    listing types with '|' take the k-th type together; a single type is every combination's."""
+    positions = [part.strip().split("|") for part in combination.split(",")]
     width = max(len(types) for types in positions)
     assert all(len(types) in (1, width) for types in positions), positions
     return [[types[k] if len(types) > 1 else types[0] for types in positions] for k in range(width)]
+
+
+def autotune_combinations(op, ranks) -> list[list[str]]:
+    """Every type combination of every AutoTuneCombination of ``op`` (I/O of ``ranks``)."""
+    from wan_trt.plugins.tensorrt_plugins import tune_combinations
+    return [types for combination, _ in tune_combinations(op, ranks) for types in type_lists(combination)]
+
+
+def test_channels_last_ops_list_tensorrts_channels_last_format_of_each_type():
+    """TensorRT's DHWC format is FP32's only (its documentation: 'requires FP32'); the bf16 and fp16 channels-last
+    format is DHWC8. The channels-last ops listed DHWC for bf16, fp16 and fp32 alike: no bf16 or fp16 implementation
+    TensorRT could pick. Each 5-D tensor now takes the format of its type."""
+    from wan_trt.plugins.tensorrt_plugins import tune_combinations
+    ops = [op for op in FUSED_OPS if op.channels_last]
+    assert ops
+    for op in ops:
+        ranks = [5] * (len(op.inputs) + len(op.outputs))
+        for combination, formats in tune_combinations(op, ranks):
+            floats = {t for types in type_lists(combination) for t in types} - {"INT32"}
+            want = "DHWC" if floats == {"FP32"} else "DHWC8"
+            assert floats and (floats == {"FP32"} or not floats & {"FP32"}), combination
+            assert formats.split(", ") == [want] * len(ranks), (op.name, combination, formats)
+        assert {t for c, _ in tune_combinations(op, ranks) for ts in type_lists(c) for t in ts} >= {"BF16", "FP16",
+                                                                                                   "FP32"}
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
@@ -147,6 +170,8 @@ def test_autotune_types_cover_the_exported_nodes(tmp_path, precision):
     model = onnx.shape_inference.infer_shapes(onnx.load(str(tmp_path / "g" / "model.onnx"), load_external_data=False))
     graph = model.graph
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
+    shapes = {v.name: v.type.tensor_type.shape.dim for v in [*graph.value_info, *graph.input, *graph.output]}
+    shapes.update({t.name: t.dims for t in graph.initializer})
     types.update({t.name: t.data_type for t in graph.initializer})
     checked = 0
     for node in graph.node:
@@ -154,7 +179,8 @@ def test_autotune_types_cover_the_exported_nodes(tmp_path, precision):
         if op is None or not (op.tactics or op.channels_last):
             continue
         node_types = [TRT_NAMES[types[name]] for name in [*node.input, *node.output]]
-        assert node_types in autotune_combinations(op), (node.name, node_types, autotune_combinations(op))
+        ranks = [len(shapes[name]) for name in [*node.input, *node.output]]
+        assert node_types in autotune_combinations(op, ranks), (node.name, node_types, autotune_combinations(op, ranks))
         checked += 1
     assert checked > 0
 

@@ -3,6 +3,7 @@
 #include <NvInfer.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -41,7 +42,8 @@ class TensorRTRunner : public Runner {
     check_feeds(io_, feeds, device_);  // it binds their addresses: a feed of another shape would be read past its end
     for (const auto& t : io_.inputs) bind(t.name, feeds.at(t.name).data_ptr());
     for (auto& [name, tensor] : outputs_) bind(name, tensor.data_ptr());
-    if (!context_->enqueueV3(c10::cuda::getCurrentCUDAStream().stream())) throw Error("TensorRT enqueueV3 failed");
+    if (!context_->enqueueV3(c10::cuda::getCurrentCUDAStream(device_.index()).stream()))
+      throw Error("TensorRT enqueueV3 failed");
     return outputs_;
   }
 
@@ -57,6 +59,29 @@ class TensorRTRunner : public Runner {
     for (const auto& t : io_.inputs) expected.insert(t.name);
     for (const auto& t : io_.outputs) expected.insert(t.name);
     if (engine_names != expected) throw Error(path + ": the engine's I/O tensors differ from its runtime file's");
+    std::string problems;  // its buffers are allocated and bound by the runtime file: another size is read past
+    for (const auto* group : {&io_.inputs, &io_.outputs})
+      for (const auto& t : *group) {
+        const nvinfer1::Dims dims = engine_->getTensorShape(t.name.c_str());
+        const std::vector<int64_t> shape(dims.d, dims.d + std::max(dims.nbDims, 0));
+        if (shape != t.shape) problems += "; " + t.name + ": shape " + c10::str(at::IntArrayRef(shape));
+        if (torch_type(engine_->getTensorDataType(t.name.c_str())) != t.dtype) problems += "; " + t.name + ": dtype";
+      }
+    if (!problems.empty())
+      throw Error(path + ": its I/O differs from its runtime file's (" + problems.substr(2) +
+                  "); rebuild it with `wan-trt build`");
+  }
+
+  static at::ScalarType torch_type(nvinfer1::DataType type) {
+    switch (type) {
+      case nvinfer1::DataType::kFLOAT: return at::kFloat;
+      case nvinfer1::DataType::kHALF: return at::kHalf;
+      case nvinfer1::DataType::kBF16: return at::kBFloat16;
+      case nvinfer1::DataType::kINT32: return at::kInt;
+      case nvinfer1::DataType::kINT64: return at::kLong;
+      case nvinfer1::DataType::kBOOL: return at::kBool;
+      default: return at::ScalarType::Undefined;
+    }
   }
 
   void bind(const std::string& name, void* address) {

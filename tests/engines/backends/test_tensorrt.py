@@ -165,3 +165,21 @@ def test_a_timing_cache_file_tensorrt_does_not_read_is_refused_not_replaced(smal
     build_tensorrt(small_export, out=tmp_path / "b.plan", timing_cache=cache)
     assert cache.stat().st_size > 0
     build_tensorrt(small_export, out=tmp_path / "c.plan", timing_cache=cache)  # its own cache: read, not refused
+
+
+def test_an_engine_whose_io_shapes_or_dtypes_differ_from_the_spec_is_named(plain_export):
+    """The TensorRT runners compared an engine's I/O by name only, then bound buffers allocated by the spec: an engine
+    of another shape or dtype would read or write past them. Shapes and dtypes are compared too (the engine's as
+    TensorRT reports them; this test gives them as the runner hands them over, no TensorRT here)."""
+    from wan_trt.engines.backends.tensorrt import io_mismatches
+    from wan_trt.export.manifest import Manifest
+    spec = Manifest.read(plain_export).spec
+    shapes = {t.name: tuple(t.shape) for t in (*spec.inputs, *spec.outputs)}
+    dtypes = {t.name: t.torch_dtype for t in (*spec.inputs, *spec.outputs)}
+    assert io_mismatches(spec, shapes, dtypes) == []
+    first, last = spec.inputs[0], spec.outputs[-1]
+    shapes[first.name] = (*first.shape[:-1], first.shape[-1] + 1)
+    dtypes[last.name] = None  # a TensorRT type with no torch dtype (FP8, say)
+    assert io_mismatches(spec, shapes, dtypes) == [
+        f"{first.name}: shape {[*first.shape[:-1], first.shape[-1] + 1]}, the spec's {list(first.shape)}",
+        f"{last.name}: dtype None, the spec's {last.torch_dtype}"]
