@@ -52,6 +52,17 @@ def register_plugin(op: FusedOp, trtp) -> None:
 CHANNELS_LAST = {"BF16|FP16": "DHWC8", "FP32": "DHWC"}
 
 
+def check_channels_last_padding(op: FusedOp, tensors: list[TensorArg]) -> None:
+    """Refuse a bf16 or fp16 5-D tensor of a channels-last op whose channels are no multiple of 8: TensorRT hands it
+    over as DHWC8, its channels padded to 8, where the kernel reads them dense."""
+    for t in tensors:
+        channels = t.shape[1] if len(t.shape) == 5 else 0
+        if t.dtype in (torch.bfloat16, torch.float16) and channels % 8:
+            raise WanTrtError(f"{op.name}: a {t.dtype} tensor of {channels} channels reaches TensorRT's plugin as DHWC8 "
+                              "(channels padded to a multiple of 8), which its kernel does not read; export this "
+                              "graph with --ops native")
+
+
 def type_combination(op: FusedOp, floats: str | None = None) -> str:
     """The op's I/O types for ``trtp.AutoTuneCombination``: inputs, then outputs, by type constraint; ``floats``: the
     activation types to list (default: every one an export gives, :data:`TRT_TYPES`)."""
@@ -115,6 +126,8 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
     def aot(args: dict):
         values = list(args.values())
         tensors = [TensorArg(_shape(d), _torch_dtype(d.dtype)) for d in values[:n_inputs]]
+        if op.channels_last:
+            check_channels_last_padding(op, tensors)
         return _aot_result(trtp, op.plan(*tensors, *values[n_inputs:n_args], tactic=tiling_of(args["tactic"])))
 
     def jit(args: dict):

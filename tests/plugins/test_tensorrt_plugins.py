@@ -197,3 +197,19 @@ def test_tensorrt_plugins_register_and_build(tmp_path):
     export_transformer(load_config("universal-small"), tmp_path / "p", "bf16", seed=1, ops="plugins")
     engine = build_tensorrt(tmp_path / "p")
     assert inspect_tensorrt(engine)["counts"]["plugin_layers"] >= 4 * 5
+
+
+def test_a_channels_last_plugin_refuses_channels_that_dhwc8_would_pad():
+    """TensorRT hands a bf16 or fp16 channels-last tensor over as DHWC8 (channels padded to 8); the fused kernels read
+    channels dense, so channels that are no multiple of 8 are refused when the plugin is planned (fp32's DHWC is
+    dense: taken)."""
+    import torch
+
+    from wan_trt.errors import WanTrtError
+    from wan_trt.plugins.aot import TensorArg
+    from wan_trt.plugins.tensorrt_plugins import check_channels_last_padding
+    op = next(op for op in FUSED_OPS if op.channels_last)
+    check_channels_last_padding(op, [TensorArg((1, 96, 3, 4, 6), torch.bfloat16), TensorArg((96,), torch.float32)])
+    check_channels_last_padding(op, [TensorArg((1, 3, 3, 4, 6), torch.float32)])
+    with pytest.raises(WanTrtError, match="a torch.float16 tensor of 12 channels reaches TensorRT's plugin as DHWC8"):
+        check_channels_last_padding(op, [TensorArg((1, 12, 3, 4, 6), torch.float16)])
