@@ -393,10 +393,11 @@ def test_a_value_flag_given_twice_is_refused(aoti, wan_stream, tmp_path, repeate
 def test_a_boolean_flag_repeated_means_it_once(aoti, wan_stream, tmp_path):
     """`--overwrite --overwrite` says the same as `--overwrite` (as `-vv` is taken by `wan-trt`)."""
     out = tmp_path / "out.pt"
-    torch.save(torch.zeros(1), out)  # an earlier output, replaced
-    proc = subprocess.run([str(wan_stream), "--engine", str(aoti[1]), "--inputs", str(_inputs(aoti, tmp_path)),
-                           "--blocks", "1", "--out", str(out), "--overwrite", "--overwrite"],
-                          capture_output=True, text=True)
+    run = [str(wan_stream), "--engine", str(aoti[1]), "--inputs", str(_inputs(aoti, tmp_path)), "--blocks", "1",
+           "--out", str(out)]
+    first = subprocess.run(run, capture_output=True, text=True)  # an earlier output, replaced
+    assert first.returncode == 0, first.stderr
+    proc = subprocess.run(run + ["--overwrite", "--overwrite"], capture_output=True, text=True)
     assert proc.returncode == 0 and "block 0" in proc.stdout, proc.stderr
     assert torch.load(out).shape[2] == 3
 
