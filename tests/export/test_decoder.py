@@ -563,16 +563,22 @@ def test_the_benchs_pytorch_decoder_rows_refuse_non_finite_frames():
         decode(1, latents[:, :, 3:])
 
 
+def _copied_pair(engine, to):
+    """A copy in ``to``/first and ``to``/steady of the decoder engine pair of ``engine`` (engines, metadata, runtime
+    files; the exports they were built from stay where they are)."""
+    for call in CALLS:
+        (to / call).mkdir(parents=True)
+        for f in engine.parents[1].joinpath(call).glob(engine.name + "*"):
+            shutil.copy(f, to / call / f.name)
+    return to
+
+
 def test_a_decoder_engine_pair_built_two_ways_is_refused(decoder_aoti, tmp_path):
     """A pair whose first engine was built otherwise than its steady one (another backend or ops under the same file
     name) ran, and its check's report named the steady engine's backend only. One `wan-trt build` of the decoder
     export builds both alike: a pair built two ways is refused (here the first engine's metadata says --ops plugins)."""
     from wan_trt.engines.runtime.decoder import paired_engines
-    pair = tmp_path / "pair"
-    for call in CALLS:
-        (pair / call).mkdir(parents=True)
-        for f in decoder_aoti.parents[1].joinpath(call).glob(decoder_aoti.name + "*"):
-            shutil.copy(f, pair / call / f.name)
+    pair = _copied_pair(decoder_aoti, tmp_path / "pair")
     paired_engines(pair / "steady" / decoder_aoti.name)
     meta = pair / "first" / (decoder_aoti.name + ".json")
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "ops": "plugins"}))
@@ -589,11 +595,7 @@ def test_a_decoder_engine_pair_differing_in_what_is_no_build_option_is_taken(dec
     """The pair is compared by how it was built, not by what a build records beside: TensorRT's layer counts of each
     graph (a pair built by one `wan-trt build` has two) and the wan-trt version of an engine reused as built."""
     from wan_trt.engines.runtime.decoder import paired_engines
-    pair = tmp_path / "pair"
-    for call in CALLS:
-        (pair / call).mkdir(parents=True)
-        for f in decoder_aoti.parents[1].joinpath(call).glob(decoder_aoti.name + "*"):
-            shutil.copy(f, pair / call / f.name)
+    pair = _copied_pair(decoder_aoti, tmp_path / "pair")
     meta = pair / "steady" / (decoder_aoti.name + ".json")
     data = json.loads(meta.read_text())
     meta.write_text(json.dumps({**data, field: {**data[field], **value}}))
@@ -610,11 +612,7 @@ def test_a_decoder_engine_pair_built_with_other_options_or_tools_is_refused(deco
     (`wan-trt build D/steady --opt-level 5` beside a pair built at 3) or by another version of the tools passed as one
     build's, and a check reported them as one."""
     from wan_trt.engines.runtime.decoder import paired_engines
-    pair = tmp_path / "pair"
-    for call in CALLS:
-        (pair / call).mkdir(parents=True)
-        for f in decoder_aoti.parents[1].joinpath(call).glob(decoder_aoti.name + "*"):
-            shutil.copy(f, pair / call / f.name)
+    pair = _copied_pair(decoder_aoti, tmp_path / "pair")
     meta = pair / "steady" / (decoder_aoti.name + ".json")
     meta.write_text(json.dumps({**json.loads(meta.read_text()), field: value}))
     with pytest.raises(WanTrtError, match=r"its two engines were built differently \(first: (options|versions) .*, "
