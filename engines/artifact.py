@@ -68,9 +68,15 @@ def graph_code_digest(modules: tuple[str, ...] = GRAPH_CODE) -> str:
     return digest.hexdigest()[:20]
 
 
+def key_tools(versions: dict[str, str]) -> dict[str, str]:
+    """The tools' ``versions`` that make an engine what it is: all but wan-trt's own (its graph code is hashed apart,
+    :func:`graph_code_digest`), so an engine a later wan-trt reuses keeps the version that built it."""
+    return {k: v for k, v in versions.items() if k != "wan_trt"}
+
+
 def engine_key(manifest: Manifest, backend: str, device: str, extra: dict[str, Any] | None = None) -> str:
     """Content hash of everything that makes an engine what it is."""
-    versions = {k: v for k, v in tool_versions().items() if k != "wan_trt"}
+    versions = key_tools(tool_versions())
     payload = {"spec": manifest.spec.fingerprint(), "weights": manifest.weights["sha256"], "backend": backend,
                "device": device, "ops": manifest.ops, "versions": versions, "code": graph_code_digest(),
                "extra": extra or {}}

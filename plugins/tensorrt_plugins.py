@@ -152,8 +152,9 @@ def plugin_functions(op: FusedOp, trtp) -> dict[str, Any]:
 
 def _torch_dtype(trt_dtype) -> torch.dtype:
     import tensorrt as trt  # deferred: optional dependency
-    return {trt.bfloat16: torch.bfloat16, trt.float16: torch.float16, trt.float32: torch.float32,
-            trt.int32: torch.int32}[trt_dtype]
+
+    from wan_trt.engines.backends.tensorrt import torch_dtypes
+    return torch_dtypes(trt)[trt_dtype]
 
 
 def _shape(desc) -> tuple[int, ...]:

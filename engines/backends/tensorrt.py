@@ -219,6 +219,12 @@ def inspect_tensorrt(engine: str | Path) -> dict[str, Any]:
             "plugin_layers": [p.get("Name") for p in plugins]}
 
 
+def torch_dtypes(trt) -> dict[Any, torch.dtype]:
+    """TensorRT's data types that have a torch dtype, mapped to it (the engines' I/O, the plugins' tensors)."""
+    return {trt.float32: torch.float32, trt.float16: torch.float16, trt.bfloat16: torch.bfloat16,
+            trt.int32: torch.int32, trt.int64: torch.int64, trt.bool: torch.bool}
+
+
 def io_mismatches(spec, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype | None]) -> list[str]:
     """What differs between the spec's I/O and an engine's (its tensors' ``shapes`` and torch ``dtypes``, None for a
     TensorRT type without one), by tensor, in the spec's order."""
@@ -262,8 +268,7 @@ class TensorRTRunner(Runner):
         expected = set(self.spec.input_names) | set(self.spec.output_names)
         if names != expected:
             raise WanTrtError(f"{self.engine_path} I/O {sorted(names)} differs from the spec {sorted(expected)}")
-        torch_dtype = {trt.float32: torch.float32, trt.float16: torch.float16, trt.bfloat16: torch.bfloat16,
-                       trt.int32: torch.int32, trt.int64: torch.int64, trt.bool: torch.bool}
+        torch_dtype = torch_dtypes(trt)
         problems = io_mismatches(self.spec, {n: tuple(self.engine.get_tensor_shape(n)) for n in expected},
                                  {n: torch_dtype.get(self.engine.get_tensor_dtype(n)) for n in expected})
         if problems:  # its buffers are allocated and bound by the spec: another size is read or written past

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from wan_trt.decoder_spec import CALLS, RGB, DecoderSpec
-from wan_trt.engines.artifact import EngineMetadata, export_for_engine
+from wan_trt.engines.artifact import EngineMetadata, export_for_engine, key_tools
 from wan_trt.engines.backends import BACKENDS, RunnerSources, backend_module, get_backend
 from wan_trt.engines.runtime.finite import NonFiniteFrames, first_non_finite
 from wan_trt.engines.runtime.runner import Runner, check_device, checked_tensor
@@ -197,17 +197,16 @@ def paired_engines(engine: str | Path) -> dict[str, PairedEngine]:
     return pair
 
 
-# What a build records in an engine's metadata that is not how it was built: the layers TensorRT made of each graph
-# (the two graphs differ), and wan-trt's own version (an engine it reuses, its key unchanged, keeps the older one).
+# What a build records in an engine's metadata beside its options: the layers TensorRT made of each graph (the two
+# graphs differ).
 NOT_BUILD_OPTIONS = ("layers",)
-NOT_BUILD_TOOLS = ("wan_trt",)
 
 
 def _build_of(meta: EngineMetadata) -> dict[str, str]:
     """How an engine was built, as one build of a decoder pair builds both alike: the backend that runs it, the device,
-    the build's own options (TensorRT's optimisation level, typing, ...) and the tools' versions."""
+    the build's own options (TensorRT's optimisation level, typing, ...) and the tools' versions its key holds."""
     options = {k: v for k, v in meta.extra.items() if k not in NOT_BUILD_OPTIONS}
-    tools = {k: v for k, v in meta.versions.items() if k not in NOT_BUILD_TOOLS}
+    tools = key_tools(meta.versions)
     return {"backend": meta.backend_name, "device": meta.device,
             "options": json.dumps(options, sort_keys=True), "versions": json.dumps(tools, sort_keys=True)}
 

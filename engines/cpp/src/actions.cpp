@@ -355,7 +355,7 @@ std::map<std::string, at::Tensor> read_actions(const std::string& path, const Ru
       throw Error(where + ": expected an object with keys " + expected + " (" + spec.config + "), got " +
                   (entry.kind == Json::kObject ? got + "]" : got));
     }
-    const int64_t n = first_raw_frame(spec, block + 1) - first_raw_frame(spec, block);
+    const int64_t n = raw_frames_in_block(spec, block);
     for (const auto& [key, value] : entry.fields)
       frames[key].push_back(rows(value, n, dims.at(key), where + ", " + key, limit));
   }

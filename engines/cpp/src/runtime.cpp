@@ -898,6 +898,10 @@ int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block) {
   return block == 0 ? 0 : 1 + spec.ratio * (block * spec.block_frames - 1);
 }
 
+int64_t raw_frames_in_block(const RuntimeSpec& spec, int64_t block) {
+  return first_raw_frame(spec, block + 1) - first_raw_frame(spec, block);
+}
+
 void StreamingSession::start(const at::Tensor& visual_context, int64_t start_block) {
   check_within_reach(spec_, "start_block", start_block, 1);
   at::Tensor& slot = feeds_.at("visual_context");
@@ -948,8 +952,7 @@ void StreamingSession::check_kind(const std::string& name, const at::Tensor& t, 
 at::Tensor StreamingSession::held_expanded(const std::string& name, const at::Tensor& raw) const {
   const std::string window = name + "_window";
   if (!raw.defined() || raw.dim() != 2 || !spec_.has_input(window)) return raw;
-  const int64_t f = spec_.block_frames, r = spec_.ratio, d = spec_.input(window).shape.back();
-  const int64_t n = block_ == 0 ? 1 + r * (f - 1) : r * f;
+  const int64_t d = spec_.input(window).shape.back(), n = raw_frames_in_block(spec_, block_);
   if (raw.size(0) != 1 || raw.size(1) != d)
     throw Error(name + ": expected [1, " + std::to_string(d) + "] (one action held for block " +
                 std::to_string(block_) + ") or [1, " + std::to_string(n) + ", " + std::to_string(d) +
@@ -964,8 +967,7 @@ bool StreamingSession::check_actions(const std::string& name, const at::Tensor& 
     if (raw.defined() && raw.numel() > 0) throw Error("config '" + spec_.config + "' has no " + name + " input");
     return false;
   }
-  const int64_t f = spec_.block_frames, r = spec_.ratio;
-  const int64_t n = block_ == 0 ? 1 + r * (f - 1) : r * f;
+  const int64_t n = raw_frames_in_block(spec_, block_);
   check_shape(name, raw, {1, n, spec_.input(window).shape.back()}, "block " + std::to_string(block_), spec_.config);
   return true;
 }

@@ -17,7 +17,7 @@ inline std::map<std::string, at::Tensor> zeros(const wan_trt::GraphIO& io) {
 
 // Zero mouse and keyboard raw frames [1, n, D] of ``block`` (n: the raw frames it adds).
 inline std::pair<at::Tensor, at::Tensor> zero_actions(const wan_trt::RuntimeSpec& spec, int64_t block) {
-  const int64_t n = wan_trt::first_raw_frame(spec, block + 1) - wan_trt::first_raw_frame(spec, block);
+  const int64_t n = wan_trt::raw_frames_in_block(spec, block);
   return {at::zeros({1, n, spec.input("mouse_window").shape.back()}),
           at::zeros({1, n, spec.input("keyboard_window").shape.back()})};
 }

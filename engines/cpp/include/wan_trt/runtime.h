@@ -203,6 +203,10 @@ std::unique_ptr<Runner> make_tensorrt_runner(const std::string& engine, const Gr
 // as wan_trt.stream.first_raw_frame.
 int64_t first_raw_frame(const RuntimeSpec& spec, int64_t block);
 
+// The raw action frames `block` adds (1 + ratio * (F - 1) for block 0, ratio * F after), as
+// wan_trt.stream.raw_frames_in_block.
+int64_t raw_frames_in_block(const RuntimeSpec& spec, int64_t block);
+
 // Blocks a stream reaches: 0 to reachable_blocks(spec) - 1 end within its max_stream_frames latent frames,
 // as wan_trt.stream.max_stream_blocks.
 int64_t reachable_blocks(const RuntimeSpec& spec);
